@@ -1,0 +1,63 @@
+"""The `tokenrouter` command line: one subcommand per module in tokenrouter/commands/.
+
+Each command module defines `HELP` (one line), `configure(parser)` and `run(args) -> int`.
+Modules import their heavy dependencies (torch, zmq) inside `run`, so `--help` and
+`check` stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> module under tokenrouter.commands; the order is the order of `--help`.
+COMMANDS = {
+    "check": "check",
+    "fmt": "fmt",
+    "compile": "compile",
+    "models": "models",
+    "generate": "generate",
+    "serve": "serve",
+    "profile": "profile",
+    "tune": "tune",
+    "bench": "bench",
+}
+
+
+def _available():
+    """Yield (name, module) for the commands whose module exists (they land one by one)."""
+    for name, module_name in COMMANDS.items():
+        try:
+            module = importlib.import_module(f"tokenrouter.commands.{module_name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"tokenrouter.commands.{module_name}":
+                continue
+            raise
+        yield name, module
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokenrouter", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in _available():
+        cmd = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.configure(cmd)
+        cmd.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,375 @@
+"""The routing IR: a frozen, versioned, JSON-serialisable description of a checked program.
+
+The IR is the contract between the front end (parse, check, lower) and everything that
+runs a program (reference interpreter, code generator, runtime, tuner). A routing
+program is a small state machine whose states are *writers* (a model, or an ensemble
+that combines several models' distributions in one step). After the writer of a request
+produces a token, the transitions leaving that state are tried in source order; the
+first whose condition holds moves the request to its destination, and its action says
+whether the token just produced is kept or rewritten (dropped, so the destination
+writes that position instead). When none holds the request stays.
+
+Every node carries the `Span` of the `.route` text it came from, so generated code and
+diagnostics point back at the source line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+IR_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Span:
+    file: str
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+# ---------------------------------------------------------------- expressions
+# Scalar-valued per request unless stated. `model` is the model whose step is read.
+
+
+@dataclass(frozen=True)
+class Const:
+    value: float
+    span: Span | None = None
+    kind: Literal["const"] = "const"
+
+
+@dataclass(frozen=True)
+class Entropy:
+    """Shannon entropy of softmax(logits) in nats; normalized divides by log(vocab)."""
+
+    model: str
+    normalized: bool
+    span: Span | None = None
+    kind: Literal["entropy"] = "entropy"
+
+
+@dataclass(frozen=True)
+class TopProb:
+    """Probability of the most likely token."""
+
+    model: str
+    span: Span | None = None
+    kind: Literal["top_prob"] = "top_prob"
+
+
+@dataclass(frozen=True)
+class Margin:
+    """p(top-1) - p(top-2)."""
+
+    model: str
+    span: Span | None = None
+    kind: Literal["margin"] = "margin"
+
+
+@dataclass(frozen=True)
+class RouterProb:
+    """Output of a trained router network (see `RouterNet`), a probability in [0, 1]."""
+
+    router: str
+    span: Span | None = None
+    kind: Literal["router_prob"] = "router_prob"
+
+
+@dataclass(frozen=True)
+class HeadLogit:
+    """An extra LM-head row (Co-LLM's defer head): sigmoid(h_final . w + b) when
+    `sigmoid`, else the raw logit. Weights come from `file` (tensors `weight` [H] or
+    [1, H], optional `bias` [1])."""
+
+    model: str
+    file: str
+    sigmoid: bool
+    span: Span | None = None
+    kind: Literal["head_logit"] = "head_logit"
+
+
+@dataclass(frozen=True)
+class Bernoulli:
+    """A seeded coin with P(true) = p, for synthetic workloads. Reproducible: the draw is
+    a pure function of (seed, request seed, output position), never of batch layout.
+    The hash is `tokenrouter.compiler.ir.bernoulli_uniform`."""
+
+    p: float
+    seed: int
+    span: Span | None = None
+    kind: Literal["bernoulli"] = "bernoulli"
+
+
+@dataclass(frozen=True)
+class VisitTokens:
+    """Tokens the current writer has produced in this visit, counting the one just
+    produced (so it is 1 on a visit's first step)."""
+
+    span: Span | None = None
+    kind: Literal["visit_tokens"] = "visit_tokens"
+
+
+@dataclass(frozen=True)
+class Compare:
+    op: Literal["<", "<=", ">", ">=", "==", "!="]
+    left: "Expr"
+    right: "Expr"
+    span: Span | None = None
+    kind: Literal["compare"] = "compare"
+
+
+@dataclass(frozen=True)
+class Logic:
+    op: Literal["and", "or", "not"]
+    args: tuple["Expr", ...]
+    span: Span | None = None
+    kind: Literal["logic"] = "logic"
+
+
+@dataclass(frozen=True)
+class Arith:
+    op: Literal["+", "-", "*", "/"]
+    left: "Expr"
+    right: "Expr"
+    span: Span | None = None
+    kind: Literal["arith"] = "arith"
+
+
+Expr = Union[Const, Entropy, TopProb, Margin, RouterProb, HeadLogit, Bernoulli, VisitTokens,
+             Compare, Logic, Arith]
+
+
+# ------------------------------------------------------------- router inputs
+# Vector features, concatenated in declared order to form a router network's input.
+
+
+@dataclass(frozen=True)
+class InputHidden:
+    """Hidden state at the last position after decoder layer `layer` (0 = embeddings
+    output, n_layers = last layer before the final norm, -1 = after the final norm,
+    i.e. the LM head's input)."""
+
+    layer: int
+    dim: int
+    kind: Literal["hidden"] = "hidden"
+
+
+@dataclass(frozen=True)
+class InputTokenEmbedding:
+    """Input embedding of the token the model just sampled."""
+
+    dim: int
+    kind: Literal["token_embedding"] = "token_embedding"
+
+
+@dataclass(frozen=True)
+class InputTopkLogits:
+    """The k largest logits, sorted in descending order."""
+
+    k: int
+    kind: Literal["topk_logits"] = "topk_logits"
+
+
+@dataclass(frozen=True)
+class InputScalar:
+    """A scalar feature (entropy, top-1 probability, margin) as one input column."""
+
+    expr: Expr
+    kind: Literal["scalar"] = "scalar"
+
+
+RouterInput = Union[InputHidden, InputTokenEmbedding, InputTopkLogits, InputScalar]
+
+
+@dataclass(frozen=True)
+class RouterNet:
+    """A trained router: an MLP loaded from a safetensors file. Tensors are
+    `layers.{i}.weight` [out, in] and `layers.{i}.bias` [out] for i = 0..n-1, applied
+    with `activation` between layers; input width = sum of the inputs' widths. The output
+    is one logit (probability = sigmoid) when the last layer has 1 row, else
+    softmax(...)[output_index]."""
+
+    name: str
+    model: str  # whose step it reads
+    file: str
+    inputs: tuple[RouterInput, ...]
+    activation: Literal["relu", "gelu", "silu", "tanh"] = "relu"
+    output_index: int = 0
+    span: Span | None = None
+
+
+# ------------------------------------------------------------------ program
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    path: str  # a checkpoint folder, a .gguf file, or a built-in name ("smollm2-135m")
+    role: Literal["small", "large", "member"] = "small"
+    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
+    span: Span | None = None
+
+
+@dataclass(frozen=True)
+class Ensemble:
+    """A writer that combines members' next-token distributions in one step.
+    average: p = sum_i w_i * softmax(logits_i) (restricted to the union of the members'
+    top-`topk_union` tokens and renormalised, when set); mixture: one member per step,
+    drawn with probabilities w_i from a seeded hash like `Bernoulli`'s, writes alone."""
+
+    name: str
+    members: tuple[str, ...]
+    weights: tuple[float, ...]
+    mode: Literal["average", "mixture"] = "average"
+    topk_union: int | None = None
+    seed: int = 0
+    span: Span | None = None
+
+
+@dataclass(frozen=True)
+class Transition:
+    source: str  # a writer: model or ensemble name
+    dest: str
+    when: Expr
+    action: Literal["keep", "rewrite"]
+    span: Span | None = None
+
+
+@dataclass(frozen=True)
+class VisitBound:
+    """A writer writes at least `min_tokens` (transitions out are not tried before) and
+    at most `max_tokens` tokens a visit; after the max it goes to `then` keeping the token.
+    max_tokens None means unbounded."""
+
+    writer: str
+    min_tokens: int = 1
+    max_tokens: int | None = None
+    then: str | None = None
+    span: Span | None = None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How to serve: never changes the tokens produced, only speed.
+    batch: per model, the delayed-batching threshold B_i, or "auto" (the tuner chooses).
+    max_wait_ms: per model, longest a ready request waits for a batch to fill.
+    graph_batch_sizes / graph_tokens: the (batch, tokens-per-request) graph buckets.
+    placement: per model, a device ("cpu", "cuda:0") or "host:port" for a remote subserver.
+    threads: per model, CPU threads for its subserver (0 = torch's default)."""
+
+    batch: tuple[tuple[str, int | Literal["auto"]], ...] = ()
+    max_wait_ms: tuple[tuple[str, float], ...] = ()
+    graph_batch_sizes: tuple[int, ...] = ()
+    graph_tokens: tuple[int, ...] = ()
+    placement: tuple[tuple[str, str], ...] = ()
+    threads: tuple[tuple[str, int], ...] = ()
+    span: Span | None = None
+
+
+@dataclass(frozen=True)
+class Program:
+    source: str
+    language_version: int
+    models: tuple[Model, ...]
+    start: str  # the writer of every request's first token
+    transitions: tuple[Transition, ...] = ()
+    bounds: tuple[VisitBound, ...] = ()
+    ensembles: tuple[Ensemble, ...] = ()
+    routers: tuple[RouterNet, ...] = ()
+    schedule: Schedule = field(default_factory=Schedule)
+    ir_version: int = IR_VERSION
+
+    # -- convenience, all derived
+    def model(self, name: str) -> Model:
+        return next(m for m in self.models if m.name == name)
+
+    def writers(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.models) + tuple(e.name for e in self.ensembles)
+
+    def transitions_from(self, writer: str) -> tuple[Transition, ...]:
+        return tuple(t for t in self.transitions if t.source == writer)
+
+    def bound(self, writer: str) -> VisitBound:
+        return next((b for b in self.bounds if b.writer == writer), VisitBound(writer))
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(to_jsonable(self), indent=indent, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "Program":
+        data = json.loads(text)
+        if data.get("ir_version") != IR_VERSION:
+            raise ValueError(f"IR version {data.get('ir_version')!r} is not {IR_VERSION}")
+        return _build(Program, data)
+
+
+# ------------------------------------------------------------ serialisation
+
+_EXPR_KINDS = {c.__dataclass_fields__["kind"].default: c for c in
+               (Const, Entropy, TopProb, Margin, RouterProb, HeadLogit, Bernoulli,
+                VisitTokens, Compare, Logic, Arith)}
+_INPUT_KINDS = {c.__dataclass_fields__["kind"].default: c for c in
+                (InputHidden, InputTokenEmbedding, InputTopkLogits, InputScalar)}
+
+
+def to_jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (tuple, list)):
+        return [to_jsonable(x) for x in obj]
+    return obj
+
+
+def _build(tp: Any, data: Any) -> Any:
+    """Rebuild a dataclass tree from `to_jsonable` output, guided by the type hints."""
+    if data is None:
+        return None
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        choices = [a for a in args if a is not type(None)]
+        if isinstance(data, dict) and "kind" in data:
+            kinds = _EXPR_KINDS if Const in choices else _INPUT_KINDS
+            return _build(kinds[data["kind"]], data)
+        if isinstance(data, dict):
+            return _build(next(a for a in choices if dataclasses.is_dataclass(a)), data)
+        if isinstance(data, list):
+            return _build(next(a for a in choices if typing.get_origin(a) is tuple), data)
+        return data
+    if isinstance(data, dict) and dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp, globalns=globals())
+        return tp(**{k: _build(hints[k], v) for k, v in data.items()})
+    if isinstance(data, list) and origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_build(args[0], x) for x in data)
+        return tuple(_build(a, x) for a, x in zip(args, data))
+    return data
+
+
+# ---------------------------------------------------- the shared seeded hash
+
+_MASK64 = (1 << 64) - 1
+
+
+def splitmix64(x: int) -> int:
+    """The SplitMix64 finaliser; generated code implements the same in int64 tensors."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def bernoulli_uniform(seed: int, request_seed: int, position: int) -> float:
+    """A uniform draw in [0, 1) from (program seed, request seed, output position):
+    the top 53 bits of splitmix64(splitmix64(splitmix64(seed) ^ request_seed) ^ position)."""
+    h = splitmix64(splitmix64(splitmix64(seed & _MASK64) ^ (request_seed & _MASK64)) ^ (position & _MASK64))
+    return (h >> 11) * (1.0 / (1 << 53))
