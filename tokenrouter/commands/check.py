@@ -1,0 +1,55 @@
+"""`tokenrouter check FILE...`: parse and check .route files, print every diagnostic.
+
+Exit status: 0 when no file has an error (warnings are printed), 1 when any has, 2 on
+usage errors (no file given, a path that is not a readable file)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HELP = "check .route files and report every error and warning"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="+", metavar="FILE", help=".route files to check")
+    parser.add_argument("--emit", choices=["ir"], help="print the checked program's IR (JSON) on stdout")
+
+
+def run(args) -> int:
+    from tokenrouter.compiler.frontend import check_file
+    from tokenrouter.dsl.diagnostics import render
+
+    missing = [f for f in args.files if not os.path.isfile(f)]
+    for f in missing:
+        why = "is a directory" if os.path.isdir(f) else "no such file"
+        print(f"tokenrouter check: error: cannot read '{f}': {why}", file=sys.stderr)
+    if missing:
+        return 2
+    status = 0
+    for path in args.files:
+        program, diags = check_file(path)
+        source = _text(path)
+        for d in diags:
+            print(render(d, source), file=sys.stderr)
+        errors = sum(d.is_error for d in diags)
+        warnings = len(diags) - errors
+        if errors:
+            status = 1
+            print(f"{path}: {_count(errors, 'error')}, {_count(warnings, 'warning')}", file=sys.stderr)
+        elif args.emit == "ir" and program is not None:
+            print(program.to_json())
+    return status
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None

@@ -1,0 +1,60 @@
+"""Names the language knows without a declaration: built-in models and feature functions.
+
+`BUILTIN_MODELS` is the one list of built-in model names the checker accepts (the loader in
+`tokenrouter.runtime.loader.registry` knows how to make each); any other model path must
+look like a path.
+"""
+
+from __future__ import annotations
+
+LANGUAGE_VERSION = 1
+
+BUILTIN_MODELS: tuple[str, ...] = ("smollm2-135m", "smollm2-135m-small", "bench-small", "bench-large")
+
+ROLES = ("small", "large", "member")
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+ACTIVATIONS = ("relu", "gelu", "silu", "tanh")
+ENSEMBLE_MODES = ("average", "mixture")
+
+# Features usable in a condition, with their signature as users write it.
+SCALAR_FEATURES = {
+    "entropy": "entropy(MODEL, normalized|raw)",
+    "top_prob": "top_prob(MODEL)",
+    "margin": "margin(MODEL)",
+    "bernoulli": "bernoulli(P, SEED)",
+}
+# Features that are vectors: they can only be a router network's inputs.
+VECTOR_FEATURES = {
+    "hidden": "hidden(MODEL, LAYER)",
+    "token_embedding": "token_embedding(MODEL)",
+    "topk_logits": "topk_logits(MODEL, K)",
+}
+FUNCTIONS = {**SCALAR_FEATURES, **VECTOR_FEATURES}
+
+# Router inputs, written inside `router NAME on MODEL = "file" { inputs = [...] }`.
+ROUTER_INPUTS = {
+    "hidden": "hidden(LAYER)",
+    "token_embedding": "token_embedding",
+    "topk_logits": "topk_logits(K)",
+    "entropy": "entropy(normalized|raw)",
+    "top_prob": "top_prob",
+    "margin": "margin",
+}
+
+VISIT_TOKENS = "visit_tokens"
+
+# serving keys: key -> takes a model target ("model") or applies to the whole program ("global")
+SERVE_KEYS = {
+    "batch": "model",
+    "max_wait": "model",
+    "place": "model",
+    "threads": "model",
+    "graph_batch_sizes": "global",
+    "graph_tokens": "global",
+}
+
+
+def looks_like_path(text: str) -> bool:
+    """A model reference that is meant as a file or folder, not a built-in name."""
+    return ("/" in text or "\\" in text or text.startswith((".", "~"))
+            or text.lower().endswith((".gguf", ".safetensors")))

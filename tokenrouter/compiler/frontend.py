@@ -1,0 +1,84 @@
+"""The front end's public entry points: a .route file to a checked `ir.Program`.
+
+    from tokenrouter.compiler.frontend import check_file, load_program, RouteError
+    program, diagnostics = check_file(path)        # Program | None, errors and warnings in source order
+    program = load_program(path, model_paths=None)  # raises RouteError (str() = rendered diagnostics)
+
+`check_file` parses and checks without loading any model (router input widths of models
+that are not checkpoint folders stay 0). `load_program` also resolves the models: input
+widths, layer ranges, a shared tokenizer. `model_paths` ({"slm": "/tmp/x"}) replaces model
+paths after checking, so tests can point the examples at tiny models.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tokenrouter.compiler import ir
+from tokenrouter.compiler.check import check
+from tokenrouter.compiler.lower import lower
+from tokenrouter.dsl.diagnostics import Diagnostic, render_all, sort_diagnostics
+from tokenrouter.dsl.parser import parse_bytes, parse_source
+
+__all__ = ["check_file", "check_source", "load_program", "RouteError", "Diagnostic"]
+
+
+class RouteError(Exception):
+    """A program that does not check. `str()` is the rendered diagnostics."""
+
+    def __init__(self, diagnostics: list[Diagnostic], source: str | None = None):
+        self.diagnostics = list(diagnostics)
+        self.source = source
+        super().__init__(render_all(self.diagnostics, source))
+
+
+def check_source(text: str, path: str = "<input>", base_dir: str | None = None,
+                 model_paths: dict[str, str] | None = None,
+                 full: bool = False) -> tuple[ir.Program | None, list[Diagnostic]]:
+    """Parse, check and lower `text`; paths in it are relative to `base_dir` (default: the
+    folder of `path`)."""
+    tree, diags = parse_source(text, path)
+    return _finish(tree, diags, path, base_dir, model_paths, full)
+
+
+def _finish(tree, diags, path, base_dir, model_paths, full):
+    if tree is None:
+        return None, diags
+    checked, diags = check(tree, base_dir)
+    if checked is None:
+        return None, diags
+    program, more = lower(checked, model_paths, full)
+    return program, sort_diagnostics(diags + more)
+
+
+def _read(path) -> tuple[bytes | None, list[Diagnostic]]:
+    try:
+        with open(path, "rb") as f:
+            return f.read(), []
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        return None, [Diagnostic("E004", f"cannot read {path}: {reason}", None)]
+
+
+def check_file(path, model_paths: dict[str, str] | None = None,
+               full: bool = False) -> tuple[ir.Program | None, list[Diagnostic]]:
+    """Program (or None on any error) and every diagnostic, in source order."""
+    path = os.fspath(path)
+    data, diags = _read(path)
+    if data is None:
+        return None, diags
+    tree, diags, _ = parse_bytes(data, path)
+    return _finish(tree, diags, path, None, model_paths, full)
+
+
+def load_program(path, model_paths: dict[str, str] | None = None) -> ir.Program:
+    """The checked program, models resolved; raises RouteError on any error."""
+    path = os.fspath(path)
+    data, diags = _read(path)
+    if data is None:
+        raise RouteError(diags)
+    tree, diags, text = parse_bytes(data, path)
+    program, diags = _finish(tree, diags, path, None, model_paths, True)
+    if program is None:
+        raise RouteError([d for d in diags], text)
+    return program

@@ -1,0 +1,131 @@
+"""Assemble a checked program into an `ir.Program`.
+
+The checker already speaks IR; what is left needs the models themselves: the widths of
+router inputs that are hidden states or token embeddings (the model's hidden size), the
+range of `hidden(LAYER)` (its layer count), and the check that routed models share a
+tokenizer. `load_program` resolves models fully (building a built-in model's cache on
+first use); `check_file` only reads what is cheap (a checkpoint folder's config.json) and
+leaves other widths 0, since `tokenrouter check` must stay fast and never load weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from tokenrouter.compiler import ir
+from tokenrouter.compiler.check import Checked
+from tokenrouter.dsl.diagnostics import Diagnostic, Note
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    hidden_size: int
+    num_layers: int
+
+
+def _read_config(folder: str) -> ModelShape | None:
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+        return ModelShape(int(cfg["hidden_size"]), int(cfg["num_hidden_layers"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def model_folder(path: str, full: bool) -> str | None:
+    """The checkpoint folder of a model path or built-in name; with `full`, GGUF files and
+    built-in names are converted (and cached) by the loader."""
+    if os.path.isdir(path):
+        return path
+    if not full:
+        return None
+    from tokenrouter.runtime.loader import resolve_folder
+
+    return resolve_folder(path)[1]
+
+
+def lower(checked: Checked, model_paths: dict[str, str] | None = None,
+          full: bool = False) -> tuple[ir.Program | None, list[Diagnostic]]:
+    """(Program, diagnostics); the program is None when a model cannot be read (full mode)."""
+    diags: list[Diagnostic] = []
+    models = list(checked.models)
+    if model_paths:
+        names = {m.name for m in models}
+        unknown = sorted(set(model_paths) - names)
+        if unknown:
+            raise ValueError(f"model_paths names models the program does not declare: {', '.join(unknown)} "
+                             f"(declared: {', '.join(sorted(names))})")
+        models = [dataclasses.replace(m, path=os.path.abspath(os.path.expanduser(model_paths[m.name])))
+                  if m.name in model_paths else m for m in models]
+    by_name = {m.name: m for m in models}
+
+    folders: dict[str, str | None] = {}
+
+    def folder_of(model: ir.Model) -> str | None:
+        if model.name not in folders:
+            try:
+                folders[model.name] = model_folder(model.path, full)
+            except Exception as exc:  # the loader's errors are meant for users: pass them on
+                folders[model.name] = None
+                diags.append(Diagnostic("E308", f"cannot load model '{model.name}' ({model.path}): {exc}",
+                                        model.span))
+        return folders[model.name]
+
+    routers = []
+    for router in checked.routers:
+        needs = any(isinstance(i, (ir.InputHidden, ir.InputTokenEmbedding)) for i in router.inputs)
+        shape = None
+        if needs:
+            folder = folder_of(by_name[router.model])
+            shape = _read_config(folder) if folder else None
+            if shape is None and full and folder:
+                diags.append(Diagnostic("E308", f"cannot read the hidden size of model '{router.model}' from "
+                                        f"{folder}/config.json", router.span))
+        inputs = []
+        for inp in router.inputs:
+            if isinstance(inp, ir.InputHidden) and shape is not None:
+                if inp.layer > shape.num_layers:
+                    diags.append(Diagnostic(
+                        "E306", f"router '{router.name}' reads hidden({inp.layer}), but model '{router.model}' "
+                        f"has {shape.num_layers} layers", router.span,
+                        hint=f"layers run from 0 (the embeddings) to {shape.num_layers}; -1 is after the final norm"))
+                inp = dataclasses.replace(inp, dim=shape.hidden_size)
+            elif isinstance(inp, ir.InputTokenEmbedding) and shape is not None:
+                inp = dataclasses.replace(inp, dim=shape.hidden_size)
+            inputs.append(inp)
+        routers.append(dataclasses.replace(router, inputs=tuple(inputs)))
+
+    if full:
+        _check_tokenizers(models, folder_of, diags)
+    if any(d.is_error for d in diags):
+        return None, diags
+    program = ir.Program(
+        source=checked.path, language_version=checked.language_version, models=tuple(models),
+        start=checked.start, transitions=tuple(checked.transitions), bounds=tuple(checked.bounds),
+        ensembles=tuple(checked.ensembles), routers=tuple(routers), schedule=checked.schedule)
+    return program, diags
+
+
+def _check_tokenizers(models, folder_of, diags):
+    """Routed models must share a tokenizer: compare vocabulary fingerprints of the models
+    whose folders have a tokenizer.json."""
+    prints = []
+    for model in models:
+        folder = folder_of(model)
+        if not folder or not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+            continue
+        try:
+            from tokenrouter.runtime.loader import Tokenizer
+
+            prints.append((model, Tokenizer.from_dir(folder).fingerprint))
+        except Exception as exc:
+            diags.append(Diagnostic("E308", f"cannot read the tokenizer of model '{model.name}': {exc}", model.span))
+    for model, fp in prints[1:]:
+        first, first_fp = prints[0]
+        if fp != first_fp:
+            diags.append(Diagnostic(
+                "E309", f"models '{first.name}' and '{model.name}' do not share a tokenizer", model.span,
+                hint="token-level routing hands token ids between models, so their vocabularies must be identical",
+                notes=(Note(f"'{first.name}' declared here", first.span),)))
