@@ -91,3 +91,4 @@ class PeerMessage(BaseModel):
     written_by: dict[str, int] = {}
     sampling: dict[str, Any] = {}
     finished: bool = False
+    sender: str = ""  # the model that sent it; the receiver records that it has read `start + len(suffix)`
