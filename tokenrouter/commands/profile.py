@@ -1,0 +1,64 @@
+"""`tokenrouter profile FILE.route`: measure each model's step latency on this machine."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HELP = "measure each model's step latency against batch size (alone and co-located) into a profile JSON"
+
+
+def configure(parser) -> None:
+    parser.add_argument("file", help="the .route program whose models to profile")
+    parser.add_argument("--out", help="profile JSON to write (default: ./<file stem>.profile.json)")
+    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="decode batch sizes (default 1,2,4,8,16,32)")
+    parser.add_argument("--extend", default="", help="also time extends of these tokens per request, e.g. 2,4")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps per point (median kept)")
+    parser.add_argument("--no-colocate", action="store_true", help="skip the co-located measurements")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        vals = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if any(v < 1 for v in vals):
+        raise ValueError(f"{what} must be >= 1")
+    return vals
+
+
+def run(args) -> int:
+    from tokenrouter.compiler.frontend import RouteError, load_program
+    from tokenrouter.tuner.measure import measure_profile
+
+    try:
+        batch_sizes = _ints(args.batch_sizes, "--batch-sizes")
+        extend = _ints(args.extend, "--extend") if args.extend else []
+        if not batch_sizes:
+            raise ValueError("--batch-sizes is empty")
+        if args.repeats < 1:
+            raise ValueError("--repeats must be >= 1")
+        program = load_program(args.file)
+    except RouteError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = args.out or f"{Path(args.file).stem}.profile.json"
+    try:
+        profile = measure_profile(program, batch_sizes, extend_tokens=extend, colocate=not args.no_colocate,
+                                  repeats=args.repeats, progress=not args.no_progress, source=str(args.file))
+    except Exception as exc:  # a model that fails to load or run: say which, no traceback
+        from tokenrouter.runtime.loader import LoadError
+        if isinstance(exc, (LoadError, OSError, RuntimeError, ValueError)):
+            print(f"error: profiling failed: {exc}", file=sys.stderr)
+            return 2
+        raise
+    profile.save(out)
+    for name, m in profile.models.items():
+        pts = ", ".join(f"b={b}: {v:.2f}" for b, v in zip(m.alone.batch_sizes, m.alone.ms))
+        print(f"{name}: {pts} ms" + (f"; co-located x{m.slowdown(1):.2f} at b=1" if m.co_located else ""))
+    print(f"wrote {out}")
+    return 0

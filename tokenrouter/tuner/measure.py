@@ -1,0 +1,132 @@
+"""Measuring a profile with the real engine: step latency against batch size, alone and
+co-located, for every model of a program.
+
+Alone: the model's engine runs decode steps (one token per request) for each batch size,
+and we keep the median of a few timed steps. Co-located: the same, while another
+process runs the other model's decode steps back to back on the same cores (what a
+second subserver does), so the profile carries the slowdown 1 + c the tuner needs.
+Extends of k tokens per request are measured alone when asked.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import statistics
+import time
+
+from .profile import Curve, ModelProfile, Profile, _now, machine_info
+
+PROMPT = 16
+
+
+def _engine(path: str, dtype_name: str, threads: int, max_len: int):
+    import torch
+
+    from tokenrouter.runtime.engine.engine import Engine
+    from tokenrouter.runtime.loader import load_model
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    dtype = getattr(torch, dtype_name)
+    m = load_model(path, dtype=dtype)
+    return Engine(m.config, m.weights, dtype=dtype, max_model_len=max_len, num_blocks=None), m.config.vocab_size
+
+
+def _time_steps(engine, vocab: int, batch: int, tokens: int, warmup: int, repeats: int, tag: str) -> float:
+    import random
+
+    rng = random.Random(batch * 7919 + tokens)
+    ids = [(tag, batch, i) for i in range(batch)]
+    engine.step([(s, [rng.randrange(vocab) for _ in range(PROMPT)]) for s in ids])
+    times = []
+    for r in range(warmup + repeats):
+        t0 = time.perf_counter()
+        engine.step([(s, [rng.randrange(vocab) for _ in range(tokens)]) for s in ids])
+        if r >= warmup:
+            times.append((time.perf_counter() - t0) * 1000.0)
+    for s in ids:
+        engine.free(s)
+    return statistics.median(times)
+
+
+def _background(path: str, dtype: str, threads: int, ready, stop) -> None:
+    """Another model stepping back to back (batch 1 decode) until told to stop."""
+    engine, vocab = _engine(path, dtype, threads, 4096)
+    n = 0
+    engine.step([("bg", [1] * PROMPT)])
+    ready.set()
+    while not stop.is_set():
+        engine.step([("bg", [n % vocab])])
+        n += 1
+        if engine.seq_len("bg") > 3000:
+            engine.free("bg")
+            engine.step([("bg", [1] * PROMPT)])
+
+
+def measure_profile(program, batch_sizes, *, extend_tokens=(), colocate: bool = True, repeats: int = 5,
+                    warmup: int = 2, threads: dict[str, int] | None = None, progress: bool = True,
+                    source: str = "") -> Profile:
+    """A `Profile` of `program`'s models on this machine."""
+    from tqdm import tqdm
+
+    models = list(program.models)
+    threads = dict(threads or {})
+    default_threads = max(1, (os.cpu_count() or 1) // max(1, len(models)))
+    sched_threads = dict(program.schedule.threads)
+    for m in models:
+        threads.setdefault(m.name, sched_threads.get(m.name) or default_threads)
+    max_len = PROMPT + warmup + repeats + max([1, *extend_tokens]) * (warmup + repeats) + 8
+    others = len(models) > 1 and colocate
+    total = len(models) * len(batch_sizes) * (1 + others) + len(models) * len(batch_sizes) * len(extend_tokens)
+    bar = tqdm(total=total, desc="profiling", unit="point", disable=not progress)
+    out = {}
+    ctx = mp.get_context("spawn")
+    try:
+        for m in models:
+            engine, vocab = _engine(m.path, m.dtype, threads[m.name], max_len)
+            alone, co, ext = [], [], {}
+            for b in batch_sizes:
+                bar.set_postfix_str(f"{m.name} b={b} alone")
+                alone.append(_time_steps(engine, vocab, b, 1, warmup, repeats, "alone"))
+                bar.update()
+            for k in extend_tokens:
+                ms = []
+                for b in batch_sizes:
+                    bar.set_postfix_str(f"{m.name} b={b} extend {k}")
+                    ms.append(_time_steps(engine, vocab, b, k, warmup, repeats, f"ext{k}"))
+                    bar.update()
+                ext[k] = Curve(tuple(batch_sizes), tuple(ms))
+            if others:
+                other = next(o for o in models if o.name != m.name)
+                ready, stop = ctx.Event(), ctx.Event()
+                proc = ctx.Process(target=_background, args=(other.path, other.dtype, threads[other.name], ready, stop),
+                                   daemon=True)
+                proc.start()
+                try:
+                    deadline = time.monotonic() + 600
+                    while not ready.wait(0.2):
+                        if not proc.is_alive() or time.monotonic() > deadline:
+                            raise RuntimeError(f"the co-located {other.name} did not start")
+                    for b in batch_sizes:
+                        bar.set_postfix_str(f"{m.name} b={b} with {other.name}")
+                        co.append(_time_steps(engine, vocab, b, 1, warmup, repeats, "co"))
+                        bar.update()
+                finally:
+                    stop.set()
+                    proc.join(60)
+                    if proc.is_alive():
+                        proc.terminate()
+                        proc.join()
+            out[m.name] = ModelProfile(m.name, Curve(tuple(batch_sizes), tuple(alone)),
+                                       Curve(tuple(batch_sizes), tuple(co)) if co else None, ext, m.path,
+                                       threads[m.name])
+            del engine
+    finally:
+        bar.close()
+    info = machine_info()
+    import torch
+    info.update({"torch": torch.__version__, "device": "cpu", "torch_threads_default": torch.get_num_threads(),
+                 "co_located_with": "another process decoding batch 1 back to back" if others else None,
+                 "repeats": repeats, "prompt_tokens": PROMPT})
+    return Profile(out, info, _now(), source)
