@@ -1,0 +1,105 @@
+"""Run the real HTTP app (uvicorn, real subserver processes) inside a test, and talk to it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from contextlib import asynccontextmanager
+
+import httpx
+import uvicorn
+
+from tokenrouter.runtime.frontend import close_runtime, open_runtime
+from tokenrouter.runtime.http import build_app
+from tokenrouter.runtime.launcher import LaunchOptions
+from tokenrouter.runtime.offline import tokenizer_for
+
+
+class ServerThread:
+    """`tokenrouter serve` in a thread of the test process (subservers are processes)."""
+
+    def __init__(self, program, opts: LaunchOptions, name: str = "test", **app_kw):
+        self.program = program
+        self.tokenizer = tokenizer_for(program)
+        self.fe = None
+        self.launcher = None
+        self.loop = None
+
+        @asynccontextmanager
+        async def runtime():
+            self.launcher, self.fe = await open_runtime(program, opts)
+            self.loop = asyncio.get_running_loop()
+            try:
+                yield self.fe
+            finally:
+                await close_runtime(self.launcher, self.fe)
+
+        app = build_app(runtime, name, self.tokenizer, **app_kw)
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                                    lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 120
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.05)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    def call(self, coro, timeout=30):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stats(self):
+        return self.call(self.fe.stats())
+
+    def blocks_used(self) -> dict[str, int]:
+        return {w: s["blocks_used"] for w, s in self.stats().items()}
+
+    def wait_blocks_free(self, timeout=10.0) -> dict[str, int]:
+        """Releases are asynchronous: poll until every subserver is back to zero blocks."""
+        deadline = time.monotonic() + timeout
+        while True:
+            used = self.blocks_used()
+            if not any(used.values()) or time.monotonic() > deadline:
+                return used
+            time.sleep(0.05)
+
+    def configure(self, writer, **kw):
+        self.call(self.fe.configure(writer, **kw))
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(60)
+
+
+async def complete_many(url: str, prompts: list, concurrency: int, **body) -> list[dict]:
+    """POST /v1/completions for every prompt with at most `concurrency` in flight."""
+    sem = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        async def one(p):
+            async with sem:
+                r = await client.post("/v1/completions", json={"prompt": p, **body})
+                assert r.status_code == 200, r.text
+                return r.json()
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+
+def stream_completion(url: str, body: dict) -> tuple[str, list[int], list[dict]]:
+    """Text, token ids and the parsed chunks of one streamed completion."""
+    chunks = []
+    with httpx.Client(base_url=url, timeout=60) as c:
+        with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: "):]
+                if data == "[DONE]":
+                    break
+                chunks.append(json.loads(data))
+    text = "".join(ch["choices"][0]["text"] for ch in chunks if ch.get("choices"))
+    ids = [t for ch in chunks if ch.get("choices") for t in ch["choices"][0].get("token_ids", [])]
+    return text, ids, chunks

@@ -1,0 +1,104 @@
+"""`tokenrouter serve` as a user runs it: a subprocess, the example file, the OpenAI client."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+import tiny
+from tokenrouter.runtime.engine.sampler import SamplingParams
+from tokenrouter.runtime.reference import Reference
+
+EXE = [sys.executable, "-m", "tokenrouter.cli"]
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _children(pid):
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid and fields[0] != "Z":
+                    out.append(int(d))
+            except (OSError, IndexError):
+                pass
+    return out
+
+
+def test_serve_cli_end_to_end(pair, tmp_path):
+    program = tiny.example_program("demo", str(tmp_path), pair, dtype="float32")
+    port = _port()
+    cmd = EXE + ["serve", str(tmp_path / "demo.route"), "--port", str(port), "--model", f"slm={pair['slm']}",
+                 "--model", f"llm={pair['llm']}", "--num-blocks", "64"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        import openai
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+        tok_prompt = "Hello from the command line"
+        c = client.completions.create(model="demo", prompt=tok_prompt, max_tokens=16, temperature=0)
+        ids = c.choices[0].model_extra["token_ids"]
+        ref = Reference(program)
+        from tokenrouter.runtime.offline import tokenizer_for
+        tk = tokenizer_for(program)
+        r = ref.generate(tk.encode(tok_prompt), SamplingParams(max_tokens=16, stop_token_ids=tk.eos_token_ids))
+        assert ids == r.tokens
+        assert c.model_extra["tokens_by_model"] == r.written_by
+
+        # a subserver dies: requests end with an error instead of hanging, health says so
+        subs = _children(proc.pid)
+        assert len(subs) >= 2
+        for p in subs:
+            os.kill(p, signal.SIGKILL)
+        t0 = time.monotonic()
+        resp = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 50, "ignore_eos": True},
+                          timeout=30)
+        assert resp.status_code in (500, 503) and time.monotonic() - t0 < 20
+        assert httpx.get(url + "/health").status_code == 503
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert not _children(proc.pid)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["no/such/file.route"], "cannot read"),
+    (["DEMO", "--batch", "llm=zero"], "not a valid value"),
+    (["DEMO", "--batch", "nobody=2"], "not a writer"),
+    (["DEMO", "--batch", "llm=0"], "at least 1"),
+    (["DEMO", "--subserver", "llm"], "--bind"),
+])
+def test_serve_cli_bad_input_is_a_clear_error(pair, tmp_path, args, message):
+    tiny.example_program("demo", str(tmp_path), pair)
+    args = [str(tmp_path / "demo.route") if a == "DEMO" else a for a in args]
+    models = ["--model", f"slm={pair['slm']}", "--model", f"llm={pair['llm']}"]
+    r = subprocess.run(EXE + ["serve"] + args + models, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr

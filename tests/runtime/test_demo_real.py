@@ -1,0 +1,51 @@
+"""The embedded demo pair, served as a user would: `tokenrouter serve examples/demo.route`."""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+@pytest.mark.real_weights
+def test_demo_serves_an_openai_client_and_hands_off_both_ways():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "tokenrouter.cli", "serve", "examples/demo.route",
+                             "--port", str(port)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        import openai
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+        for question in ("What is the capital of France?", "Write a short poem about the sea.",
+                         "Explain how a bicycle works."):
+            chat = client.chat.completions.create(
+                model="demo", messages=[{"role": "user", "content": question}], max_tokens=48, temperature=0)
+            assert chat.choices[0].message.content.strip()
+            by_model = chat.model_extra["tokens_by_model"]
+            assert sum(by_model.values()) == chat.usage.completion_tokens
+        metrics = httpx.get(url + "/metrics").text
+        out = dict(re.findall(r'^tokenrouter_handoffs_out_total\{model="(\w+)",peer="\w+"\} (\S+)$', metrics, re.M))
+        assert float(out["slm"]) > 0 and float(out["llm"]) > 0, metrics
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)

@@ -1,0 +1,183 @@
+"""Tiny random-weight checkpoints and routing programs for the runtime tests.
+
+Models are written as Hugging Face checkpoint folders (config.json, safetensors, a
+byte-level tokenizer.json built with `tokenizers`), so they go through the real loader.
+Weights are drawn with a larger spread than an initialiser would use, so next-token
+distributions vary from peaked to flat and entropy rules actually fire. Programs are
+written in float64 so greedy decisions never hinge on rounding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from tokenrouter.compiler import ir
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+EOS = 2
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] "
+          "+ '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def write_tokenizer(folder: str) -> int:
+    """A byte-level BPE with no merges: 3 special tokens + 256 bytes. Returns the vocab size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {t: i for i, t in enumerate(SPECIALS)}
+    for ch in alphabet:
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIALS)
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"chat_template": CHATML, "eos_token": "<|im_end|>", "bos_token": None}, f)
+    return len(vocab)
+
+
+def write_model(folder: str, *, layers: int, hidden: int, seed: int, heads: int = 4, kv_heads: int = 2,
+                family: str = "llama", scale: float = 0.35, max_len: int = 512) -> str:
+    os.makedirs(folder, exist_ok=True)
+    vocab = write_tokenizer(folder)
+    hd = hidden // heads
+    inter = hidden * 2
+    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[family]
+    cfg = {"architectures": [arch], "model_type": family, "vocab_size": vocab, "hidden_size": hidden,
+           "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
+           "num_key_value_heads": kv_heads, "head_dim": hd, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+           "max_position_embeddings": max_len, "tie_word_embeddings": False, "bos_token_id": 0,
+           "eos_token_id": EOS, "hidden_act": "silu"}
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, s=scale):
+        return (torch.randn(*shape, generator=g) * s / max(1.0, shape[-1] ** 0.5) * 4).float().contiguous()
+
+    w = {"model.embed_tokens.weight": rnd(vocab, hidden, s=1.0),
+         "model.norm.weight": 1 + 0.1 * torch.randn(hidden, generator=g),
+         "lm_head.weight": rnd(vocab, hidden, s=1.5)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = 1 + 0.1 * torch.randn(hidden, generator=g)
+        w[p + "post_attention_layernorm.weight"] = 1 + 0.1 * torch.randn(hidden, generator=g)
+        w[p + "self_attn.q_proj.weight"] = rnd(heads * hd, hidden)
+        w[p + "self_attn.k_proj.weight"] = rnd(kv_heads * hd, hidden)
+        w[p + "self_attn.v_proj.weight"] = rnd(kv_heads * hd, hidden)
+        w[p + "self_attn.o_proj.weight"] = rnd(hidden, heads * hd)
+        w[p + "mlp.gate_proj.weight"] = rnd(inter, hidden)
+        w[p + "mlp.up_proj.weight"] = rnd(inter, hidden)
+        w[p + "mlp.down_proj.weight"] = rnd(hidden, inter)
+        if family == "qwen2":
+            for n, d in (("q", heads * hd), ("k", kv_heads * hd), ("v", kv_heads * hd)):
+                w[p + f"self_attn.{n}_proj.bias"] = 0.1 * torch.randn(d, generator=g)
+        if family == "qwen3":
+            w[p + "self_attn.q_norm.weight"] = 1 + 0.1 * torch.randn(hd, generator=g)
+            w[p + "self_attn.k_norm.weight"] = 1 + 0.1 * torch.randn(hd, generator=g)
+    from safetensors.torch import save_file
+    save_file({k: v.float().contiguous() for k, v in w.items()}, os.path.join(folder, "model.safetensors"))
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return folder
+
+
+def make_pair(root: str) -> dict[str, str]:
+    """A small and a large model sharing the tiny vocabulary."""
+    return {"slm": write_model(os.path.join(root, "slm"), layers=2, hidden=32, seed=1),
+            "llm": write_model(os.path.join(root, "llm"), layers=3, hidden=48, seed=2, family="qwen2")}
+
+
+# ------------------------------------------------------------------ programs
+
+def rstitch(paths: dict[str, str], tau: float, dtype: str = "float64", **schedule) -> ir.Program:
+    """R-Stitch: small -> large when the small model is unsure (rewrite); back when the
+    large model's own token is confident (keep)."""
+    return ir.Program(
+        source="<test:rstitch>", language_version=1,
+        models=(ir.Model("slm", paths["slm"], "small", dtype), ir.Model("llm", paths["llm"], "large", dtype)),
+        start="slm",
+        transitions=(
+            ir.Transition("slm", "llm", ir.Compare(">", ir.Entropy("slm", True), ir.Const(tau)), "rewrite"),
+            ir.Transition("llm", "slm", ir.Compare("<=", ir.Entropy("llm", True), ir.Const(tau)), "keep"),
+        ),
+        schedule=ir.Schedule(**schedule))
+
+
+def coin(paths: dict[str, str], p: float, dtype: str = "float64", **schedule) -> ir.Program:
+    """R2R-shaped with a seeded coin: small -> large with probability p (rewrite), large writes
+    one token and returns (keep)."""
+    return ir.Program(
+        source="<test:coin>", language_version=1,
+        models=(ir.Model("slm", paths["slm"], "small", dtype), ir.Model("llm", paths["llm"], "large", dtype)),
+        start="slm",
+        transitions=(ir.Transition("slm", "llm", ir.Bernoulli(p, 7), "rewrite"),),
+        bounds=(ir.VisitBound("llm", 1, 1, "slm"),),
+        schedule=ir.Schedule(**schedule))
+
+
+def ensemble(paths: dict[str, str], dtype: str = "float64") -> ir.Program:
+    """One writer averaging both models' distributions."""
+    return ir.Program(
+        source="<test:ensemble>", language_version=1,
+        models=(ir.Model("slm", paths["slm"], "member", dtype), ir.Model("llm", paths["llm"], "member", dtype)),
+        start="avg",
+        ensembles=(ir.Ensemble("avg", ("slm", "llm"), (0.6, 0.4), "average", 8),))
+
+
+# ------------------------------------------------------------------ examples
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+
+
+def _random_mlp(path: str, width: int, hidden: int, seed: int, scale: float) -> None:
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(seed)
+    save_file({"layers.0.weight": torch.randn(hidden, width, generator=g) * scale / width ** 0.5,
+               "layers.0.bias": torch.randn(hidden, generator=g) * 0.1,
+               "layers.1.weight": torch.randn(1, hidden, generator=g) * 3.0 / hidden ** 0.5,
+               "layers.1.bias": torch.zeros(1)}, path)
+
+
+def example_program(name: str, root: str, paths: dict[str, str], dtype: str = "float64") -> ir.Program:
+    """examples/<name>.route pointed at tiny models, with random router and head weights
+    written where the file expects them (a copy of the file lives in `root`)."""
+    import dataclasses
+    import re
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from tokenrouter.compiler.frontend import load_program
+    os.makedirs(os.path.join(root, "weights"), exist_ok=True)
+    dst = os.path.join(root, f"{name}.route")
+    shutil.copy(os.path.join(EXAMPLES, f"{name}.route"), dst)
+    src = open(dst).read()
+    models = re.findall(r"^model (\w+)", src, re.M)
+    alias = {"small": "slm", "large": "llm"}
+    mp = {m: paths[alias.get(m, m)] for m in models}
+    # router and head files first: the checker may look at them
+    for rel in re.findall(r'^(?:router|head) \w+ on \w+ = "([^"]+)"', src, re.M):
+        full = os.path.join(root, rel)
+        if not os.path.exists(full):
+            save_file({"weight": torch.zeros(1)}, full)  # placeholder, replaced below
+    prog = load_program(dst, model_paths=mp)
+    hidden_of = {}
+    for m in prog.models:
+        hidden_of[m.name] = json.load(open(os.path.join(m.path, "config.json")))["hidden_size"]
+    for i, r in enumerate(prog.routers):
+        width = 0
+        for inp in r.inputs:
+            width += {"hidden": lambda x: x.dim, "token_embedding": lambda x: x.dim,
+                      "topk_logits": lambda x: x.k, "scalar": lambda x: 1}[inp.kind](inp)
+        _random_mlp(os.path.join(root, r.file) if not os.path.isabs(r.file) else r.file, width, 16, 10 + i, 2.0)
+    from safetensors.torch import save_file
+    for rel in re.findall(r'^head \w+ on (\w+) = "([^"]+)"', src, re.M):
+        model, f = rel
+        g = torch.Generator().manual_seed(99)
+        save_file({"weight": torch.randn(hidden_of[model], generator=g) * 0.5, "bias": torch.zeros(1)},
+                  os.path.join(root, f))
+    prog = load_program(dst, model_paths=mp)
+    models_ = tuple(dataclasses.replace(m, dtype=dtype) for m in prog.models)
+    return dataclasses.replace(prog, models=models_)

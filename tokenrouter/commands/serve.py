@@ -1,0 +1,150 @@
+"""`tokenrouter serve FILE`: an OpenAI-compatible server for a routing program.
+
+Starts one subserver per writer (its own process) and the HTTP frontend. Options override
+the program's serving schedule; none changes the tokens produced. With `--subserver NAME`
+it runs just that subserver (for a multi-host deployment, see docs/runtime.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HELP = "serve a .route program over an OpenAI-compatible HTTP API"
+
+
+def _pairs(values: list[str] | None, what: str, conv=str) -> dict:
+    out = {}
+    for v in values or ():
+        name, sep, val = v.partition("=")
+        if not sep or not name or not val:
+            raise ValueError(f"{what} must look like NAME=VALUE, got {v!r}")
+        try:
+            out[name] = conv(val)
+        except ValueError:
+            raise ValueError(f"{what} {v!r}: {val!r} is not a valid value") from None
+    return out
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="the .route program")
+    parser.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    parser.add_argument("--model", action="append", metavar="NAME=PATH",
+                        help="replace a model's path (checkpoint folder, .gguf or built-in name)")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the model id clients use (default: the file's name without .route)")
+    parser.add_argument("--concurrency", type=int, default=8,
+                        help="expected concurrent requests, for `auto` batch thresholds (default 8)")
+    parser.add_argument("--batch", action="append", metavar="WRITER=B", help="override a batch threshold B_i")
+    parser.add_argument("--max-wait-ms", action="append", metavar="WRITER=MS", help="override a max wait")
+    parser.add_argument("--threads", action="append", metavar="WRITER=N", help="override CPU threads")
+    parser.add_argument("--block-size", type=int, default=16, help="KV cache block size (default 16)")
+    parser.add_argument("--num-blocks", type=int, default=None, help="KV blocks per model (default: 1 GiB each)")
+    parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the models')")
+    parser.add_argument("--max-tokens-limit", type=int, default=None, help="largest max_tokens accepted")
+    parser.add_argument("--default-max-tokens", type=int, default=256,
+                        help="max_tokens when a request gives none (default 256)")
+    parser.add_argument("--profile", default=None, help="tuner profile (JSON) for `auto` thresholds")
+    parser.add_argument("--bind", action="append", metavar="NAME=ADDR",
+                        help="ZeroMQ endpoint of `frontend` or a writer (tcp://host:port for other hosts)")
+    parser.add_argument("--remote", action="append", metavar="WRITER",
+                        help="a writer whose subserver runs elsewhere (started with --subserver)")
+    parser.add_argument("--subserver", metavar="WRITER", default=None,
+                        help="run only this writer's subserver (needs --bind for every endpoint)")
+    parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+
+
+def _options(args):
+    from tokenrouter.runtime.launcher import LaunchOptions
+    profile = None
+    if args.profile:
+        from tokenrouter.tuner.profile import Profile  # the tuner issue
+        profile = Profile.load(args.profile)
+    binds = _pairs(args.bind, "--bind") or None
+    return LaunchOptions(
+        mode="process", concurrency=args.concurrency, batch=_pairs(args.batch, "--batch", int),
+        max_wait_ms=_pairs(args.max_wait_ms, "--max-wait-ms", float),
+        threads=_pairs(args.threads, "--threads", int), addresses=binds,
+        remote=tuple(args.remote or ()), block_size=args.block_size, num_blocks=args.num_blocks,
+        max_model_len=args.max_model_len, profile=profile)
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    from tokenrouter.compiler.frontend import RouteError, load_program
+    try:
+        opts = _options(args)  # cheap checks first: no model is loaded yet
+        program = load_program(args.file, model_paths=_pairs(args.model, "--model") or None)
+        for w in [*opts.batch, *opts.max_wait_ms, *opts.threads, *opts.remote]:
+            if w not in program.writers():
+                raise ValueError(f"{w!r} is not a writer of {args.file} ({', '.join(program.writers())})")
+        if opts.batch and min(opts.batch.values()) < 1:
+            raise ValueError("batch thresholds must be at least 1")
+    except RouteError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.subserver:
+        return _run_subserver(args, program, opts)
+    return _run_http(args, program, opts)
+
+
+def _run_subserver(args, program, opts) -> int:
+    from tokenrouter.runtime.launcher import plan
+    from tokenrouter.runtime.subserver import run_process
+    if opts.addresses is None:
+        print("error: --subserver needs --bind NAME=ADDR for the frontend and every writer", file=sys.stderr)
+        return 2
+    try:
+        specs = plan(program, opts)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.subserver not in specs:
+        print(f"error: {args.subserver!r} is not a served writer ({', '.join(specs)})", file=sys.stderr)
+        return 2
+    spec = specs[args.subserver]
+    spec.base_dir = os.path.dirname(os.path.abspath(args.file))
+    run_process(spec.to_dict())
+    return 0
+
+
+def _run_http(args, program, opts) -> int:
+    from contextlib import asynccontextmanager
+
+    import uvicorn
+
+    from tokenrouter.runtime.frontend import close_runtime, open_runtime
+    from tokenrouter.runtime.http import build_app
+    from tokenrouter.runtime.loader import LoadError
+    from tokenrouter.runtime.offline import tokenizer_for
+
+    opts.base_dir = os.path.dirname(os.path.abspath(args.file))
+    try:
+        tokenizer = tokenizer_for(program)
+    except LoadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    name = args.served_model_name or os.path.splitext(os.path.basename(args.file))[0]
+
+    @asynccontextmanager
+    async def runtime():
+        launcher, fe = await open_runtime(program, opts)
+        try:
+            print(f"tokenrouter: serving {name!r} ({', '.join(fe.writers)}) on http://{args.host}:{args.port}",
+                  file=sys.stderr, flush=True)
+            yield fe
+        finally:
+            await close_runtime(launcher, fe)
+
+    app = build_app(runtime, name, tokenizer, args.max_tokens_limit, args.default_max_tokens)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
+    server = uvicorn.Server(config)
+    server.run()
+    return 0 if server.started else 1

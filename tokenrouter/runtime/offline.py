@@ -1,0 +1,157 @@
+"""The offline API: load a `.route` file and generate for a list of prompts, like vLLM's
+`LLM.generate`, on the same subservers `serve` runs.
+
+    from tokenrouter.runtime.offline import LLM
+    from tokenrouter.runtime.engine.sampler import SamplingParams
+    with LLM("examples/demo.route") as llm:
+        outs = llm.generate(["Hello", "The capital of France is"], SamplingParams(max_tokens=32))
+    print(outs[0].text, outs[0].tokens_by_model)
+
+The runtime lives in a private asyncio loop on a background thread, so `generate` is an
+ordinary blocking call (with a tqdm progress bar) that also works inside notebooks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from tokenrouter.compiler import ir
+
+
+@dataclass
+class RequestOutput:
+    prompt: str | None
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # stop | length | abort | error
+    tokens_by_model: dict[str, int] = field(default_factory=dict)
+    error: str | None = None
+
+
+def tokenizer_for(program: ir.Program):
+    """The tokenizer of the start writer's model (an ensemble's first member), read without
+    loading any weights. Routed models share it (the compiler checks their fingerprints)."""
+    from tokenrouter.runtime.loader import Tokenizer, resolve_folder
+    ens = {e.name: e for e in program.ensembles}
+    name = ens[program.start].members[0] if program.start in ens else program.start
+    _, folder = resolve_folder(program.model(name).path)
+    eos: list[int] = []
+    for fn in ("config.json", "generation_config.json"):
+        p = os.path.join(folder, fn)
+        if os.path.isfile(p):
+            with open(p, encoding="utf-8") as f:
+                e = json.load(f).get("eos_token_id")
+            eos += e if isinstance(e, list) else ([] if e is None else [e])
+    return Tokenizer.from_dir(folder, eos_token_ids=eos)
+
+
+def sampling_dict(params, tokenizer, ignore_eos: bool = False) -> dict[str, Any]:
+    stop = list(params.stop_token_ids)
+    if not ignore_eos:
+        stop += [t for t in tokenizer.eos_token_ids if t not in stop]
+    return {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
+            "seed": params.seed, "max_tokens": params.max_tokens, "stop_token_ids": stop}
+
+
+class LLM:
+    """A running deployment of one routing program (subservers + frontend)."""
+
+    def __init__(self, program: str | ir.Program, model_paths: dict[str, str] | None = None,
+                 launch=None, timeout: float = 300.0, **launch_kwargs):
+        from tokenrouter.runtime.launcher import LaunchOptions
+        if isinstance(program, str):
+            from tokenrouter.compiler.frontend import load_program
+            program = load_program(program, model_paths=model_paths)
+        self.program = program
+        self.tokenizer = tokenizer_for(program)
+        opts = launch or LaunchOptions(**launch_kwargs)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tokenrouter-offline", daemon=True)
+        self._thread.start()
+        from tokenrouter.runtime.frontend import open_runtime
+        self.launcher, self.frontend = self._call(open_runtime(program, opts, timeout))
+        self._closed = False
+
+    def _call(self, coro, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    # ---------------------------------------------------------------- generate
+    def generate(self, prompts: Sequence[str | list[int]] | str, params=None, *, concurrency: int | None = None,
+                 use_tqdm: bool = True, ignore_eos: bool = False, seeds: Sequence[int] | None = None
+                 ) -> list[RequestOutput]:
+        """Generate for every prompt (text or token ids); outputs in prompt order.
+        `concurrency` caps the requests in flight (default: all, as KV capacity allows)."""
+        from tokenrouter.runtime.engine.sampler import SamplingParams
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        params = params or SamplingParams(max_tokens=64)
+        ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        sampling = sampling_dict(params, self.tokenizer, ignore_eos)
+        return self._call(self._run(list(prompts), ids, sampling, concurrency, use_tqdm, seeds))
+
+    async def _run(self, prompts, ids, sampling, concurrency, use_tqdm, seeds) -> list[RequestOutput]:
+        from tqdm.auto import tqdm
+
+        from tokenrouter.runtime.frontend import Delta
+        sem = asyncio.Semaphore(concurrency or len(ids) or 1)
+        bar = tqdm(total=len(ids), desc="generate", unit="req", disable=not use_tqdm)
+        stop = set(sampling["stop_token_ids"])
+
+        async def one(i: int) -> RequestOutput:
+            async with sem:
+                toks: list[int] = []
+                final = None
+                try:
+                    async for ev in self.frontend.generate(ids[i], sampling, seed=(seeds[i] if seeds else 0)):
+                        if isinstance(ev, Delta):
+                            toks += ev.tokens
+                        else:
+                            final = ev
+                except ValueError as exc:
+                    bar.update(1)
+                    return RequestOutput(prompts[i] if isinstance(prompts[i], str) else None, ids[i], [], "",
+                                         "error", {}, str(exc))
+                bar.update(1)
+                text = self.tokenizer.decode([t for t in toks if t not in stop], skip_special_tokens=True)
+                return RequestOutput(prompts[i] if isinstance(prompts[i], str) else None, ids[i], toks, text,
+                                     final.reason, dict(final.written_by), final.error)
+
+        try:
+            return list(await asyncio.gather(*(one(i) for i in range(len(ids)))))
+        finally:
+            bar.close()
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Counters of every subserver (see metrics.py)."""
+        return self._call(self.frontend.stats())
+
+    # ------------------------------------------------------------------- life
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        from tokenrouter.runtime.frontend import close_runtime
+        try:
+            self._call(close_runtime(self.launcher, self.frontend), timeout=60)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+            self._loop.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

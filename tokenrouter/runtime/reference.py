@@ -1,0 +1,156 @@
+"""The single-request reference implementation: the oracle the served outputs are tested against.
+
+It follows one request through the program as the papers describe it, and shares nothing
+with the serving path that could hide a bug there: no scheduler, no messages, no KV
+reuse (every step is a fresh prefill of everything the writer sees, on a sequence freed
+right after), and the routing decisions come from the IR's reference interpreter
+(`compiler.interpreter`), not from the compiled router. Only the engine forward and the
+sampler are shared, and those are tested on their own against transformers.
+
+So a served request that matches this, token for token, has had its KV appended
+correctly on every visit (invariant 1) and was routed as the program says, whatever
+batches it shared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenrouter.compiler import ir
+from tokenrouter.compiler.abi import FeatureNeeds
+
+
+class ReferenceError_(RuntimeError):
+    """The program cannot make progress for this request (a rewrite loop)."""
+
+
+@dataclass
+class ReferenceOutput:
+    tokens: list[int]  # output tokens only
+    reason: str  # stop | length | error
+    written_by: dict[str, int] = field(default_factory=dict)
+    handoffs: int = 0
+    error: str | None = None
+
+
+def _walk(e: Any):
+    yield e
+    for child in ("left", "right"):
+        if hasattr(e, child):
+            yield from _walk(getattr(e, child))
+    for a in getattr(e, "args", ()) or ():
+        yield from _walk(a)
+
+
+def needs_of(program: ir.Program, writer: str) -> FeatureNeeds:
+    """What the writer's route reads besides logits, derived from the IR alone."""
+    layers, embed = set(), False
+    for r in program.routers:
+        if r.model != writer:
+            continue
+        for inp in r.inputs:
+            if isinstance(inp, ir.InputHidden):
+                layers.add(inp.layer)
+            elif isinstance(inp, ir.InputTokenEmbedding):
+                embed = True
+    for t in program.transitions_from(writer):
+        if any(isinstance(x, ir.HeadLogit) for x in _walk(t.when)):
+            layers.add(-1)
+    return FeatureNeeds(hidden_layers=tuple(sorted(layers)), token_embedding=embed)
+
+
+class Reference:
+    """Holds one engine per model of the program (random or real weights alike)."""
+
+    def __init__(self, program: ir.Program, models: dict[str, Any] | None = None,
+                 base_dir: str | None = None, max_model_len: int | None = None, block_size: int = 16):
+        import torch
+
+        from tokenrouter.compiler.compiled import default_base_dir
+        from tokenrouter.compiler.interpreter import Interpreter
+        from tokenrouter.runtime.engine.engine import Engine
+        from tokenrouter.runtime.loader import load_model
+
+        self.torch = torch
+        self.program = program
+        self.interp = Interpreter(program, base_dir or default_base_dir(program))
+        self.engines = {}
+        for m in program.models:
+            dtype = getattr(torch, m.dtype)
+            lm = (models or {}).get(m.name) or load_model(m.path, dtype=dtype)
+            length = max_model_len or lm.config.max_position_embeddings
+            # one sequence at a time: room for one full-length sequence is enough
+            kw = {"device": "cpu", "dtype": dtype, "block_size": block_size, "max_model_len": length,
+                  "num_blocks": -(-length // block_size) + 1}
+            self.engines[m.name] = Engine(lm.config, lm.weights, **kw)
+        self.ensembles = {e.name: e for e in program.ensembles}
+        self._seq = 0
+
+    def _forward(self, model: str, tokens: list[int], needs: FeatureNeeds):
+        """Logits [V] and hidden {layer: [H]} at the last position, by a fresh prefill."""
+        eng = self.engines[model]
+        self._seq += 1
+        sid = -self._seq  # never collides with anything else using this engine
+        try:
+            out = eng.step([(sid, list(tokens))], needs)
+        finally:
+            eng.free(sid)
+        return out.logits[0], {k: v[0] for k, v in out.hidden.items()}
+
+    def generate(self, prompt: list[int], sampling, seed: int = 0,
+                 max_model_len: int | None = None) -> ReferenceOutput:
+        from tokenrouter.compiler.interpreter import RequestStep
+        from tokenrouter.runtime.engine.sampler import sample
+
+        torch = self.torch
+        tokens = list(prompt)
+        writer, visit = self.program.start, 0
+        out = ReferenceOutput([], "length")
+        stop = set(sampling.stop_token_ids)
+        limit = max_model_len or min(e.max_model_len for e in self.engines.values())
+        seen_at_len: set[str] = set()  # writers that already wrote at this length (loop check)
+        while True:
+            pos = len(tokens) - len(prompt)
+            if writer in seen_at_len:
+                out.reason, out.error = "error", f"rewrite loop at output position {pos}"
+                return out
+            seen_at_len.add(writer)
+            needs = needs_of(self.program, writer)
+            ens = self.ensembles.get(writer)
+            if ens is not None:
+                member = [self._forward(m, tokens, FeatureNeeds())[0] for m in ens.members]
+                logp = self.interp.combine(writer, RequestStep(member_logits=tuple(r.double().numpy() for r in member),
+                                                               position=pos, request_seed=seed))
+                logits = torch.from_numpy(logp)
+                hidden: dict[int, Any] = {}
+                row = None
+            else:
+                logits, hidden = self._forward(writer, tokens, needs)
+                member, row = (), logits
+            tok = int(sample(logits[None], [sampling], [pos])[0])
+            emb = None
+            if needs.token_embedding and ens is None:
+                emb = self.engines[writer].embed(torch.tensor([tok]))[0]
+            step = RequestStep(
+                logits=None if row is None else row.double().numpy(), sampled=tok, visit_tokens=visit + 1,
+                position=pos, request_seed=seed,
+                hidden={k: v.double().numpy() for k, v in hidden.items()},
+                token_embedding=None if emb is None else emb.double().numpy(),
+                member_logits=tuple(r.double().numpy() for r in member))
+            d = self.interp.route(writer, step)
+            if d.keep:
+                tokens.append(tok)
+                out.tokens.append(tok)
+                out.written_by[writer] = out.written_by.get(writer, 0) + 1
+                visit += 1
+                seen_at_len = set()
+                if tok in stop:
+                    out.reason = "stop"
+                    return out
+                if len(out.tokens) >= sampling.max_tokens or len(tokens) >= limit:
+                    out.reason = "length"
+                    return out
+            if d.dest != writer:
+                out.handoffs += 1
+                writer, visit = d.dest, 0

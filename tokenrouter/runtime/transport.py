@@ -1,0 +1,138 @@
+"""ZeroMQ plumbing: every endpoint binds one PULL socket and PUSHes to the others.
+
+An address is a ZeroMQ endpoint, so the same code runs in one process (`inproc://`, the
+thread mode of the tests, sharing one `zmq.Context`), across processes on one host
+(`ipc://`, the default) and across hosts (`tcp://host:port`). PUSH/PULL keeps the order of
+the frames of one sender, never blocks a sender on a slow receiver (unlimited send queue),
+and needs no reply: the runtime is asynchronous on purpose.
+
+Sockets are not thread-safe, so each has one owner: a `Receiver` owns its PULL socket in
+its own thread (the messaging loop), a `Sender` belongs to the thread that sends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+from typing import Callable
+
+import zmq
+
+log = logging.getLogger(__name__)
+
+POLL_MS = 200  # how often a receiver checks for its stop flag
+
+
+class AddressError(ValueError):
+    """An endpoint string ZeroMQ cannot use."""
+
+
+def check_address(addr: str) -> str:
+    if not addr.startswith(("inproc://", "ipc://", "tcp://")):
+        raise AddressError(f"address {addr!r} must start with inproc://, ipc:// or tcp://")
+    return addr
+
+
+def bind_form(addr: str) -> str:
+    """Where to bind for an address others connect to: a tcp host binds on all interfaces
+    when given as `tcp://0.0.0.0:port` or `tcp://*:port`; otherwise exactly as given."""
+    return addr.replace("tcp://0.0.0.0:", "tcp://*:")
+
+
+def make_addresses(names: list[str], kind: str = "ipc") -> dict[str, str]:
+    """Fresh endpoints for the frontend and each subserver: inproc names (threads in one
+    process) or ipc files in a new private temporary folder (processes on one host)."""
+    if kind == "inproc":
+        tag = f"{os.getpid()}-{id(names):x}-{os.urandom(3).hex()}"
+        return {n: f"inproc://tr-{tag}-{i}" for i, n in enumerate(names)}
+    if kind == "ipc":
+        folder = tempfile.mkdtemp(prefix="tr-")
+        return {n: f"ipc://{folder}/{i}.sock" for i, n in enumerate(names)}
+    raise AddressError(f"address kind {kind!r} is not inproc or ipc (give tcp addresses explicitly)")
+
+
+def cleanup_ipc(addresses: dict[str, str]) -> None:
+    """Remove the socket files and folder `make_addresses` created."""
+    folders = set()
+    for addr in addresses.values():
+        if addr.startswith("ipc://"):
+            path = addr[len("ipc://"):]
+            folders.add(os.path.dirname(path))
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    for f in folders:
+        try:
+            os.rmdir(f)
+        except OSError:
+            pass
+
+
+class Sender:
+    """PUSH sockets to named endpoints, used by one thread."""
+
+    def __init__(self, ctx: zmq.Context, addresses: dict[str, str] | None = None):
+        self._ctx = ctx
+        self._socks: dict[str, zmq.Socket] = {}
+        for name, addr in (addresses or {}).items():
+            self.connect(name, addr)
+
+    def connect(self, name: str, addr: str) -> None:
+        s = self._ctx.socket(zmq.PUSH)
+        s.setsockopt(zmq.SNDHWM, 0)
+        s.setsockopt(zmq.LINGER, 2000)
+        s.connect(check_address(addr))
+        self._socks[name] = s
+
+    def send(self, name: str, frame: bytes) -> None:
+        self._socks[name].send(frame, copy=False)
+
+    def names(self) -> list[str]:
+        return list(self._socks)
+
+    def close(self) -> None:
+        for s in self._socks.values():
+            s.close()
+        self._socks.clear()
+
+
+class Receiver:
+    """A PULL socket bound at `addr`, read by a daemon thread that hands each frame to
+    `handler(frame)`. The handler runs in the receiver's thread and must be quick."""
+
+    def __init__(self, ctx: zmq.Context, addr: str, handler: Callable[[bytes], None],
+                 name: str = "receiver"):
+        self._sock = ctx.socket(zmq.PULL)
+        self._sock.setsockopt(zmq.RCVHWM, 0)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind(bind_form(check_address(addr)))
+        self._handler = handler
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        sock = self._sock
+        try:
+            while not self._stop.is_set():
+                if not sock.poll(POLL_MS):
+                    continue
+                while True:
+                    try:
+                        frame = sock.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    try:
+                        self._handler(frame)
+                    except Exception:  # a bad frame must not kill the messaging loop
+                        log.exception("dropping a frame the handler could not take")
+        finally:
+            sock.close()
+
+    def stop(self, join: bool = True) -> None:
+        self._stop.set()
+        if join and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
