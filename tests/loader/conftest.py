@@ -1,0 +1,14 @@
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+@pytest.fixture
+def tmp_cache(tmp_path, monkeypatch):
+    """A private, empty model cache for tests that watch the cache itself."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("TOKENROUTER_CACHE", str(root))
+    return root

@@ -1,0 +1,61 @@
+"""The on-disk cache of converted models: each entry is a Hugging Face checkpoint folder.
+
+Entries are keyed by what they were made from (a source file's path, size and mtime, or a
+generation recipe) plus `FORMAT_VERSION`, so a changed source or converter never serves stale
+weights. Each entry is built in a temporary folder and renamed into place, which is atomic: two
+subservers loading the same model at once either both build it (one rename wins, the other is
+thrown away) or one finds it ready.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from typing import Any, Callable
+
+FORMAT_VERSION = 1
+
+
+def cache_root() -> str:
+    root = os.environ.get("TOKENROUTER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tokenrouter")
+    return os.path.abspath(root)
+
+
+def file_key(path: str) -> dict[str, Any]:
+    """What identifies a source file's contents cheaply: its path, size and mtime."""
+    st = os.stat(path)
+    return {"path": os.path.realpath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def entry_path(slug: str, key: dict[str, Any]) -> str:
+    blob = json.dumps({"format": FORMAT_VERSION, **key}, sort_keys=True).encode()
+    return os.path.join(cache_root(), f"{slug}-{hashlib.sha256(blob).hexdigest()[:16]}")
+
+
+def is_cached(slug: str, key: dict[str, Any]) -> bool:
+    return os.path.isfile(os.path.join(entry_path(slug, key), "config.json"))
+
+
+def get_or_build(slug: str, key: dict[str, Any], build: Callable[[str], None]) -> str:
+    """The entry's folder, calling `build(tmp_folder)` to fill it first if it is not there."""
+    final = entry_path(slug, key)
+    if os.path.isfile(os.path.join(final, "config.json")):
+        return final
+    os.makedirs(cache_root(), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{slug}-", dir=cache_root())
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared like ~/.cache
+    try:
+        build(tmp)
+        with open(os.path.join(tmp, "cache_key.json"), "w") as f:
+            json.dump({"format": FORMAT_VERSION, **key}, f, indent=1)
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another process renamed its copy first: use that one
+            if not os.path.isfile(os.path.join(final, "config.json")):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
