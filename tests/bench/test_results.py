@@ -1,0 +1,66 @@
+"""The suite's own arithmetic: medians, percentiles, shares, breakdowns, summary keys."""
+
+import json
+
+import pytest
+
+from tokenrouter.bench import results as R
+from tokenrouter.bench.configs import CONFIGS
+from tokenrouter.bench.deploy import Measurement
+
+
+def meas(name, wall, tokens, lat=None, outputs=None, **kw):
+    return Measurement(name, 8, wall, tokens, lat, kw.pop("written_by", {"s": tokens}), outputs or [[1, 2]], **kw)
+
+
+def test_percentiles_against_hand_computed_values():
+    xs = [float(i) for i in range(1, 101)]  # 1..100
+    assert R.percentile(xs, 50) == pytest.approx(50.5)
+    assert R.percentile(xs, 99) == pytest.approx(99.01)  # 99 + 0.01 * (100 - 99)
+    assert R.percentile([], 50) is None
+
+
+def test_median_round_picks_the_middle_throughput_with_its_breakdown():
+    a, b, c = meas("x", 10, 100), meas("x", 10, 300), meas("x", 10, 200)
+    assert R.median_round([a, b, c]) is c
+    assert R.median_round([a, b]) is a  # the lower of two
+
+
+def test_config_result_pools_latencies_and_reports_shares():
+    m1 = meas("x", 2.0, 100, [1.0, 2.0], written_by={"small": 90, "large": 10},
+              phase_s={"small": {"forward": 0.6, "route": 0.2}}, steps={"small": 20}, batch_sum={"small": 80})
+    m2 = meas("x", 4.0, 100, [3.0, 4.0], written_by={"small": 90, "large": 10})
+    r = R.config_result([m1, m2])
+    assert r["tokens_per_s"] == 25.0  # median of (50, 25) by the lower-middle rule
+    assert r["rounds_tokens_per_s"] == [50.0, 25.0]
+    assert r["latency_s"]["median"] == 2.5 and r["latency_s"]["requests"] == 4
+    assert r["share"] == {"large": 0.1, "small": 0.9}
+    assert r["step_breakdown"] == {}  # m2 (the median) has no counters
+    b = R.breakdown(m1)["small"]
+    assert b["ms_per_step"] == pytest.approx(40.0)  # 0.8 s over 20 steps
+    assert b["mean_batch"] == 4.0
+    assert b["phases"]["forward"]["share"] == pytest.approx(0.75)
+
+
+def test_identical_outputs_only_compares_routed_configs():
+    same = {"tokenrouter": [meas("t", 1, 1, outputs=[[1]])], "naive": [meas("n", 1, 1, outputs=[[1]])],
+            "large_only": [meas("l", 1, 1, outputs=[[9]])]}
+    assert R.identical_outputs(same) is True
+    same["tokenrouter@2"] = [meas("t", 1, 1, outputs=[[2]])]
+    assert R.identical_outputs(same) is False
+
+
+def test_summary_has_exactly_the_issue_keys_per_level(tmp_path):
+    lv = {"batch_thresholds": {"small": 1, "large": 3},
+          "configs": {"tokenrouter": {"tokens_per_s": 30.0}, "naive": {"tokens_per_s": 10.0}}}
+    s = R.summary({8: lv, 1: dict(lv, batch_thresholds={"small": 1, "large": 1})})
+    assert list(s) == ["1", "8"]
+    assert set(s["8"]) == set(CONFIGS) | {"B_i"}
+    assert s["8"]["tokenrouter"] == 30.0 and s["8"]["lockstep"] is None and s["8"]["B_i"]["large"] == 3
+    R.write_json(str(tmp_path / "s.json"), s)
+    assert json.loads((tmp_path / "s.json").read_text()) == s
+
+
+def test_ratios():
+    assert R.ratios({"tokenrouter": 30.0, "naive": 10.0, "lockstep": None}) == {"tokenrouter/naive": 3.0}
+    assert R.ratios({"naive": 10.0}) == {}

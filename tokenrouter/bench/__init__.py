@@ -1,0 +1,15 @@
+"""The benchmark suite behind `tokenrouter bench`.
+
+Every configuration (this runtime with tuned B_i, its ablations, the baselines and the
+single-model bounds) is started once, kept running, and measured in interleaved rounds on
+the same prompts, so machine noise hits all of them alike and ratios come from one run.
+
+- `workload.py`: the prompts and sampling parameters (greedy, fixed length);
+- `configs.py`: the configurations and how each is deployed;
+- `deploy.py`: a running deployment (runtime subservers, or lockstep in-process) that
+  runs one measured batch of requests and reports tokens, latencies and step counters;
+- `tuning.py`: the profile, the tuned B_i and the tuner's predictions;
+- `runner.py`: the interleaved rounds, with a progress bar;
+- `results.py`: statistics, `summary.json` and the detailed JSON;
+- `plots.py`: the PNG plots.
+"""

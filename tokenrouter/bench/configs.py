@@ -1,0 +1,86 @@
+"""The configurations `tokenrouter bench` compares, and how each is deployed.
+
+Keys (also those of `summary.json`):
+
+- `tokenrouter`: async subservers, pending handoffs, delayed batching with the tuned B_i;
+- `no_delay`: the same deployment with B_i = 1 everywhere (set at run time with the
+  runtime's `configure` message, so it shares `tokenrouter`'s processes);
+- `no_pending`: tuned B_i, but a returning request is re-prefix-matched as a new one
+  (the runtime's `rematch` switch);
+- `lockstep`: every model stepped together in one loop (`runtime.baselines.lockstep`);
+- `naive`: independent servers plus a dispatcher that resends the context on every
+  handoff (`runtime.baselines.naive`);
+- `large_only` / `small_only`: one model serving every token (the cost bounds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tokenrouter.compiler import ir
+
+CONFIGS = ("tokenrouter", "no_delay", "no_pending", "lockstep", "naive", "large_only", "small_only")
+#: configurations that run the routing program (their outputs must agree token for token)
+ROUTED = ("tokenrouter", "no_delay", "no_pending", "lockstep", "naive")
+
+
+def parse_configs(text: str | None) -> list[str]:
+    """A comma-separated subset of CONFIGS (None or "all": every one), in CONFIGS order."""
+    if not text or text == "all":
+        return list(CONFIGS)
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [n for n in names if n not in CONFIGS]
+    if bad:
+        raise ValueError(f"unknown configuration(s) {', '.join(bad)}; choose from {', '.join(CONFIGS)}")
+    return [c for c in CONFIGS if c in names]
+
+
+def small_and_large(program: ir.Program) -> tuple[str, str]:
+    """The program's small and large model: roles when declared, else start = small and
+    the other model large. Only two-model programs have both bounds."""
+    models = [m.name for m in program.models]
+    if len(models) != 2:
+        raise ValueError(f"the bench compares a pair of models; this program has {len(models)}")
+    roles = {m.role: m.name for m in program.models}
+    if "small" in roles and "large" in roles:
+        return roles["small"], roles["large"]
+    small = program.start if program.start in models else models[0]
+    return small, next(m for m in models if m != small)
+
+
+def single_model(program: ir.Program, name: str) -> ir.Program:
+    """The program reduced to one model writing every token (no routing)."""
+    m = program.model(name)
+    sched = ir.Schedule(threads=tuple((k, v) for k, v in program.schedule.threads if k == name),
+                        placement=tuple((k, v) for k, v in program.schedule.placement if k == name))
+    return dataclasses.replace(program, models=(m,), start=name, transitions=(), bounds=(), ensembles=(),
+                               routers=(), schedule=sched)
+
+
+def writers(program: ir.Program) -> list[str]:
+    from tokenrouter.runtime.launcher import served_writers
+    return served_writers(program)
+
+
+def launch_options(name: str, program: ir.Program, base):
+    """LaunchOptions of a runtime configuration (None for lockstep, which is in-process)."""
+    from tokenrouter.runtime.baselines.naive import naive_options, no_pending_options
+    if name in ("tokenrouter", "no_delay", "large_only", "small_only"):
+        return base
+    if name == "no_pending":
+        return no_pending_options(program, base)
+    if name == "naive":
+        return naive_options(program, base)
+    if name == "lockstep":
+        return None
+    raise ValueError(f"unknown configuration {name!r}")
+
+
+def thresholds_for(name: str, program: ir.Program, tuned: dict[str, int]) -> dict[str, int] | None:
+    """B_i a runtime configuration runs with at one concurrency level (None: leave as launched)."""
+    ws = writers(program)
+    if name in ("tokenrouter", "no_pending"):
+        return {w: int(tuned.get(w, 1)) for w in ws}
+    if name in ("no_delay", "naive"):
+        return {w: 1 for w in ws}
+    return None

@@ -1,0 +1,168 @@
+"""Running deployments that `runner.py` measures in turn.
+
+`RuntimeDeployment` starts a routing program on the runtime's own subservers
+(`frontend.open_runtime`) in a private asyncio loop and keeps it up for the whole
+benchmark; `measure` submits the prompts through the frontend with at most N in flight,
+timing each request from submit to its final event, and takes the subservers' counters
+before and after (per-step breakdown, steps, batch sizes, launch reasons).
+`LockstepDeployment` does the same for the in-process lockstep baseline, which has no
+per-request timing (its `generate` returns when every request is done).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Measurement:
+    """One measured batch of requests on one configuration."""
+    config: str
+    concurrency: int
+    wall_s: float
+    tokens: int
+    latencies_s: list[float] | None  # per request, None when not measurable
+    written_by: dict[str, int]
+    outputs: list[list[int]]
+    batch_threshold: dict[str, int] = field(default_factory=dict)
+    phase_s: dict[str, dict[str, float]] = field(default_factory=dict)  # writer -> phase -> seconds
+    steps: dict[str, int] = field(default_factory=dict)
+    batch_sum: dict[str, float] = field(default_factory=dict)  # sum of batch sizes over steps
+    launch_reasons: dict[str, dict[str, int]] = field(default_factory=dict)
+    threads: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def _delta(after: dict, before: dict) -> dict:
+    return {k: after.get(k, 0) - before.get(k, 0) for k in after}
+
+
+class RuntimeDeployment:
+    """A routing program served by the runtime, kept running across measurements."""
+
+    def __init__(self, program, opts, timeout: float = 300.0):
+        from tokenrouter.runtime.frontend import open_runtime
+        self.program = program
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="bench-loop", daemon=True)
+        self._thread.start()
+        try:
+            self.launcher, self.frontend = self._call(open_runtime(program, opts, timeout))
+        except BaseException:
+            self._stop_loop()
+            raise
+        self._closed = False
+
+    def _call(self, coro, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def configure(self, batch: dict[str, int] | None) -> None:
+        for w, b in (batch or {}).items():
+            self._call(self.frontend.configure(w, batch_threshold=int(b)))
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        return self._call(self.frontend.stats(timeout=10.0))
+
+    def measure(self, name: str, prompts: list[list[int]], sampling: dict, concurrency: int,
+                batch: dict[str, int] | None = None) -> Measurement:
+        self.configure(batch)
+        before = self.stats()
+        t0 = time.perf_counter()
+        outs = self._call(self._run(prompts, sampling, concurrency))
+        wall = time.perf_counter() - t0
+        after = self.stats()
+        errors = [e for _, _, _, e in outs if e]
+        if errors:
+            raise RuntimeError(f"{name}: {len(errors)} request(s) failed: {errors[0]}")
+        m = Measurement(name, concurrency, wall, sum(len(t) for t, _, _, _ in outs), [lat for _, lat, _, _ in outs],
+                        _sum_written([wb for _, _, wb, _ in outs]), [t for t, _, _, _ in outs])
+        for w, a in after.items():
+            b = before.get(w, {})
+            m.phase_s[w] = _delta(a["phase_s"], b.get("phase_s", {}))
+            m.steps[w] = a["steps"] - b.get("steps", 0)
+            m.batch_sum[w] = a["batch_size"]["sum"] - b.get("batch_size", {}).get("sum", 0)
+            m.launch_reasons[w] = _delta(a["launch_reasons"], b.get("launch_reasons", {}))
+            m.batch_threshold[w] = a["batch_threshold"]
+            m.threads[w] = a["threads"]
+        return m
+
+    async def _run(self, prompts, sampling, concurrency):
+        from tokenrouter.runtime.frontend import Delta
+        sem = asyncio.Semaphore(max(1, concurrency))
+
+        async def one(i: int):
+            async with sem:
+                t0 = time.perf_counter()
+                toks: list[int] = []
+                final = None
+                async for ev in self.frontend.generate(prompts[i], sampling, seed=i):
+                    if isinstance(ev, Delta):
+                        toks += ev.tokens
+                    else:
+                        final = ev
+                err = final.error if final is not None and final.reason == "error" else None
+                return toks, time.perf_counter() - t0, dict(final.written_by) if final else {}, err
+
+        return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        from tokenrouter.runtime.frontend import close_runtime
+        try:
+            self._call(close_runtime(self.launcher, self.frontend), timeout=60)
+        finally:
+            self._stop_loop()
+
+
+class LockstepDeployment:
+    """The lockstep baseline in this process (threads: the machine's cores)."""
+
+    def __init__(self, program, threads: int, num_blocks: int | None):
+        from tokenrouter.runtime.baselines.lockstep import Lockstep
+        self.threads = threads
+        self.ls = Lockstep(program, threads=threads, num_blocks=num_blocks)
+
+    def measure(self, name: str, prompts: list[list[int]], sampling: dict, concurrency: int,
+                batch: dict[str, int] | None = None) -> Measurement:
+        import torch
+
+        from tokenrouter.runtime.engine.sampler import SamplingParams
+        torch.set_num_threads(self.threads)
+        params = SamplingParams(temperature=0.0, max_tokens=sampling["max_tokens"],
+                                stop_token_ids=tuple(sampling["stop_token_ids"]))
+        ls = self.ls
+        ph0, it0 = dict(ls.phase_s), ls.iterations
+        t0 = time.perf_counter()
+        outs = ls.generate(prompts, params, concurrency=concurrency, seeds=list(range(len(prompts))))
+        wall = time.perf_counter() - t0
+        m = Measurement(name, concurrency, wall, sum(len(o.token_ids) for o in outs), None,
+                        _sum_written([o.tokens_by_model for o in outs]), [list(o.token_ids) for o in outs])
+        m.phase_s["all"] = _delta(ls.phase_s, ph0)
+        m.steps["all"] = ls.iterations - it0
+        m.threads["all"] = self.threads
+        return m
+
+    def close(self) -> None:
+        pass
+
+
+def _sum_written(items: list[dict[str, int]]) -> dict[str, int]:
+    tot: dict[str, int] = {}
+    for wb in items:
+        for k, v in wb.items():
+            tot[k] = tot.get(k, 0) + v
+    return tot

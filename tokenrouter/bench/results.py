@@ -1,0 +1,102 @@
+"""From measurements to results: medians over rounds, latency percentiles, token shares,
+per-step breakdowns, ratios, and the two JSON files (`summary.json`, `details.json`).
+
+Pure functions over `Measurement`s, so they are tested without running a model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable
+
+import numpy as np
+
+from .configs import CONFIGS, ROUTED
+
+SUMMARY_B_KEY = "B_i"
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """The q-th percentile (linear interpolation), None for no values."""
+    v = list(values)
+    return float(np.percentile(np.asarray(v, dtype=float), q)) if v else None
+
+
+def median_round(ms: list) -> Any:
+    """The round whose throughput is the median (the lower one of an even count), so its
+    breakdown is reported with it."""
+    if not ms:
+        raise ValueError("no measurements")
+    return sorted(ms, key=lambda m: m.tokens_per_s)[(len(ms) - 1) // 2]
+
+
+def shares(written_by: dict[str, int]) -> dict[str, float]:
+    total = sum(written_by.values())
+    return {k: v / total for k, v in sorted(written_by.items())} if total else {}
+
+
+def breakdown(m) -> dict[str, dict[str, Any]]:
+    """Per writer: ms per step of each phase and its share of the step."""
+    out = {}
+    for w, ph in m.phase_s.items():
+        steps = m.steps.get(w, 0)
+        total = sum(ph.values())
+        if steps <= 0:
+            continue
+        out[w] = {"steps": steps, "ms_per_step": 1000 * total / steps,
+                  "mean_batch": (m.batch_sum[w] / steps) if w in m.batch_sum else None,
+                  "phases": {p: {"ms_per_step": 1000 * v / steps, "share": v / total if total else 0.0}
+                             for p, v in ph.items()}}
+    return out
+
+
+def config_result(ms: list) -> dict[str, Any]:
+    """One configuration at one concurrency level, over its rounds."""
+    med = median_round(ms)
+    lats = [x for m in ms for x in (m.latencies_s or [])]
+    return {"tokens_per_s": med.tokens_per_s, "rounds_tokens_per_s": [m.tokens_per_s for m in ms],
+            "tokens": med.tokens, "wall_s": med.wall_s,
+            "latency_s": {"median": percentile(lats, 50), "p99": percentile(lats, 99), "requests": len(lats)}
+            if lats else None,
+            "written_by": med.written_by, "share": shares(med.written_by),
+            "batch_threshold": med.batch_threshold or None, "threads": med.threads,
+            "launch_reasons": med.launch_reasons or None, "step_breakdown": breakdown(med),
+            "outputs_stable_across_rounds": all(m.outputs == ms[0].outputs for m in ms)}
+
+
+def identical_outputs(by_config: dict[str, list]) -> bool | None:
+    """Whether every routed configuration produced the same tokens in every round."""
+    outs = [m.outputs for name, ms in by_config.items() if name in ROUTED or "@" in name for m in ms]
+    return all(o == outs[0] for o in outs) if outs else None
+
+
+def ratios(tps: dict[str, float | None]) -> dict[str, float]:
+    t = tps.get("tokenrouter")
+    if not t:
+        return {}
+    return {f"tokenrouter/{k}": t / v for k, v in tps.items() if k != "tokenrouter" and v}
+
+
+def summary(levels: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """summary.json: per concurrency level, tokens/s under each configuration key (null
+    when not run) and the B_i used."""
+    out = {}
+    for n, lv in sorted(levels.items()):
+        row = {c: (lv["configs"][c]["tokens_per_s"] if c in lv["configs"] else None) for c in CONFIGS}
+        row[SUMMARY_B_KEY] = lv["batch_thresholds"]
+        out[str(n)] = row
+    return out
+
+
+def write_json(path: str, doc: Any) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2, default=_jsonable)
+        f.write("\n")
+
+
+def _jsonable(x):
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")

@@ -1,0 +1,79 @@
+"""The tuned B_i and the tuner's predictions for the benchmark.
+
+B_i come from the same call the runtime makes for `batch X = auto` with a profile
+(`launcher.batch_thresholds(..., profile=...)`), so the bench runs exactly what
+`tokenrouter serve --profile` would. The profile is read from `--profile` or measured
+here once (`tuner.measure.measure_profile`, the code behind `tokenrouter profile`).
+Predictions (`tuner.api.predict`) are kept next to the measurements so the report can
+say how far the chain is from the runtime.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def profile_batch_sizes(max_concurrency: int) -> list[int]:
+    """Powers of two up to the largest concurrency (the tuner refuses to extrapolate
+    past 4x the largest measured size, so this always covers every level)."""
+    out, b = [], 1
+    while b < max_concurrency:
+        out.append(b)
+        b *= 2
+    return out + [max(1, max_concurrency)]
+
+
+def load_or_measure(program, path: str | None, max_concurrency: int, repeats: int, progress: bool, source: str):
+    from tokenrouter.tuner.profile import Profile
+    if path:
+        return Profile.load(path)
+    from tokenrouter.tuner.measure import measure_profile
+    return measure_profile(program, profile_batch_sizes(max_concurrency), repeats=repeats, progress=progress,
+                           source=source)
+
+
+def tuned_thresholds(program, concurrency: int, profile) -> dict[str, int]:
+    from tokenrouter.runtime.launcher import batch_thresholds, served_writers
+    return batch_thresholds(program, served_writers(program), concurrency, profile=profile)
+
+
+def predict(program, profile, concurrency: int, batch: dict[str, int]) -> dict[str, Any] | None:
+    """The tuner's predicted tokens/s for this schedule, or None when the program does
+    not fix its routing probabilities (then they must be measured first)."""
+    from tokenrouter.tuner import api
+    from tokenrouter.tuner.program import inputs_from_program
+    try:
+        pi = inputs_from_program(program)
+        if not set(pi.route_probs) >= set(pi.models):
+            return None
+        system = api.build_system(profile, concurrency, pi.route_probs, models=pi.models, start=pi.start,
+                                  rewrite=pi.rewrite, batch=batch, max_wait_ms=pi.max_wait_ms)
+        p = api.predict(system)
+    except api.TuneError as exc:
+        return {"error": str(exc)}
+    return {"tokens_per_s": p.throughput, "method": p.method, "batch": p.batch}
+
+
+def sweep_candidates(concurrency: int, tuned: int) -> list[int]:
+    """Thresholds for the measured sweep: 1, 2, 3, 4, 6, 8, ... up to N, plus the tuned one."""
+    out = {1, tuned}
+    b = 2
+    while b <= concurrency:
+        out.add(b)
+        out.add(min(concurrency, b + b // 2))
+        b *= 2
+    return sorted(x for x in out if 1 <= x <= max(1, concurrency))
+
+
+def slowdown_summary(profile) -> dict[str, Any]:
+    """Per model: batch-1 step time alone and co-located, and the slowdown c."""
+    out = {}
+    for name, m in profile.models.items():
+        alone = m.step_ms(1)
+        co = m.step_ms(1, True) if m.co_located else math.nan
+        out[name] = {"alone_ms_b1": alone, "co_located_ms_b1": co,
+                     "c_b1": (co / alone - 1) if m.co_located else None,
+                     "batch_sizes": list(m.alone.batch_sizes), "alone_ms": list(m.alone.ms),
+                     "co_located_ms": list(m.co_located.ms) if m.co_located else None}
+    return out

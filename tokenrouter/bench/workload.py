@@ -1,0 +1,45 @@
+"""The benchmark workload: deterministic prompts and greedy, fixed-length sampling.
+
+Greedy decoding with the stop tokens ignored makes every request write exactly
+`max_tokens` tokens in every configuration, so tokens/s compare like with like and the
+routed configurations must produce identical outputs (a schedule never changes tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TOPICS = ("the history of the printing press", "how vaccines train the immune system", "why the sky is blue",
+          "the rules of chess", "how a compiler works", "the water cycle", "the causes of inflation",
+          "how bees communicate", "the theory of plate tectonics", "how a transistor works",
+          "the life of a star", "how to bake bread", "the origins of jazz", "how tides work",
+          "the structure of DNA", "how a bicycle stays upright")
+
+
+@dataclass(frozen=True)
+class Workload:
+    requests: int  # requests per measurement (per concurrency level)
+    max_tokens: int  # tokens each request writes
+
+    def __post_init__(self):
+        if self.requests < 1:
+            raise ValueError(f"requests must be >= 1, got {self.requests}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+def prompts(n: int) -> list[str]:
+    """n distinct prompts of similar length (no shared prefix beyond the template words)."""
+    return [f"Variant {i}: write a short explanation of {TOPICS[i % len(TOPICS)]}." for i in range(n)]
+
+
+def sampling(max_tokens: int) -> dict:
+    """The runtime's sampling dict: greedy, no stop tokens (every request writes max_tokens)."""
+    return {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": None, "max_tokens": int(max_tokens),
+            "stop_token_ids": []}
+
+
+def requests_for(concurrency: int, base: int) -> int:
+    """Requests per measurement at a concurrency level: at least two full waves, so the
+    closed loop reaches its steady state, and at least `base`."""
+    return max(base, 2 * concurrency)
