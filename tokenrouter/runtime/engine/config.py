@@ -49,7 +49,12 @@ class ModelConfig:
         heads = d["num_attention_heads"]
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        scaling = d.get("rope_scaling")
+        # transformers >= 5 writes rope_theta (and any scaling) into `rope_parameters`.
+        rope_params = d.get("rope_parameters") or {}
+        scaling = d.get("rope_scaling") or (
+            rope_params if rope_params.get("rope_type", "default") != "default" else None)
+        theta = d.get("rope_theta")
+        bias = d.get("attention_bias")
         return cls(
             architecture=arch,
             vocab_size=d["vocab_size"],
@@ -60,10 +65,10 @@ class ModelConfig:
             num_key_value_heads=d.get("num_key_value_heads") or heads,
             head_dim=d.get("head_dim") or d["hidden_size"] // heads,
             rms_norm_eps=d.get("rms_norm_eps", 1e-6),
-            rope_theta=d.get("rope_theta", 10000.0),
+            rope_theta=theta if theta is not None else rope_params.get("rope_theta", 10000.0),
             max_position_embeddings=d.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias", arch == "qwen2")),
+            attention_bias=bool(bias) if bias is not None else arch == "qwen2",
             qk_norm=arch == "qwen3",
             rope_scaling=tuple(sorted(scaling.items())) if scaling else None,
             bos_token_id=d.get("bos_token_id"),

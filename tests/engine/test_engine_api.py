@@ -1,0 +1,108 @@
+"""The engine's bookkeeping API: errors, blocks, pinning, prefix reuse, chunking."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tokenrouter.compiler.abi import FeatureNeeds
+from tokenrouter.runtime.engine.engine import BadBatch, Engine, OutOfBlocks
+
+
+@pytest.fixture
+def llama(tiny):
+    return tiny("llama")
+
+
+def test_bad_batches_raise_clear_errors_and_change_nothing(llama):
+    _, cfg, sd = llama
+    eng = Engine(cfg, sd, dtype=torch.float64, block_size=4, num_blocks=8, max_model_len=24)
+    cases = [
+        ([], "empty batch"),
+        ([("a", [1]), ("a", [2])], "twice"),
+        ([("a", [])], "no new tokens"),
+        ([("a", [cfg.vocab_size])], "out of range"),
+        ([("a", [-1])], "out of range"),
+        ([("a", [1] * 25)], "max_model_len"),
+    ]
+    for batch, msg in cases:
+        with pytest.raises(BadBatch, match=msg):
+            eng.step(batch)
+    with pytest.raises(BadBatch, match="hidden layers"):
+        eng.step([("a", [1])], FeatureNeeds(hidden_layers=(cfg.num_hidden_layers + 1,)))
+    assert eng.blocks_used == 0 and eng.seq_len("a") == 0
+
+
+def test_out_of_blocks_is_refused_before_any_change(llama):
+    _, cfg, sd = llama
+    eng = Engine(cfg, sd, dtype=torch.float64, block_size=4, num_blocks=5)
+    eng.step([("a", [1] * 12)])  # 3 blocks
+    assert eng.blocks_used == 3
+    assert eng.can_append([("a", [2] * 8)])  # exactly 2 more
+    assert not eng.can_append([("a", [2] * 9)])
+    assert not eng.can_append([("a", [2] * 4), ("b", [3] * 5)])
+    with pytest.raises(OutOfBlocks):
+        eng.step([("a", [2] * 4), ("b", [3] * 5)])
+    assert eng.blocks_used == 3 and eng.seq_len("a") == 12 and eng.seq_len("b") == 0
+    eng.free("a")
+    eng.free("never-seen")
+    assert eng.blocks_used == 0 and eng.blocks_total == 5
+
+
+def test_pinned_sequence_keeps_its_blocks_until_unpinned(llama):
+    _, cfg, sd = llama
+    eng = Engine(cfg, sd, dtype=torch.float64, block_size=4, num_blocks=6)
+    eng.step([("p", [4, 5, 6, 7, 8])])
+    before = eng.step([("p", [9])]).logits
+    eng.pin("p")
+    eng.free("p")  # deferred: p is pending at a peer
+    assert eng.blocks_used == 2 and eng.seq_len("p") == 6
+    assert not eng.can_append([("q", [1] * 17)])  # only 4 blocks are free
+    eng.step([("q", [1] * 16)])
+    eng.free("q")
+    eng.unpin("p")
+    assert eng.blocks_used == 0
+    # and a fresh run of the same tokens gives the same logits (p's cache was never overwritten)
+    eng.step([("r", [4, 5, 6, 7, 8])])
+    torch.testing.assert_close(eng.step([("r", [9])]).logits, before, rtol=0, atol=0)
+
+
+def test_prefix_reuse_shares_blocks_and_changes_no_logits(llama):
+    _, cfg, sd = llama
+    shared = list(range(1, 14))  # 13 tokens: 3 full blocks of 4
+    plain = Engine(cfg, sd, dtype=torch.float64, block_size=4, num_blocks=32)
+    reuse = Engine(cfg, sd, dtype=torch.float64, block_size=4, num_blocks=32, prefix_reuse=True)
+    for eng in (plain, reuse):
+        eng.step([("a", shared + [20, 21])])
+    used = reuse.blocks_used
+    out_r = reuse.step([("b", shared + [30, 31, 32])])
+    out_p = plain.step([("b", shared + [30, 31, 32])])
+    torch.testing.assert_close(out_r.logits, out_p.logits, rtol=0, atol=1e-10)
+    assert used == 4  # a: 15 tokens, 3 full blocks + 1 partial
+    assert reuse.blocks_used - used == 1  # b: 16 tokens = 4 blocks, the first 3 shared with a
+    reuse.free("a")
+    reuse.free("b")
+    assert reuse.blocks_used == 0
+    # freed blocks stay matchable until reallocated (c's last block is computed afresh)
+    out_c = reuse.step([("c", shared + [30, 31, 32])])
+    torch.testing.assert_close(out_c.logits, out_p.logits, rtol=0, atol=1e-10)
+    assert reuse.blocks_used == 4
+
+
+def test_chunked_long_prefill_equals_one_forward(llama):
+    _, cfg, sd = llama
+    toks = [(7 * i) % cfg.vocab_size for i in range(50)]
+    a = Engine(cfg, sd, dtype=torch.float64, block_size=4, num_blocks=32, max_batched_tokens=7)
+    b = Engine(cfg, sd, dtype=torch.float64, block_size=4, num_blocks=32)
+    needs = FeatureNeeds(hidden_layers=(0, 2, -1))
+    oa, ob = a.step([("x", toks), ("y", toks[:9])], needs), b.step([("x", toks), ("y", toks[:9])], needs)
+    torch.testing.assert_close(oa.logits, ob.logits, rtol=0, atol=1e-10)
+    for k in needs.hidden_layers:
+        torch.testing.assert_close(oa.hidden[k], ob.hidden[k], rtol=0, atol=1e-10)
+
+
+def test_default_cache_size_holds_a_full_sequence(llama):
+    _, cfg, sd = llama
+    eng = Engine(cfg, sd, block_size=16, max_model_len=200)
+    assert eng.blocks_total * 16 >= 200
+    assert eng.max_model_len == 200

@@ -1,0 +1,123 @@
+"""Portable paged attention: gather each request's K/V by its block table, then attend.
+
+Runs wherever torch runs (CPU, CUDA). A step's tokens are flattened to [T, ...] in request
+order. Requests are grouped so that one batched matmul serves many of them:
+
+- all requests with at most `SHORT_Q` new tokens (decodes, short extends) form one group,
+  padded to the longest new-token count and the longest context;
+- each longer request (a prefill chunk) is its own group, so a long prompt never pads the
+  decodes that share its step.
+
+Grouped-query attention is done without repeating K/V: the query heads that share a KV head
+are stacked as extra query rows. Masks are built once per step (`build_meta`) and reused
+by every layer; the attention itself is torch's fused scaled-dot-product kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+SHORT_Q = 16
+
+
+@dataclass
+class AttnGroup:
+    rows: torch.Tensor  # [b, Qmax] indices into the step's T tokens (padding repeats a valid row)
+    kv_slots: torch.Tensor  # [b, Lmax] cache slots of each request's context (padding: slot 0)
+    mask: torch.Tensor  # [b, 1, Qmax * group, Lmax] additive mask (0 or -inf)
+    out_rows: torch.Tensor | None  # flat indices into [b * Qmax] of real tokens; None: all real, in order
+    dest: torch.Tensor | None  # where those rows go among the T tokens; None: the whole group is T
+
+
+@dataclass
+class AttnMeta:
+    slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
+    groups: list[AttnGroup]
+    num_tokens: int
+
+
+def _group(reqs: list[tuple[int, int, int, list[int]]], block_size: int, q_per_kv: int,
+           dtype: torch.dtype, device: torch.device | str, num_tokens: int) -> AttnGroup:
+    """reqs: (first token index in T, new tokens, context length after the step, block table).
+    A group that is the whole step, unpadded and in order, needs no scatter (dest None)."""
+    b = len(reqs)
+    q_max = max(q for _, q, _, _ in reqs)
+    l_max = max(n for _, _, n, _ in reqs)
+    nb = -(-l_max // block_size)
+    tables = torch.tensor([bt[:nb] + [0] * (nb - len(bt[:nb])) for _, _, _, bt in reqs], dtype=torch.long)
+    pos = torch.arange(l_max)
+    kv_slots = tables[:, pos // block_size] * block_size + pos % block_size
+    q_len = torch.tensor([q for _, q, _, _ in reqs])
+    kv_len = torch.tensor([n for _, _, n, _ in reqs])
+    first = torch.tensor([t0 for t0, _, _, _ in reqs])
+    j = torch.arange(q_max)
+    rows = first[:, None] + torch.minimum(j[None, :], q_len[:, None] - 1)  # pad by repeating the last row
+    qpos = (kv_len - q_len)[:, None] + torch.minimum(j[None, :], q_len[:, None] - 1)  # [b, Qmax]
+    allowed = (pos[None, None, :] <= qpos[:, :, None]) & (pos[None, None, :] < kv_len[:, None, None])
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+    mask = mask.repeat_interleave(q_per_kv, dim=1).unsqueeze(1)
+    real = (j[None, :] < q_len[:, None]).reshape(-1)
+    out_rows = dest = None
+    if not (num_tokens == b * q_max and torch.equal(rows.reshape(-1), torch.arange(num_tokens))):
+        out_rows = real.nonzero().squeeze(1)
+        dest = rows.reshape(-1)[out_rows]
+    return AttnGroup(rows=rows.to(device), kv_slots=kv_slots.to(device), mask=mask.to(device),
+                     out_rows=None if out_rows is None else out_rows.to(device),
+                     dest=None if dest is None else dest.to(device))
+
+
+def build_meta(q_lens: list[int], kv_lens: list[int], block_tables: list[list[int]], slots: list[int],
+               block_size: int, q_per_kv: int, dtype: torch.dtype, device: torch.device | str) -> AttnMeta:
+    """Attention metadata for one forward over requests with the given new-token counts,
+    context lengths after the step and block tables; `slots` are the new tokens' cache slots."""
+    starts, t = [], 0
+    for q in q_lens:
+        starts.append(t)
+        t += q
+    reqs = list(zip(starts, q_lens, kv_lens, block_tables))
+    short = [r for r in reqs if r[1] <= SHORT_Q]
+    long = [r for r in reqs if r[1] > SHORT_Q]
+    groups = []
+    if short:
+        groups.append(_group(short, block_size, q_per_kv, dtype, device, num_tokens=t))
+    for r in long:
+        groups.append(_group([r], block_size, q_per_kv, dtype, device, num_tokens=t))
+    slot_mapping = torch.tensor(slots, dtype=torch.long, device=device)
+    return AttnMeta(slot_mapping=slot_mapping, groups=groups, num_tokens=t)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta,
+                    scale: float) -> torch.Tensor:
+    """q [T, heads, head_dim]; k_cache/v_cache [slots, kv_heads, head_dim] already holding
+    this step's K/V. Returns [T, heads * head_dim]."""
+    t, nh, hd = q.shape
+    kvh = k_cache.shape[1]
+    g = nh // kvh
+    out = None
+    for grp in meta.groups:
+        b, qm = grp.rows.shape
+        if grp.dest is None:
+            qg = q.view(b, qm, nh, hd)
+        else:
+            qg = q.index_select(0, grp.rows.view(-1)).view(b, qm, nh, hd)
+        if qm == 1:  # decodes: the heads sharing a KV head are the query rows
+            qg = qg.view(b, kvh, g, hd)
+        else:
+            qg = qg.view(b, qm, kvh, g, hd).permute(0, 2, 1, 3, 4).reshape(b, kvh, qm * g, hd)
+        flat = grp.kv_slots.view(-1)  # index_select copies whole rows: ~6x faster than k_cache[slots]
+        k = k_cache.index_select(0, flat).view(b, -1, kvh, hd).transpose(1, 2)  # [b, kvh, L, hd]
+        v = v_cache.index_select(0, flat).view(b, -1, kvh, hd).transpose(1, 2)
+        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=grp.mask, scale=scale)  # [b, kvh, Qmax*g, hd]
+        if qm == 1:
+            o = o.reshape(b, nh * hd)
+        else:
+            o = o.view(b, kvh, qm, g, hd).permute(0, 2, 1, 3, 4).reshape(b * qm, nh * hd)
+        if grp.dest is None:
+            return o
+        if out is None:
+            out = q.new_empty(t, nh * hd)
+        out.index_copy_(0, grp.dest, o.index_select(0, grp.out_rows))
+    return out

@@ -1,0 +1,194 @@
+"""Paged KV-cache bookkeeping: blocks, per-sequence block tables, reference counts, pins.
+
+Integers only (no tensors), so the scheduler's view of memory is tested without a model.
+
+- A block is free when no one references it. A sequence references each block of its table.
+- Pinning is reference-counted per sequence: while a sequence is pinned (a request that
+  is pending at a peer), `free` is deferred until the last `unpin`, so its blocks are never
+  handed to anyone else.
+- Optional prefix reuse: a full block is registered under (chained hash of the blocks
+  before it, its own tokens) once its KV has been computed (`mark_computed`); a *new*
+  sequence whose prompt starts with registered blocks shares them (reference count > 1)
+  instead of recomputing them.
+  Freed registered blocks stay matchable until they are reallocated (least recently freed
+  first). Only full blocks are shared and appends always go to a sequence's own last
+  block, so shared blocks are never written.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+
+class OutOfBlocks(RuntimeError):
+    """Not enough free KV blocks for the requested append (check `can_append` first)."""
+
+
+@dataclass
+class _Seq:
+    blocks: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # kept only with prefix reuse
+    num_tokens: int = 0
+    hashes: list[int] = field(default_factory=list)  # chained hash of each registered full block
+    pins: int = 0
+    free_when_unpinned: bool = False
+
+
+@dataclass(frozen=True)
+class Append:
+    """Where an append's tokens go: `cached` leading tokens were reused from the prefix
+    cache (no compute), the rest land in `slots` (block * block_size + offset), starting at
+    position `start`."""
+
+    start: int
+    cached: int
+    slots: list[int]
+
+
+class BlockAllocator:
+    def __init__(self, num_blocks: int, block_size: int, *, prefix_reuse: bool = False):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.prefix_reuse = prefix_reuse
+        self._ref = [0] * num_blocks
+        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self._seqs: dict[object, _Seq] = {}
+        # prefix reuse: (parent chain hash, block tokens) <-> block, for computed full blocks
+        self._key_to_block: dict[tuple, int] = {}
+        self._block_key: dict[int, tuple] = {}
+
+    # ---- queries -------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def __contains__(self, seq_id: object) -> bool:
+        return seq_id in self._seqs
+
+    def seq_len(self, seq_id: object) -> int:
+        s = self._seqs.get(seq_id)
+        return 0 if s is None else s.num_tokens
+
+    def block_table(self, seq_id: object) -> list[int]:
+        return list(self._seqs[seq_id].blocks)
+
+    def is_pinned(self, seq_id: object) -> bool:
+        s = self._seqs.get(seq_id)
+        return s is not None and s.pins > 0
+
+    def blocks_needed(self, seq_id: object, n_tokens: int) -> int:
+        """New blocks an append of n_tokens needs (ignoring any prefix reuse: an upper bound)."""
+        s = self._seqs.get(seq_id)
+        have, length = (0, 0) if s is None else (len(s.blocks), s.num_tokens)
+        return max(0, -(-(length + n_tokens) // self.block_size) - have)
+
+    def can_append(self, appends: list[tuple[object, int]]) -> bool:
+        need = sum(self.blocks_needed(sid, n) for sid, n in appends)
+        return need <= self.num_free
+
+    # ---- mutation ------------------------------------------------------------------
+    def append(self, seq_id: object, tokens: list[int]) -> Append:
+        """Extend seq_id (created on first use) by tokens and return where their KV goes."""
+        s = self._seqs.get(seq_id)
+        new = s is None
+        if new:
+            s = _Seq()
+        if self.blocks_needed(seq_id, len(tokens)) > self.num_free:
+            raise OutOfBlocks(f"{seq_id!r} needs more KV blocks than are free ({self.num_free})")
+        if new:
+            self._seqs[seq_id] = s
+        start = s.num_tokens
+        cached = self._match_prefix(s, tokens) if new and self.prefix_reuse else 0
+        bs = self.block_size
+        while len(s.blocks) * bs < start + len(tokens):
+            s.blocks.append(self._take())
+        if self.prefix_reuse:
+            s.tokens.extend(tokens[cached:])
+        s.num_tokens = start + len(tokens)
+        slots = [s.blocks[p // bs] * bs + p % bs for p in range(start + cached, s.num_tokens)]
+        return Append(start=start, cached=cached, slots=slots)
+
+    def mark_computed(self, seq_id: object) -> None:
+        """All of seq_id's tokens now have KV written: register its full blocks for reuse."""
+        s = self._seqs.get(seq_id)
+        if s is None:
+            return
+        if self.prefix_reuse:
+            bs = self.block_size
+            parent = s.hashes[-1] if s.hashes else 0
+            for i in range(len(s.hashes), s.num_tokens // bs):
+                key = (parent, tuple(s.tokens[i * bs:(i + 1) * bs]))
+                parent = hash(key)
+                s.hashes.append(parent)
+                b = s.blocks[i]
+                if key not in self._key_to_block and b not in self._block_key:
+                    self._key_to_block[key] = b
+                    self._block_key[b] = key
+
+    def pin(self, seq_id: object) -> None:
+        """Keep seq_id's blocks allocated until the matching `unpin`, even across `free`."""
+        if seq_id not in self._seqs:
+            raise KeyError(f"cannot pin unknown sequence {seq_id!r}")
+        self._seqs[seq_id].pins += 1
+
+    def unpin(self, seq_id: object) -> None:
+        s = self._seqs.get(seq_id)
+        if s is None or s.pins == 0:
+            raise KeyError(f"sequence {seq_id!r} is not pinned")
+        s.pins -= 1
+        if s.pins == 0 and s.free_when_unpinned:
+            self._release(seq_id)
+
+    def free(self, seq_id: object) -> None:
+        """Release seq_id's blocks (deferred while pinned). Unknown ids are a no-op."""
+        s = self._seqs.get(seq_id)
+        if s is None:
+            return
+        if s.pins:
+            s.free_when_unpinned = True
+            return
+        self._release(seq_id)
+
+    # ---- internals -----------------------------------------------------------------
+    def _release(self, seq_id: object) -> None:
+        s = self._seqs.pop(seq_id)
+        for b in reversed(s.blocks):  # the tail is the least reusable: reallocate it first
+            self._ref[b] -= 1
+            if self._ref[b] == 0:
+                self._free[b] = None
+                if b not in self._block_key:
+                    self._free.move_to_end(b, last=False)
+
+    def _take(self) -> int:
+        b, _ = self._free.popitem(last=False)
+        key = self._block_key.pop(b, None)
+        if key is not None:
+            del self._key_to_block[key]
+        self._ref[b] = 1
+        return b
+
+    def _match_prefix(self, s: _Seq, tokens: list[int]) -> int:
+        """Share registered full blocks with a new sequence; keep at least one token to compute."""
+        bs = self.block_size
+        n, parent = 0, 0
+        while (n + 1) * bs < len(tokens):
+            key = (parent, tuple(tokens[n * bs:(n + 1) * bs]))
+            b = self._key_to_block.get(key)
+            if b is None:
+                break
+            if self._ref[b] == 0:
+                del self._free[b]
+            self._ref[b] += 1
+            s.blocks.append(b)
+            parent = hash(key)
+            s.hashes.append(parent)
+            n += 1
+        s.tokens.extend(tokens[: n * bs])
+        return n * bs

@@ -1,0 +1,227 @@
+"""The engine: one model, its paged KV cache, and one forward per step over a mixed batch.
+
+API (what the runtime and the loader call)::
+
+    from tokenrouter.runtime.engine.engine import Engine, StepOutput
+    eng = Engine(config, weights, device="cpu", dtype=torch.float32,
+                 block_size=16, num_blocks=None, max_model_len=None)
+    out = eng.step([(seq_id, new_tokens), ...], needs=FeatureNeeds())
+    out.logits          # [B, V] at each request's last new position
+    out.hidden          # {layer: [B, H]} for needs.hidden_layers (ir.InputHidden numbering:
+                        #  0 = embeddings, n_layers = last layer before the final norm,
+                        #  -1 = after the final norm)
+    eng.embed(ids)      # [B] -> [B, H] input embeddings (a router feature)
+    eng.seq_len(seq_id) # tokens in seq_id's KV cache (0 if unknown)
+    eng.can_append(batch) -> bool   # enough free blocks for this step
+    eng.free(seq_id)    # release seq_id's blocks (unknown id: no-op; deferred while pinned)
+    eng.pin(seq_id), eng.unpin(seq_id)   # keep a pending request's blocks (reference-counted)
+    eng.blocks_used, eng.blocks_total
+
+`step` appends each entry's new tokens to its sequence (a new seq_id starts empty, so a
+prefill is an extend from 0 and a decode an extend of one token) and runs the whole batch
+as one forward. Long work is split internally so memory stays bounded: a step computes at
+most `max_batched_tokens` tokens per forward; a longer prefill runs its leading chunks
+first, and a batch with more tokens runs as several forwards. Results are the same either
+way (requests never interact). With `prefix_reuse=True`, a *new* sequence whose prompt
+starts with full blocks another sequence computed shares them instead of recomputing.
+
+On CUDA, steps whose requests all add the same few tokens (decode, short extends) replay
+CUDA graphs (`graphs.py`, unverified without a GPU; `cuda_graphs=False` turns them off).
+
+Errors: `BadBatch` (malformed step), `OutOfBlocks` (check `can_append` first), and
+`model.WeightError` (missing or misshapen weights), all with a message for the user.
+Threads are the caller's choice (`torch.set_num_threads`); measured on the shared 2-core
+machine, two threads per engine collapse when the cores are oversubscribed (two subservers,
+or other work), so one thread per engine is the robust setting there.
+
+`num_blocks=None` sizes the cache to a 1 GiB budget (at least one `max_model_len`
+sequence); `max_model_len=None` uses the model's `max_position_embeddings`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from tokenrouter.compiler.abi import FeatureNeeds
+
+from .attention import build_meta
+from .block_allocator import BlockAllocator, OutOfBlocks
+from .config import ModelConfig
+from .kv_cache import KVCache, default_num_blocks
+from .model import Model
+
+__all__ = ["Engine", "StepOutput", "OutOfBlocks", "BadBatch"]
+
+
+class BadBatch(ValueError):
+    """A step's batch is malformed (duplicate ids, empty or out-of-range tokens, too long)."""
+
+
+@dataclass
+class StepOutput:
+    logits: torch.Tensor  # [B, V]
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # {layer: [B, H]}
+
+
+@dataclass
+class _Work:
+    """One request's share of one forward."""
+
+    index: int  # position in the step's batch; -1 for a leading prefill chunk (no output)
+    seq_id: object
+    tokens: list[int]
+    start: int  # position of tokens[0]
+    slots: list[int]
+
+
+class Engine:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], *, device="cpu",
+                 dtype: torch.dtype = torch.float32, block_size: int = 16, num_blocks: int | None = None,
+                 max_model_len: int | None = None, prefix_reuse: bool = False,
+                 max_batched_tokens: int = 2048, cuda_graphs: bool = True):
+        self.config = config
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.block_size = block_size
+        self.max_model_len = max_model_len or config.max_position_embeddings
+        self.max_batched_tokens = max_batched_tokens
+        if num_blocks is None:
+            num_blocks = default_num_blocks(config, block_size, dtype, self.max_model_len)
+        self.model = Model(config, weights, device=self.device, dtype=dtype, max_len=self.max_model_len)
+        use_graphs = cuda_graphs and self.device.type == "cuda"
+        # with graphs, one extra block past the allocator's range is the padding rows' scratch
+        self.kv = KVCache(config, num_blocks + use_graphs, block_size, self.device, dtype)
+        self.alloc = BlockAllocator(num_blocks, block_size, prefix_reuse=prefix_reuse)
+        self.q_per_kv = config.num_attention_heads // config.num_key_value_heads
+        self.graphs = None
+        if use_graphs:
+            from .graphs import GraphRunner
+            self.graphs = GraphRunner(self.model, self.kv, block_size, self.q_per_kv,
+                                      pad_slot=num_blocks * block_size, max_len=self.max_model_len)
+
+    # ---- bookkeeping -----------------------------------------------------------------
+    @property
+    def blocks_used(self) -> int:
+        return self.alloc.num_used
+
+    @property
+    def blocks_total(self) -> int:
+        return self.alloc.num_blocks
+
+    def seq_len(self, seq_id: object) -> int:
+        return self.alloc.seq_len(seq_id)
+
+    def can_append(self, batch: list[tuple[object, list[int]]]) -> bool:
+        return self.alloc.can_append([(sid, len(toks)) for sid, toks in batch])
+
+    def free(self, seq_id: object) -> None:
+        self.alloc.free(seq_id)
+
+    def pin(self, seq_id: object) -> None:
+        self.alloc.pin(seq_id)
+
+    def unpin(self, seq_id: object) -> None:
+        self.alloc.unpin(seq_id)
+
+    @torch.inference_mode()
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed(token_ids.to(self.device))
+
+    # ---- the step --------------------------------------------------------------------
+    def _check(self, batch: list[tuple[object, list[int]]], needs: FeatureNeeds) -> None:
+        seen = set()
+        v = self.config.vocab_size
+        for sid, toks in batch:
+            if sid in seen:
+                raise BadBatch(f"sequence {sid!r} appears twice in one step")
+            seen.add(sid)
+            if len(toks) == 0:
+                raise BadBatch(f"sequence {sid!r}: no new tokens")
+            if min(toks) < 0 or max(toks) >= v:
+                raise BadBatch(f"sequence {sid!r}: token id out of range [0, {v})")
+            if self.seq_len(sid) + len(toks) > self.max_model_len:
+                raise BadBatch(f"sequence {sid!r}: {self.seq_len(sid) + len(toks)} tokens exceed "
+                               f"max_model_len {self.max_model_len}")
+        n = self.config.num_hidden_layers
+        bad = [layer for layer in needs.hidden_layers if not -1 <= layer <= n]
+        if bad:
+            raise BadBatch(f"hidden layers {bad} out of range [-1, {n}]")
+        if not self.can_append(batch):
+            raise OutOfBlocks("not enough free KV blocks for this step (check can_append first)")
+
+    def _plan(self, batch: list[tuple[object, list[int]]]) -> list[list[_Work]]:
+        """Allocate slots and split the step into forwards of at most max_batched_tokens."""
+        cap = self.max_batched_tokens
+        lead: list[list[_Work]] = []
+        final: list[_Work] = []
+        for i, (sid, toks) in enumerate(batch):
+            app = self.alloc.append(sid, [int(t) for t in toks])
+            todo = list(toks[app.cached:])
+            start, slots = app.start + app.cached, app.slots
+            while len(todo) > cap:  # leading chunks of a long prefill, one forward each
+                lead.append([_Work(-1, sid, todo[:cap], start, slots[:cap])])
+                todo, start, slots = todo[cap:], start + cap, slots[cap:]
+            final.append(_Work(i, sid, todo, start, slots))
+        forwards, cur, used = lead, [], 0
+        for w in final:
+            if cur and used + len(w.tokens) > cap:
+                forwards.append(cur)
+                cur, used = [], 0
+            cur.append(w)
+            used += len(w.tokens)
+        forwards.append(cur)
+        return forwards
+
+    @torch.inference_mode()
+    def step(self, batch: list[tuple[object, list[int]]], needs: FeatureNeeds = FeatureNeeds()) -> StepOutput:
+        if not batch:
+            raise BadBatch("empty batch")
+        self._check(batch, needs)
+        layers = tuple(dict.fromkeys(needs.hidden_layers))
+        logits = None
+        hidden: dict[int, torch.Tensor] = {}
+        for works in self._plan(batch):
+            last, hid = self._forward(works, layers)
+            outs = [w.index for w in works if w.index >= 0]
+            if not outs:
+                continue
+            lg = self.model.logits(last)
+            if logits is None:
+                if len(outs) == len(batch):  # the usual case: one forward, batch order
+                    logits, hidden = lg, hid
+                    continue
+                logits = lg.new_empty(len(batch), lg.shape[1])
+                hidden = {k: t.new_empty(len(batch), t.shape[1]) for k, t in hid.items()}
+            idx = torch.tensor(outs, device=self.device)
+            logits.index_copy_(0, idx, lg)
+            for k, t in hid.items():
+                hidden[k].index_copy_(0, idx, t)
+        for sid, _ in batch:
+            self.alloc.mark_computed(sid)
+        return StepOutput(logits=logits, hidden=hidden)
+
+    def _forward(self, works: list[_Work], layers: tuple[int, ...]):
+        ids, pos, slots, q_lens, kv_lens, tables = [], [], [], [], [], []
+        for w in works:
+            ids.extend(w.tokens)
+            pos.extend(range(w.start, w.start + len(w.tokens)))
+            slots.extend(w.slots)
+            q_lens.append(len(w.tokens))
+            kv_lens.append(w.start + len(w.tokens))
+            tables.append(self.alloc.block_table(w.seq_id))
+        if self.graphs is not None and all(w.index >= 0 for w in works):
+            res = self.graphs.run(ids, pos, slots, q_lens, kv_lens, tables, layers)
+            if res is not None:
+                return res
+        meta = build_meta(q_lens, kv_lens, tables, slots, self.block_size, self.q_per_kv,
+                          self.dtype, self.device)
+        last_rows, t = [], 0
+        for w in works:
+            t += len(w.tokens)
+            if w.index >= 0:
+                last_rows.append(t - 1)
+        dev = self.device
+        return self.model.forward(torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta, self.kv,
+                                  torch.tensor(last_rows, dtype=torch.long, device=dev), layers)

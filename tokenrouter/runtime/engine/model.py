@@ -1,0 +1,137 @@
+"""The decoder of the Llama family (Llama, Qwen2, Qwen3) over a flat batch of tokens.
+
+One class covers the three architectures: they differ only in flags of `ModelConfig`
+(Qwen2: q/k/v biases; Qwen3: per-head RMSNorm on q and k; tied embeddings anywhere).
+Weights come as a Hugging Face-named state dict; q/k/v and gate/up are fused into one
+matrix each so a layer costs four matrix multiplies. The forward takes the batch and the
+KV cache explicitly, so several models can live in one process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .attention import AttnMeta, paged_attention
+from .config import ModelConfig
+from .kv_cache import KVCache
+from .layers import Rotary, linear, rms_norm, silu_mul
+
+
+class WeightError(ValueError):
+    """A weight is missing or has the wrong shape for the model's config."""
+
+
+@dataclass
+class _Layer:
+    ln1: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    qk_norm: torch.Tensor | None  # [heads + kv_heads, head_dim]: q_norm rows then k_norm rows
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    ln2: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+class Model:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], *,
+                 device: torch.device | str, dtype: torch.dtype, max_len: int):
+        c = config
+        self.config = c
+        self.nh, self.kvh, self.hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        if self.nh % self.kvh:
+            raise WeightError(f"{self.nh} attention heads do not divide into {self.kvh} KV heads")
+        h, inter = c.hidden_size, c.intermediate_size
+        q_out, kv_out = self.nh * self.hd, self.kvh * self.hd
+
+        def get(name: str, shape: tuple[int, ...], optional: bool = False) -> torch.Tensor | None:
+            w = weights.get(name)
+            if w is None:
+                if optional:
+                    return None
+                raise WeightError(f"missing weight {name!r}")
+            if tuple(w.shape) != shape:
+                raise WeightError(f"weight {name!r} has shape {tuple(w.shape)}, expected {shape}")
+            return w.to(device=device, dtype=dtype)
+
+        self.embed_tokens = get("model.embed_tokens.weight", (c.vocab_size, h))
+        self.norm = get("model.norm.weight", (h,))
+        head = get("lm_head.weight", (c.vocab_size, h), optional=c.tie_word_embeddings)
+        self.lm_head = self.embed_tokens if head is None else head
+        self.layers: list[_Layer] = []
+        for i in range(c.num_hidden_layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            qb = get(a + "q_proj.bias", (q_out,), optional=not c.attention_bias)
+            kb = get(a + "k_proj.bias", (kv_out,), optional=qb is None)
+            vb = get(a + "v_proj.bias", (kv_out,), optional=qb is None)
+            self.layers.append(_Layer(
+                ln1=get(p + "input_layernorm.weight", (h,)),
+                qkv=torch.cat([get(a + "q_proj.weight", (q_out, h)), get(a + "k_proj.weight", (kv_out, h)),
+                               get(a + "v_proj.weight", (kv_out, h))]),
+                qkv_bias=None if qb is None else torch.cat([qb, kb, vb]),
+                qk_norm=self._qk_norm(get(a + "q_norm.weight", (self.hd,), optional=not c.qk_norm),
+                                      get(a + "k_norm.weight", (self.hd,), optional=not c.qk_norm)),
+                o=get(a + "o_proj.weight", (h, q_out)),
+                o_bias=get(a + "o_proj.bias", (h,), optional=True),
+                ln2=get(p + "post_attention_layernorm.weight", (h,)),
+                gate_up=torch.cat([get(p + "mlp.gate_proj.weight", (inter, h)),
+                                   get(p + "mlp.up_proj.weight", (inter, h))]),
+                down=get(p + "mlp.down_proj.weight", (h, inter)),
+            ))
+        scaling = dict(c.rope_scaling) if c.rope_scaling else None
+        self.rotary = Rotary(self.hd, c.rope_theta, scaling, max_len, device, dtype)
+        self.scale = self.hd ** -0.5
+
+    def _qk_norm(self, qn: torch.Tensor | None, kn: torch.Tensor | None) -> torch.Tensor | None:
+        if qn is None or kn is None:
+            return None
+        return torch.cat([qn.expand(self.nh, -1), kn.expand(self.kvh, -1)])
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens[token_ids]
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """LM head on final-normed hidden states [n, H] -> [n, V]."""
+        return linear(h, self.lm_head)
+
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMeta, kv: KVCache,
+                last_rows: torch.Tensor, hidden_layers: tuple[int, ...] = ()
+                ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Run the decoder over T flat tokens, writing their K/V into `kv`.
+
+        Returns the final-normed hidden state at `last_rows` [n, H] (the LM head's input)
+        and {layer: [n, H]} for the requested layers (0 = embeddings, i = after layer i,
+        -1 = after the final norm)."""
+        c = self.config
+        eps = c.rms_norm_eps
+        want = set(hidden_layers)
+        hidden: dict[int, torch.Tensor] = {}
+        h = self.embed_tokens[token_ids]
+        if 0 in want:
+            hidden[0] = h[last_rows]
+        cos, sin = self.rotary.tables(positions)
+        t = h.shape[0]
+        nqk = self.nh + self.kvh
+        for i, ly in enumerate(self.layers):
+            x = rms_norm(h, ly.ln1, eps)
+            qkv = linear(x, ly.qkv, ly.qkv_bias).contiguous().view(t, nqk + self.kvh, self.hd)
+            qk, v = qkv[:, :nqk], qkv[:, nqk:]
+            if ly.qk_norm is not None:  # Qwen3: per-head RMSNorm of q and k, before RoPE
+                qk = rms_norm(qk, None, eps) * ly.qk_norm
+            qk = self.rotary.apply(qk, cos, sin)  # q and k rotated together
+            q, k = qk[:, :self.nh], qk[:, self.nh:]
+            kv.write(i, meta.slot_mapping, k, v)
+            o = paged_attention(q, kv.k[i], kv.v[i], meta, self.scale)
+            h = h + linear(o, ly.o, ly.o_bias)
+            x = rms_norm(h, ly.ln2, eps)
+            h = h + linear(silu_mul(linear(x, ly.gate_up)), ly.down)
+            if i + 1 in want:
+                hidden[i + 1] = h[last_rows]
+        last = rms_norm(h[last_rows], self.norm, eps)
+        if -1 in want:
+            hidden[-1] = last
+        return last, hidden

@@ -1,0 +1,95 @@
+"""Token sampling: greedy, temperature, top-k, top-p, with reproducible per-request seeds.
+
+A request's draw depends only on (its seed, its output position, its logits row), never
+on the batch it shares a step with: each sampled row gets its own noise from a generator
+seeded by (seed, position). The draw is the exponential race (argmax of p / E with
+E ~ Exp(1)), which samples exactly from p and needs one uniform vector per row.
+`max_tokens` and `stop_token_ids` travel with the parameters; the scheduler enforces them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: no limit
+    top_p: float = 1.0
+    seed: int | None = None  # None: fresh randomness each draw
+    max_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if not (self.temperature >= 0.0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+_MIX = 0x9E3779B97F4A7C15
+
+
+def _row_seed(seed: int, position: int) -> int:
+    """A 63-bit seed from (seed, position) so nearby positions get unrelated streams."""
+    x = (seed * _MIX + position + 1) & ((1 << 64) - 1)
+    x ^= x >> 31
+    x = (x * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+    x ^= x >> 29
+    return x & ((1 << 63) - 1)
+
+
+def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """The distributions rows [n, V] are sampled from after temperature, top-k and top-p
+    (row-wise operations only, so a row's result does not depend on its neighbours)."""
+    x = logits.double() / torch.tensor([p.temperature for p in params], dtype=torch.float64)[:, None]
+    ks = [p.top_k if 0 < p.top_k < x.shape[1] else 0 for p in params]
+    if any(ks):
+        top = torch.topk(x, max(ks), dim=-1).values  # [n, kmax], descending
+        kth = top.gather(1, torch.tensor([max(k, 1) - 1 for k in ks])[:, None])
+        kth[torch.tensor([k == 0 for k in ks])] = float("-inf")
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    tops = torch.tensor([p.top_p for p in params], dtype=torch.float64)[:, None]
+    if bool((tops < 1.0).any()):
+        sp, idx = probs.sort(dim=-1, descending=True)
+        before = sp.cumsum(-1) - sp  # mass strictly above each token
+        sp = sp.masked_fill(before >= tops, 0.0)  # keep the smallest prefix reaching top_p
+        probs = torch.zeros_like(probs).scatter_(1, idx, sp)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], positions: list[int]) -> torch.Tensor:
+    """One token per row of logits [B, V]; returns an int64 tensor [B] on logits' device."""
+    if len(params) != logits.shape[0] or len(positions) != logits.shape[0]:
+        raise ValueError("sample: need one SamplingParams and one position per logits row")
+    out = logits.argmax(dim=-1)
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if not rows:
+        return out
+    probs = filtered_probs(logits[rows].detach().to("cpu"), [params[i] for i in rows])
+    noise = torch.empty(probs.shape, dtype=torch.float64)
+    for r, i in enumerate(rows):
+        gen = torch.Generator()
+        if params[i].seed is None:
+            gen.seed()
+        else:
+            gen.manual_seed(_row_seed(params[i].seed, positions[i]))
+        noise[r].exponential_(generator=gen)
+    picks = torch.argmax(probs / noise, dim=-1)
+    out = out.clone()
+    out[torch.tensor(rows, device=out.device)] = picks.to(out.device)
+    return out
