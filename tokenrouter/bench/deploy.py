@@ -12,10 +12,11 @@ per-request timing (its `generate` returns when every request is done).
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from tokenrouter.runtime.offline import LLM
 
 
 @dataclass
@@ -44,40 +45,25 @@ def _delta(after: dict, before: dict) -> dict:
     return {k: after.get(k, 0) - before.get(k, 0) for k in after}
 
 
-class RuntimeDeployment:
-    """A routing program served by the runtime, kept running across measurements."""
+class RuntimeDeployment(LLM):
+    """A routing program served by the runtime (an offline `LLM`), kept running across
+    measurements."""
 
     def __init__(self, program, opts, timeout: float = 300.0):
-        from tokenrouter.runtime.frontend import open_runtime
-        self.program = program
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="bench-loop", daemon=True)
-        self._thread.start()
-        try:
-            self.launcher, self.frontend = self._call(open_runtime(program, opts, timeout))
-        except BaseException:
-            self._stop_loop()
-            raise
-        self._closed = False
-
-    def _call(self, coro, timeout: float | None = None):
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        super().__init__(program, launch=opts, timeout=timeout)
 
     def configure(self, batch: dict[str, int] | None) -> None:
         for w, b in (batch or {}).items():
             self._call(self.frontend.configure(w, batch_threshold=int(b)))
 
-    def stats(self) -> dict[str, dict[str, Any]]:
-        return self._call(self.frontend.stats(timeout=10.0))
-
     def measure(self, name: str, prompts: list[list[int]], sampling: dict, concurrency: int,
                 batch: dict[str, int] | None = None) -> Measurement:
         self.configure(batch)
-        before = self.stats()
+        before = self.stats(timeout=10.0)
         t0 = time.perf_counter()
-        outs = self._call(self._run(prompts, sampling, concurrency))
+        outs = self._call(self._timed_requests(prompts, sampling, concurrency))
         wall = time.perf_counter() - t0
-        after = self.stats()
+        after = self.stats(timeout=10.0)
         errors = [e for _, _, _, e in outs if e]
         if errors:
             raise RuntimeError(f"{name}: {len(errors)} request(s) failed: {errors[0]}")
@@ -93,7 +79,7 @@ class RuntimeDeployment:
             m.threads[w] = a["threads"]
         return m
 
-    async def _run(self, prompts, sampling, concurrency):
+    async def _timed_requests(self, prompts, sampling, concurrency):
         from tokenrouter.runtime.frontend import Delta
         sem = asyncio.Semaphore(max(1, concurrency))
 
@@ -111,21 +97,6 @@ class RuntimeDeployment:
                 return toks, time.perf_counter() - t0, dict(final.written_by) if final else {}, err
 
         return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
-
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-        self._loop.close()
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        from tokenrouter.runtime.frontend import close_runtime
-        try:
-            self._call(close_runtime(self.launcher, self.frontend), timeout=60)
-        finally:
-            self._stop_loop()
 
 
 class LockstepDeployment:

@@ -6,6 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+from tokenrouter.commands._args import positive_ints
+
 HELP = "benchmark this runtime against its ablations and baselines, side by side, on the same prompts"
 
 QUICK = {"concurrency": "1,8", "requests": 4, "max_tokens": 24, "rounds": 2}
@@ -39,16 +41,6 @@ def configure(parser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _ints(text: str, what: str) -> list[int]:
-    try:
-        vals = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise ValueError(f"{what} must be comma-separated integers, got {text!r}") from None
-    if any(v < 1 for v in vals):
-        raise ValueError(f"{what} must be >= 1")
-    return vals
-
-
 def _options(args):
     from tokenrouter.bench.configs import parse_configs
     from tokenrouter.bench.runner import BenchOptions
@@ -57,10 +49,10 @@ def _options(args):
     file = args.file or default_program()
     if not os.path.isfile(file):
         raise ValueError(f"no such file: {file}")
-    levels = _ints(args.concurrency or q.get("concurrency", "1,8,16,32"), "--concurrency")
+    levels = positive_ints(args.concurrency or q.get("concurrency", "1,8,16,32"), "--concurrency")
     if not levels:
         raise ValueError("--concurrency is empty")
-    sweep = _ints(args.sweep, "--sweep") if args.sweep else []
+    sweep = positive_ints(args.sweep, "--sweep") if args.sweep else []
     if set(sweep) - set(levels):
         raise ValueError(f"--sweep levels {sorted(set(sweep) - set(levels))} are not among --concurrency")
     requests = args.requests if args.requests is not None else q.get("requests", 16)

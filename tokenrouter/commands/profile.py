@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from tokenrouter.commands._args import positive_ints
+
 HELP = "measure each model's step latency against batch size (alone and co-located) into a profile JSON"
 
 
@@ -18,23 +20,13 @@ def configure(parser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _ints(text: str, what: str) -> list[int]:
-    try:
-        vals = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise ValueError(f"{what} must be comma-separated integers, got {text!r}") from None
-    if any(v < 1 for v in vals):
-        raise ValueError(f"{what} must be >= 1")
-    return vals
-
-
 def run(args) -> int:
     from tokenrouter.compiler.frontend import RouteError, load_program
     from tokenrouter.tuner.measure import measure_profile
 
     try:
-        batch_sizes = _ints(args.batch_sizes, "--batch-sizes")
-        extend = _ints(args.extend, "--extend") if args.extend else []
+        batch_sizes = positive_ints(args.batch_sizes, "--batch-sizes")
+        extend = positive_ints(args.extend, "--extend") if args.extend else []
         if not batch_sizes:
             raise ValueError("--batch-sizes is empty")
         if args.repeats < 1:

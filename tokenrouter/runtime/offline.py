@@ -75,7 +75,11 @@ class LLM:
         self._thread = threading.Thread(target=self._loop.run_forever, name="tokenrouter-offline", daemon=True)
         self._thread.start()
         from tokenrouter.runtime.frontend import open_runtime
-        self.launcher, self.frontend = self._call(open_runtime(program, opts, timeout))
+        try:
+            self.launcher, self.frontend = self._call(open_runtime(program, opts, timeout))
+        except BaseException:
+            self._stop_loop()
+            raise
         self._closed = False
 
     def _call(self, coro, timeout: float | None = None):
@@ -127,9 +131,9 @@ class LLM:
         finally:
             bar.close()
 
-    def stats(self) -> dict[str, dict[str, Any]]:
+    def stats(self, timeout: float = 5.0) -> dict[str, dict[str, Any]]:
         """Counters of every subserver (see metrics.py)."""
-        return self._call(self.frontend.stats())
+        return self._call(self.frontend.stats(timeout=timeout))
 
     # ------------------------------------------------------------------- life
     def close(self) -> None:
@@ -140,9 +144,12 @@ class LLM:
         try:
             self._call(close_runtime(self.launcher, self.frontend), timeout=60)
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
-            self._loop.close()
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
 
     def __enter__(self) -> "LLM":
         return self
