@@ -1,4 +1,4 @@
-"""Argument parsers shared by the commands: comma-separated number lists."""
+"""Argument checks shared by the commands."""
 
 from __future__ import annotations
 
@@ -12,3 +12,14 @@ def positive_ints(text: str, what: str) -> list[int]:
     if any(v < 1 for v in vals):
         raise ValueError(f"{what} must be >= 1")
     return vals
+
+
+def report_unreadable(files: list[str], command: str) -> bool:
+    """Print a usage error for each path that is not a readable file; True if any was."""
+    import os
+    import sys
+    bad = [f for f in files if not os.path.isfile(f)]
+    for f in bad:
+        why = "is a directory" if os.path.isdir(f) else "no such file"
+        print(f"tokenrouter {command}: error: cannot read '{f}': {why}", file=sys.stderr)
+    return bool(bad)

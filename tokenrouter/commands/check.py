@@ -6,8 +6,9 @@ usage errors (no file given, a path that is not a readable file)."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+
+from tokenrouter.commands._args import report_unreadable
 
 HELP = "check .route files and report every error and warning"
 
@@ -21,11 +22,7 @@ def run(args) -> int:
     from tokenrouter.compiler.frontend import check_file
     from tokenrouter.dsl.diagnostics import render
 
-    missing = [f for f in args.files if not os.path.isfile(f)]
-    for f in missing:
-        why = "is a directory" if os.path.isdir(f) else "no such file"
-        print(f"tokenrouter check: error: cannot read '{f}': {why}", file=sys.stderr)
-    if missing:
+    if report_unreadable(args.files, "check"):
         return 2
     status = 0
     for path in args.files:

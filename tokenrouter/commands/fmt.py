@@ -7,8 +7,9 @@ error is left alone and its diagnostic printed (exit 1); usage errors exit 2."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+
+from tokenrouter.commands._args import report_unreadable
 
 HELP = "lay out .route files canonically (comments kept)"
 
@@ -25,11 +26,7 @@ def run(args) -> int:
     from tokenrouter.dsl.format import format_tree
     from tokenrouter.dsl.parser import parse_bytes
 
-    missing = [f for f in args.files if not os.path.isfile(f)]
-    for f in missing:
-        why = "is a directory" if os.path.isdir(f) else "no such file"
-        print(f"tokenrouter fmt: error: cannot read '{f}': {why}", file=sys.stderr)
-    if missing:
+    if report_unreadable(args.files, "fmt"):
         return 2
     status = 0
     for path in args.files:
