@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from tokenrouter.runtime.offline import LLM
 
