@@ -5,7 +5,9 @@ tables computed in float32), so float32/float64 logits agree with the reference 
 rounding. `linear` picks the matrix-multiply layout by measurement: on this CPU, `W @ x.T`
 with the weight in its natural [out, in] layout is 1.4-3x faster than `F.linear` for a few
 rows, and a single row runs faster as two real rows (MKL's one-row path is slower), so
-decode at batch 1 pads to two rows.
+decode at batch 1 pads to two rows. From two rows up, a float32 CPU weight reordered once
+for oneDNN (`LinearWeight.packed`) beats both: 1.1-4x on the 4-256 rows of extends,
+batched decodes and prefills (`python benchmarks/bench_linear.py`).
 """
 
 from __future__ import annotations
@@ -20,9 +22,29 @@ import torch.nn.functional as F
 _SMALL_ROWS = 16
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+class LinearWeight:
+    """A linear layer's weight `w` [out, in], plus, for float32 on CPU, a copy reordered
+    once into oneDNN's blocked layout (None where oneDNN is unavailable or the dtype is
+    not float32, e.g. the float64 parity runs)."""
+
+    __slots__ = ("w", "packed")
+
+    def __init__(self, w: torch.Tensor):
+        self.w = w
+        self.packed = None
+        if w.device.type == "cpu" and w.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+            try:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+            except (RuntimeError, AttributeError):  # a torch build without the op: plain path
+                self.packed = None
+
+
+def linear(x: torch.Tensor, lw: LinearWeight, b: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ w.T + b for x [T, in], w [out, in], choosing the faster CPU layout."""
     t = x.shape[0]
+    if lw.packed is not None and t >= 2:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), lw.packed, b, "none", [], "")
+    w = lw.w
     if x.device.type != "cpu" or t >= _SMALL_ROWS:
         return F.linear(x, w, b)
     if t == 1:

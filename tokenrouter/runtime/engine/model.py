@@ -16,7 +16,7 @@ import torch
 from .attention import AttnMeta, paged_attention
 from .config import ModelConfig
 from .kv_cache import KVCache
-from .layers import Rotary, linear, rms_norm, silu_mul
+from .layers import LinearWeight, Rotary, linear, rms_norm, silu_mul
 
 
 class WeightError(ValueError):
@@ -26,14 +26,14 @@ class WeightError(ValueError):
 @dataclass
 class _Layer:
     ln1: torch.Tensor
-    qkv: torch.Tensor
+    qkv: LinearWeight
     qkv_bias: torch.Tensor | None
     qk_norm: torch.Tensor | None  # [heads + kv_heads, head_dim]: q_norm rows then k_norm rows
-    o: torch.Tensor
+    o: LinearWeight
     o_bias: torch.Tensor | None
     ln2: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: LinearWeight
+    down: LinearWeight
 
 
 class Model:
@@ -60,7 +60,7 @@ class Model:
         self.embed_tokens = get("model.embed_tokens.weight", (c.vocab_size, h))
         self.norm = get("model.norm.weight", (h,))
         head = get("lm_head.weight", (c.vocab_size, h), optional=c.tie_word_embeddings)
-        self.lm_head = self.embed_tokens if head is None else head
+        self.lm_head = LinearWeight(self.embed_tokens if head is None else head)
         self.layers: list[_Layer] = []
         for i in range(c.num_hidden_layers):
             p = f"model.layers.{i}."
@@ -70,17 +70,18 @@ class Model:
             vb = get(a + "v_proj.bias", (kv_out,), optional=qb is None)
             self.layers.append(_Layer(
                 ln1=get(p + "input_layernorm.weight", (h,)),
-                qkv=torch.cat([get(a + "q_proj.weight", (q_out, h)), get(a + "k_proj.weight", (kv_out, h)),
-                               get(a + "v_proj.weight", (kv_out, h))]),
+                qkv=LinearWeight(torch.cat([get(a + "q_proj.weight", (q_out, h)),
+                                            get(a + "k_proj.weight", (kv_out, h)),
+                                            get(a + "v_proj.weight", (kv_out, h))])),
                 qkv_bias=None if qb is None else torch.cat([qb, kb, vb]),
                 qk_norm=self._qk_norm(get(a + "q_norm.weight", (self.hd,), optional=not c.qk_norm),
                                       get(a + "k_norm.weight", (self.hd,), optional=not c.qk_norm)),
-                o=get(a + "o_proj.weight", (h, q_out)),
+                o=LinearWeight(get(a + "o_proj.weight", (h, q_out))),
                 o_bias=get(a + "o_proj.bias", (h,), optional=True),
                 ln2=get(p + "post_attention_layernorm.weight", (h,)),
-                gate_up=torch.cat([get(p + "mlp.gate_proj.weight", (inter, h)),
-                                   get(p + "mlp.up_proj.weight", (inter, h))]),
-                down=get(p + "mlp.down_proj.weight", (h, inter)),
+                gate_up=LinearWeight(torch.cat([get(p + "mlp.gate_proj.weight", (inter, h)),
+                                                get(p + "mlp.up_proj.weight", (inter, h))])),
+                down=LinearWeight(get(p + "mlp.down_proj.weight", (h, inter))),
             ))
         scaling = dict(c.rope_scaling) if c.rope_scaling else None
         self.rotary = Rotary(self.hd, c.rope_theta, scaling, max_len, device, dtype)
