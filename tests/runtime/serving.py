@@ -103,3 +103,18 @@ def stream_completion(url: str, body: dict) -> tuple[str, list[int], list[dict]]
     text = "".join(ch["choices"][0]["text"] for ch in chunks if ch.get("choices"))
     ids = [t for ch in chunks if ch.get("choices") for t in ch["choices"][0].get("token_ids", [])]
     return text, ids, chunks
+
+
+def wait_until_healthy(proc, url: str, timeout_s: float, poll_s: float = 0.2) -> None:
+    """Wait for a `tokenrouter serve` subprocess to answer /health with 200; fail with its
+    output if it exits first, or when `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "the server did not come up"
+        time.sleep(poll_s)

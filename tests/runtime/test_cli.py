@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 import tiny
+from serving import wait_until_healthy
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.reference import Reference
 
@@ -45,16 +46,7 @@ def test_serve_cli_end_to_end(pair, tmp_path):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.2)
+        wait_until_healthy(proc, url, timeout_s=120)
         import openai
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
         tok_prompt = "Hello from the command line"

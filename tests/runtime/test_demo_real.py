@@ -6,10 +6,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
+from serving import wait_until_healthy
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
@@ -24,16 +24,7 @@ def test_demo_serves_an_openai_client_and_hands_off_both_ways():
                             text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline
-            time.sleep(0.5)
+        wait_until_healthy(proc, url, timeout_s=600, poll_s=0.5)
         import openai
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
         for question in ("What is the capital of France?", "Write a short poem about the sea.",
