@@ -14,7 +14,9 @@ def configure(parser) -> None:
     parser.add_argument("file", help="the .route program whose models to profile")
     parser.add_argument("--out", help="profile JSON to write (default: ./<file stem>.profile.json)")
     parser.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="decode batch sizes (default 1,2,4,8,16,32)")
-    parser.add_argument("--extend", default="", help="also time extends of these tokens per request, e.g. 2,4")
+    parser.add_argument("--extend", default="4,16",
+                        help="also time extends of these tokens per request (default 4,16; '' for none): "
+                             "returning requests catch up by extends, and the tuner times their steps with them")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per point (median kept)")
     parser.add_argument("--no-colocate", action="store_true", help="skip the co-located measurements")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -18,7 +18,7 @@ from . import dtmc, simulate
 from .bounds import upper_bound
 from .profile import Profile, ProfileError
 from .runlength import PhaseType, RunLengthError, fit
-from .system import System, SystemError_
+from .system import System, SystemError_, pair_tokens_per_step
 
 TuneError = (ProfileError, RunLengthError, SystemError_)
 
@@ -113,7 +113,8 @@ def build_system(profile: Profile, concurrency: int, route_probs=None, runlength
         else:
             dest[m] = {}
     return System(profile, tuple(models), int(concurrency), rl, dest, dict(rewrite or {}),
-                  start or models[0], dict(batch or {}), dict(max_wait_ms or {}), colocated)
+                  start or models[0], dict(batch or {}), dict(max_wait_ms or {}), colocated,
+                  pair_tokens_per_step(tuple(models), rl))
 
 
 def predict(system: System, method: str = "auto", *, sim_tokens: int = 100_000, seed: int = 0,

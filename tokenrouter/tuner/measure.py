@@ -64,8 +64,13 @@ def _background(path: str, dtype: str, threads: int, ready, stop) -> None:
             engine.step([("bg", [1] * PROMPT)])
 
 
-def measure_profile(program, batch_sizes, *, extend_tokens=(), colocate: bool = True, repeats: int = 5,
-                    warmup: int = 2, threads: dict[str, int] | None = None, progress: bool = True,
+#: Extend lengths timed by default: a request returning to a model feeds what the other
+#: wrote meanwhile (about 1/p tokens), so the chain needs extend times, not only decodes.
+DEFAULT_EXTEND_TOKENS = (4, 16)
+
+
+def measure_profile(program, batch_sizes, *, extend_tokens=DEFAULT_EXTEND_TOKENS, colocate: bool = True,
+                    repeats: int = 5, warmup: int = 2, threads: dict[str, int] | None = None, progress: bool = True,
                     source: str = "") -> Profile:
     """A `Profile` of `program`'s models on this machine."""
     from tqdm import tqdm

@@ -83,11 +83,29 @@ class ModelProfile:
     path: str = ""
     threads: int = 0
 
-    def step_ms(self, batch: int, co_located: bool = False) -> float:
-        """L_i(b): one decode step of `batch` requests, alone or while another model steps."""
+    def step_ms(self, batch: int, co_located: bool = False, tokens: float = 1.0) -> float:
+        """L_i(b): one step of `batch` requests feeding `tokens` tokens each on average
+        (1 = a decode), alone or while another model steps. Above one token the time comes
+        from the extend curves, interpolated linearly in tokens between the decode curve
+        (1 token) and the measured extends, extended linearly from the last two beyond the
+        largest (up to MAX_EXTRAPOLATION times it); without extend curves every step is
+        timed as a decode. Co-location scales it by the decode's measured slowdown."""
+        decode = self.alone(batch)
+        ms = self._extend_ms(batch, tokens, decode) if tokens > 1 and self.extend else decode
         if co_located and self.co_located is not None:
-            return max(self.co_located(batch), self.alone(batch))
-        return self.alone(batch)
+            ms *= max(self.co_located(batch), decode) / decode
+        return ms
+
+    def _extend_ms(self, batch: int, tokens: float, decode: float) -> float:
+        ks = [1] + sorted(self.extend)
+        ms = np.maximum.accumulate([decode] + [self.extend[k](batch) for k in ks[1:]])
+        if tokens <= ks[-1]:
+            return float(np.interp(tokens, ks, ms))
+        if tokens > MAX_EXTRAPOLATION * ks[-1]:
+            raise ProfileError(f"steps of {tokens:g} tokens per request are more than {MAX_EXTRAPOLATION:g}x "
+                               f"the longest profiled extend ({ks[-1]}); profile longer extends (--extend)")
+        slope = (ms[-1] - ms[-2]) / (ks[-1] - ks[-2])
+        return float(ms[-1] + slope * (tokens - ks[-1]))
 
     def slowdown(self, batch: int) -> float:
         """1 + c: how much slower a step is while another model steps on the same cores."""
@@ -107,8 +125,8 @@ class Profile:
         except KeyError:
             raise ProfileError(f"the profile has no model {name!r} (it has {sorted(self.models)})") from None
 
-    def step_ms(self, model: str, batch: int, co_located: bool = False) -> float:
-        return self[model].step_ms(batch, co_located)
+    def step_ms(self, model: str, batch: int, co_located: bool = False, tokens: float = 1.0) -> float:
+        return self[model].step_ms(batch, co_located, tokens)
 
     # ------------------------------------------------------------- building
     @staticmethod

@@ -37,6 +37,9 @@ class System:
     max_wait_ms: dict[str, float] = field(default_factory=dict)
     #: False: models on independent hardware, a step never slows another
     colocated: bool = True
+    #: per model, mean tokens a request feeds per step (1: decodes). A request arriving at
+    #: a model catches up on what the others wrote meanwhile (an extend), see `two_models`.
+    tokens_per_step: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -73,13 +76,14 @@ class System:
         return bool(self.rewrite.get((src, dst), False))
 
     def step_ms(self, m: str, b: int, co_located: bool) -> float:
-        return self.profile.step_ms(m, b, co_located and self.colocated)
+        return self.profile.step_ms(m, b, co_located and self.colocated, self.tokens_per_step.get(m, 1.0))
 
     def with_batch(self, batch: dict[str, int]) -> "System":
         return replace(self, batch={**self.batch, **batch})
 
     def with_runlength(self, runlength: dict[str, PhaseType]) -> "System":
-        return replace(self, runlength={**self.runlength, **runlength})
+        rl = {**self.runlength, **runlength}
+        return replace(self, runlength=rl, tokens_per_step=pair_tokens_per_step(self.models, rl))
 
     # --------------------------------------------------------- constructors
     @staticmethod
@@ -97,4 +101,16 @@ class System:
         rl.update(runlength or {})
         return System(profile, (small, large), concurrency, rl, {small: {large: 1.0}, large: {small: 1.0}},
                       {(small, large): rewrite, (large, small): False}, small, dict(batch or {}),
-                      dict(max_wait_ms or {}), colocated)
+                      dict(max_wait_ms or {}), colocated, pair_tokens_per_step((small, large), rl))
+
+
+def pair_tokens_per_step(models: tuple[str, ...], runlength: dict[str, PhaseType]) -> dict[str, float]:
+    """Mean tokens fed per request-step at each of two alternating models. A visit of mean
+    r_m steps starts by feeding what the other model wrote since this one last saw the
+    request, about its run r_o (its committed tokens, plus this model's own last token or
+    minus a rewritten one), then decodes: k_m = (r_o + (r_m - 1)) / r_m."""
+    if len(models) != 2:
+        return {}
+    a, b = models
+    ra, rb = runlength[a].mean(), runlength[b].mean()
+    return {a: (rb + ra - 1) / ra, b: (ra + rb - 1) / rb}
