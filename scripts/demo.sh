@@ -13,7 +13,8 @@ SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
 echo "starting: tokenrouter serve examples/demo.route --port $PORT (log: $LOG; the first run converts the weights)"
 for _ in $(seq 1 600); do
-  if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then break; fi
+  if .venv/bin/python -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)" \
+       "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then break; fi
   if ! kill -0 $SERVER 2>/dev/null; then echo "the server exited:"; cat "$LOG"; exit 1; fi
   sleep 0.5
 done
