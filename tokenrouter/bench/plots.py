@@ -41,10 +41,7 @@ def plot_throughput(details: dict[str, Any], path: str) -> str:
     ax.set_ylabel("committed tokens / s")
     ax.set_title(f"{os.path.basename(details['program'])}: throughput by configuration")
     ax.legend(fontsize=8, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_breakdown(details: dict[str, Any], path: str) -> str:
@@ -66,10 +63,7 @@ def plot_breakdown(details: dict[str, Any], path: str) -> str:
     ax.set_ylabel("ms per step")
     ax.set_title(f"per-step breakdown, N = {n}")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_sweep(details: dict[str, Any], path: str) -> str:
@@ -89,6 +83,10 @@ def plot_sweep(details: dict[str, Any], path: str) -> str:
     ax.set_ylabel("committed tokens / s")
     ax.set_title("delayed batching: measured sweep vs the tuner (vertical: tuned B)")
     ax.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
+def _save(plt, fig, path: str) -> str:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
