@@ -17,8 +17,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-# Rows at or above this use F.linear; below, `W @ x.T`. Measured on the 2-core machine:
-# `W @ x.T` wins 1.4-3x at 2-8 rows (1 and 2 threads) and is even with F.linear at 16-32.
+# Without a packed weight (single rows, float64, no oneDNN): rows at or above this use
+# F.linear; below, `W @ x.T`, which won 1.4-3x at 2-8 rows and is even at 16-32 here.
 _SMALL_ROWS = 16
 
 
