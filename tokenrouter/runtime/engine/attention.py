@@ -26,8 +26,8 @@ SHORT_Q = 16
 @dataclass
 class AttnGroup:
     rows: torch.Tensor  # [b, Qmax] indices into the step's T tokens (padding repeats a valid row)
-    kv_slots: torch.Tensor  # [b, Lmax] cache slots of each request's context (padding: slot 0)
-    mask: torch.Tensor  # [b, 1, Qmax * group, Lmax] additive mask (0 or -inf)
+    kv_blocks: torch.Tensor  # [b, nb] each request's block table (padding: block 0)
+    mask: torch.Tensor  # [b, 1, Qmax * group, nb * block_size] additive mask (0 or -inf)
     out_rows: torch.Tensor | None  # flat indices into [b * Qmax] of real tokens; None: all real, in order
     dest: torch.Tensor | None  # where those rows go among the T tokens; None: the whole group is T
 
@@ -45,11 +45,9 @@ def _group(reqs: list[tuple[int, int, int, list[int]]], block_size: int, q_per_k
     A group that is the whole step, unpadded and in order, needs no scatter (dest None)."""
     b = len(reqs)
     q_max = max(q for _, q, _, _ in reqs)
-    l_max = max(n for _, _, n, _ in reqs)
-    nb = -(-l_max // block_size)
+    nb = -(-max(n for _, _, n, _ in reqs) // block_size)
     tables = torch.tensor([bt[:nb] + [0] * (nb - len(bt[:nb])) for _, _, _, bt in reqs], dtype=torch.long)
-    pos = torch.arange(l_max)
-    kv_slots = tables[:, pos // block_size] * block_size + pos % block_size
+    pos = torch.arange(nb * block_size)
     q_len = torch.tensor([q for _, q, _, _ in reqs])
     kv_len = torch.tensor([n for _, _, n, _ in reqs])
     first = torch.tensor([t0 for t0, _, _, _ in reqs])
@@ -64,7 +62,7 @@ def _group(reqs: list[tuple[int, int, int, list[int]]], block_size: int, q_per_k
     if not (num_tokens == b * q_max and torch.equal(rows.reshape(-1), torch.arange(num_tokens))):
         out_rows = real.nonzero().squeeze(1)
         dest = rows.reshape(-1)[out_rows]
-    return AttnGroup(rows=rows.to(device), kv_slots=kv_slots.to(device), mask=mask.to(device),
+    return AttnGroup(rows=rows.to(device), kv_blocks=tables.to(device), mask=mask.to(device),
                      out_rows=None if out_rows is None else out_rows.to(device),
                      dest=None if dest is None else dest.to(device))
 
@@ -89,32 +87,33 @@ def build_meta(q_lens: list[int], kv_lens: list[int], block_tables: list[list[in
     return AttnMeta(slot_mapping=slot_mapping, groups=groups, num_tokens=t)
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta,
-                    scale: float) -> torch.Tensor:
-    """q [T, heads, head_dim]; k_cache/v_cache [slots, kv_heads, head_dim] already holding
-    this step's K/V. Returns [T, heads * head_dim]."""
+def paged_attention(q: torch.Tensor, cache: torch.Tensor, meta: AttnMeta, scale: float) -> torch.Tensor:
+    """q [T, heads, head_dim]; cache [2 * kv_heads, blocks, block_size, head_dim] (K heads, then V)
+    already holding this step's K/V. Returns [T, heads * head_dim].
+
+    The short group is two batched matrix multiplies around a softmax: at decode sizes
+    (a few query rows per head) torch's fused CPU kernel spends its time on per-head
+    tiling. A prefill chunk uses the fused kernel, which never materialises its scores."""
     t, nh, hd = q.shape
-    kvh = k_cache.shape[1]
+    kvh = cache.shape[0] // 2
     g = nh // kvh
     out = None
     for grp in meta.groups:
         b, qm = grp.rows.shape
-        if grp.dest is None:
-            qg = q.view(b, qm, nh, hd)
-        else:
-            qg = q.index_select(0, grp.rows.view(-1)).view(b, qm, nh, hd)
-        if qm == 1:  # decodes: the heads sharing a KV head are the query rows
-            qg = qg.view(b, kvh, g, hd)
-        else:
-            qg = qg.view(b, qm, kvh, g, hd).permute(0, 2, 1, 3, 4).reshape(b, kvh, qm * g, hd)
-        flat = grp.kv_slots.view(-1)  # index_select copies whole rows: ~6x faster than k_cache[slots]
-        k = k_cache.index_select(0, flat).view(b, -1, kvh, hd).transpose(1, 2)  # [b, kvh, L, hd]
-        v = v_cache.index_select(0, flat).view(b, -1, kvh, hd).transpose(1, 2)
-        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=grp.mask, scale=scale)  # [b, kvh, Qmax*g, hd]
-        if qm == 1:
-            o = o.reshape(b, nh * hd)
-        else:
-            o = o.view(b, kvh, qm, g, hd).permute(0, 2, 1, 3, 4).reshape(b * qm, nh * hd)
+        length = grp.mask.shape[-1]
+        qg = q if grp.dest is None else q.index_select(0, grp.rows.view(-1))
+        # the query heads sharing a KV head are its query rows: [kv_heads * b, qm * g, hd]
+        qh = qg.view(b, qm, kvh, g, hd).permute(2, 0, 1, 3, 4).reshape(kvh * b, qm * g, hd)
+        kv = cache.index_select(1, grp.kv_blocks.view(-1))  # [2 * kv_heads, b * blocks, block_size, hd]
+        k, v = kv[:kvh].view(kvh * b, length, hd), kv[kvh:].view(kvh * b, length, hd)
+        if qm <= SHORT_Q:
+            s = torch.bmm(qh, k.transpose(1, 2)).view(kvh, b, qm * g, length)
+            s.mul_(scale).add_(grp.mask.view(b, qm * g, length))
+            o = torch.bmm(s.view(kvh * b, qm * g, length).softmax(-1), v)
+        else:  # one request (b == 1)
+            o = F.scaled_dot_product_attention(qh.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+                                               attn_mask=grp.mask, scale=scale).squeeze(0)
+        o = o.view(kvh, b, qm, g, hd).permute(1, 2, 0, 3, 4).reshape(b * qm, nh * hd)
         if grp.dest is None:
             return o
         if out is None:

@@ -99,7 +99,7 @@ class Engine:
         if use_graphs:
             from .graphs import GraphRunner
             self.graphs = GraphRunner(self.model, self.kv, block_size, self.q_per_kv,
-                                      pad_slot=num_blocks * block_size, max_len=self.max_model_len)
+                                      pad_block=num_blocks, max_len=self.max_model_len)
 
     # ---- bookkeeping -----------------------------------------------------------------
     @property

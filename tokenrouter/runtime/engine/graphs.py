@@ -2,7 +2,7 @@
 
 A step whose requests all add the same small number of tokens q (1 for decode, a few for a
 returning request's extend) replays a graph captured for (batch bucket, q, context bucket):
-the batch is padded up to the bucket (padding rows write to a reserved scratch slot and
+the batch is padded up to the bucket (padding rows write to a reserved scratch block and
 attend only to it) and the gathered context is padded to the bucket's length, so every
 tensor has a static shape. The context bucket is part of the key because the portable
 attention gathers the context into a dense tensor. Anything else (mixed q, bigger batches,
@@ -35,9 +35,10 @@ class _Graph:
 
 
 class GraphRunner:
-    def __init__(self, model, kv, block_size: int, q_per_kv: int, pad_slot: int, max_len: int):
+    def __init__(self, model, kv, block_size: int, q_per_kv: int, pad_block: int, max_len: int):
         self.model, self.kv = model, kv
-        self.block_size, self.q_per_kv, self.pad_slot = block_size, q_per_kv, pad_slot
+        self.block_size, self.q_per_kv, self.pad_block = block_size, q_per_kv, pad_block
+        self.pad_slot = pad_block * block_size
         self.ctx_buckets = tuple(c for c in CTX_BUCKETS if c < max_len) + (max_len,)
         self.layers = tuple(range(model.config.num_hidden_layers + 1)) + (-1,)
         self.graphs: dict[tuple[int, int, int], _Graph] = {}
@@ -52,11 +53,13 @@ class GraphRunner:
         return None if ctx is None else (b, q, ctx)
 
     def _static(self, b: int, q: int, ctx: int) -> tuple[torch.Tensor, torch.Tensor, AttnMeta, torch.Tensor]:
-        dev, dt = self.kv.k.device, self.kv.k.dtype
+        dev, dt = self.kv.kv.device, self.kv.kv.dtype
         g = self.q_per_kv
+        nb = -(-ctx // self.block_size)
         group = AttnGroup(rows=torch.arange(b * q, device=dev).view(b, q),
-                          kv_slots=torch.full((b, ctx), self.pad_slot, dtype=torch.long, device=dev),
-                          mask=torch.zeros((b, 1, q * g, ctx), dtype=dt, device=dev), out_rows=None, dest=None)
+                          kv_blocks=torch.full((b, nb), self.pad_block, dtype=torch.long, device=dev),
+                          mask=torch.zeros((b, 1, q * g, nb * self.block_size), dtype=dt, device=dev),
+                          out_rows=None, dest=None)
         meta = AttnMeta(slot_mapping=torch.full((b * q,), self.pad_slot, dtype=torch.long, device=dev),
                         groups=[group], num_tokens=b * q)
         ids = torch.zeros(b * q, dtype=torch.long, device=dev)
@@ -83,9 +86,9 @@ class GraphRunner:
     def _fill(self, meta: AttnMeta, key, q_lens, kv_lens, tables, slots) -> None:
         b_pad, q, ctx = key
         grp = meta.groups[0]
-        grp.kv_slots.fill_(self.pad_slot)
+        grp.kv_blocks.fill_(self.pad_block)
         grp.mask.fill_(float("-inf"))
-        grp.mask[..., 0] = 0.0  # padding rows attend to the scratch slot only
+        grp.mask[..., 0] = 0.0  # padding rows attend to the scratch block's first slot only
         meta.slot_mapping.fill_(self.pad_slot)
         b = len(q_lens)
         if not b:
@@ -93,9 +96,9 @@ class GraphRunner:
         t0 = [i * q for i in range(b)]
         real = _group(list(zip(t0, q_lens, kv_lens, tables)), self.block_size, self.q_per_kv,
                       grp.mask.dtype, grp.mask.device, num_tokens=b * q)
-        length = real.kv_slots.shape[1]
-        grp.kv_slots[:b, :length].copy_(real.kv_slots)
-        grp.mask[:b, :, :, :length].copy_(real.mask)
+        nb = real.kv_blocks.shape[1]
+        grp.kv_blocks[:b, :nb].copy_(real.kv_blocks)
+        grp.mask[:b, :, :, :nb * self.block_size].copy_(real.mask)
         meta.slot_mapping[: b * q].copy_(torch.tensor(slots, dtype=torch.long), non_blocking=True)
 
     def run(self, ids: list[int], pos: list[int], slots: list[int], q_lens: list[int], kv_lens: list[int],

@@ -20,6 +20,10 @@ import torch.nn.functional as F
 # Without a packed weight (single rows, float64, no oneDNN): rows at or above this use
 # F.linear; below, `W @ x.T`, which won 1.4-3x at 2-8 rows and is even at 16-32 here.
 _SMALL_ROWS = 16
+# With a packed weight: rows at or above this use it. Measured inside the model (weights
+# cold, streaming from memory), 1-2 rows run 1.5x faster through MKL's `W @ x.T` than
+# through oneDNN; from 3 rows oneDNN wins (`python benchmarks/bench_linear.py --cold`).
+_PACKED_ROWS = 3
 
 
 class LinearWeight:
@@ -42,15 +46,15 @@ class LinearWeight:
 def linear(x: torch.Tensor, lw: LinearWeight, b: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ w.T + b for x [T, in], w [out, in], choosing the faster CPU layout."""
     t = x.shape[0]
-    if lw.packed is not None and t >= 2:
+    if lw.packed is not None and t >= _PACKED_ROWS:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), lw.packed, b, "none", [], "")
     w = lw.w
     if x.device.type != "cpu" or t >= _SMALL_ROWS:
         return F.linear(x, w, b)
     if t == 1:
-        y = (w @ x.repeat(2, 1).T)[:, :1].T  # a real copy: a stride-0 expand leaves the BLAS path
+        y = (w @ x.repeat(2, 1).T)[:, 0].unsqueeze(0)  # a real copy: a stride-0 expand leaves the BLAS path
     else:
-        y = (w @ x.T).T
+        y = (w @ x.contiguous().T).T.contiguous()
     return y if b is None else y + b
 
 

@@ -124,9 +124,8 @@ class Model:
             if ly.qk_norm is not None:  # Qwen3: per-head RMSNorm of q and k, before RoPE
                 qk = rms_norm(qk, None, eps) * ly.qk_norm
             qk = self.rotary.apply(qk, cos, sin)  # q and k rotated together
-            q, k = qk[:, :self.nh], qk[:, self.nh:]
-            kv.write(i, meta.slot_mapping, k, v)
-            o = paged_attention(q, kv.k[i], kv.v[i], meta, self.scale)
+            kv.write(i, meta.slot_mapping, torch.cat([qk[:, self.nh:], v], 1))
+            o = paged_attention(qk[:, :self.nh], kv.kv[i], meta, self.scale)
             h = h + linear(o, ly.o, ly.o_bias)
             x = rms_norm(h, ly.ln2, eps)
             h = h + linear(silu_mul(linear(x, ly.gate_up)), ly.down)
