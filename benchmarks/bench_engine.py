@@ -129,9 +129,9 @@ def bench_compile(name: str, buckets: list[tuple[int, int]], steps: int) -> list
     eng = Engine(m.config, m.weights, max_model_len=1024)
     model = eng.model
 
-    def fwd(ids, pos, slot_mapping, rows, kv_blocks, mask, last):
+    def fwd(ids, pos, slot_mapping, rows, kv_blocks, kv_rows, mask, last):
         """Plain tensors in (no metadata object), so dynamo can trace the whole step."""
-        meta = AttnMeta(slot_mapping, [AttnGroup(rows, kv_blocks, mask, None, None)], ids.shape[0])
+        meta = AttnMeta(slot_mapping, [AttnGroup(rows, kv_blocks, kv_rows, mask, None, None)], ids.shape[0])
         h, _ = model.forward(ids, pos, meta, eng.kv, last)
         return model.logits(h)
 
@@ -142,11 +142,10 @@ def bench_compile(name: str, buckets: list[tuple[int, int]], steps: int) -> list
             eng.step([(i, p)])
         tables = [eng.alloc.block_table(i) for i in range(b)]
         slots = [eng.alloc.append(i, [5]).slots[0] for i in range(b)]
-        meta = build_meta([1] * b, [ctx + 1] * b, tables, slots, eng.block_size, eng.q_per_kv,
-                          eng.dtype, eng.device)
+        meta = build_meta([1] * b, [ctx + 1] * b, tables, slots, eng.geometry, eng.dtype, eng.device)
         grp = meta.groups[0]
         assert grp.dest is None
-        args = (torch.full((b,), 5), torch.full((b,), ctx), meta.slot_mapping, grp.rows, grp.kv_blocks, grp.mask,
+        args = (torch.full((b,), 5), torch.full((b,), ctx), meta.slot_mapping, grp.rows, grp.kv_blocks, grp.kv_rows, grp.mask,
                 torch.arange(b))
         with torch.inference_mode():
             t0 = time.perf_counter()

@@ -46,7 +46,7 @@ import torch
 
 from tokenrouter.compiler.abi import FeatureNeeds
 
-from .attention import build_meta
+from .attention import CacheGeometry, build_meta
 from .block_allocator import BlockAllocator, OutOfBlocks
 from .config import ModelConfig
 from .kv_cache import KVCache, default_num_blocks
@@ -95,11 +95,12 @@ class Engine:
         self.kv = KVCache(config, num_blocks + use_graphs, block_size, self.device, dtype)
         self.alloc = BlockAllocator(num_blocks, block_size, prefix_reuse=prefix_reuse)
         self.q_per_kv = config.num_attention_heads // config.num_key_value_heads
+        self.geometry = CacheGeometry(block_size, num_blocks + use_graphs, config.num_key_value_heads, self.q_per_kv)
         self.graphs = None
         if use_graphs:
             from .graphs import GraphRunner
-            self.graphs = GraphRunner(self.model, self.kv, block_size, self.q_per_kv,
-                                      pad_block=num_blocks, max_len=self.max_model_len)
+            self.graphs = GraphRunner(self.model, self.kv, self.geometry, pad_block=num_blocks,
+                                      max_len=self.max_model_len)
 
     # ---- bookkeeping -----------------------------------------------------------------
     @property
@@ -215,8 +216,7 @@ class Engine:
             res = self.graphs.run(ids, pos, slots, q_lens, kv_lens, tables, layers)
             if res is not None:
                 return res
-        meta = build_meta(q_lens, kv_lens, tables, slots, self.block_size, self.q_per_kv,
-                          self.dtype, self.device)
+        meta = build_meta(q_lens, kv_lens, tables, slots, self.geometry, self.dtype, self.device)
         last_rows, t = [], 0
         for w in works:
             t += len(w.tokens)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import AttnGroup, AttnMeta, _group
+from .attention import AttnGroup, AttnMeta, CacheGeometry, _group
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 MAX_Q = 4
@@ -35,10 +35,10 @@ class _Graph:
 
 
 class GraphRunner:
-    def __init__(self, model, kv, block_size: int, q_per_kv: int, pad_block: int, max_len: int):
-        self.model, self.kv = model, kv
-        self.block_size, self.q_per_kv, self.pad_block = block_size, q_per_kv, pad_block
-        self.pad_slot = pad_block * block_size
+    def __init__(self, model, kv, geo: CacheGeometry, pad_block: int, max_len: int):
+        self.model, self.kv, self.geo = model, kv, geo
+        self.block_size, self.pad_block = geo.block_size, pad_block
+        self.pad_slot = pad_block * geo.block_size
         self.ctx_buckets = tuple(c for c in CTX_BUCKETS if c < max_len) + (max_len,)
         self.layers = tuple(range(model.config.num_hidden_layers + 1)) + (-1,)
         self.graphs: dict[tuple[int, int, int], _Graph] = {}
@@ -54,11 +54,13 @@ class GraphRunner:
 
     def _static(self, b: int, q: int, ctx: int) -> tuple[torch.Tensor, torch.Tensor, AttnMeta, torch.Tensor]:
         dev, dt = self.kv.kv.device, self.kv.kv.dtype
-        g = self.q_per_kv
+        geo = self.geo
         nb = -(-ctx // self.block_size)
-        group = AttnGroup(rows=torch.arange(b * q, device=dev).view(b, q),
-                          kv_blocks=torch.full((b, nb), self.pad_block, dtype=torch.long, device=dev),
-                          mask=torch.zeros((b, 1, q * g, nb * self.block_size), dtype=dt, device=dev),
+        blocks = torch.full((b, nb), self.pad_block, dtype=torch.long, device=dev)
+        group = AttnGroup(rows=torch.arange(b * q, device=dev).view(b, q), kv_blocks=blocks,
+                          kv_rows=geo.kv_rows(blocks),
+                          mask=torch.zeros((geo.kv_heads, b, q * geo.q_per_kv, nb * self.block_size),
+                                           dtype=dt, device=dev),
                           out_rows=None, dest=None)
         meta = AttnMeta(slot_mapping=torch.full((b * q,), self.pad_slot, dtype=torch.long, device=dev),
                         groups=[group], num_tokens=b * q)
@@ -91,15 +93,15 @@ class GraphRunner:
         grp.mask[..., 0] = 0.0  # padding rows attend to the scratch block's first slot only
         meta.slot_mapping.fill_(self.pad_slot)
         b = len(q_lens)
-        if not b:
-            return
-        t0 = [i * q for i in range(b)]
-        real = _group(list(zip(t0, q_lens, kv_lens, tables)), self.block_size, self.q_per_kv,
-                      grp.mask.dtype, grp.mask.device, num_tokens=b * q)
-        nb = real.kv_blocks.shape[1]
-        grp.kv_blocks[:b, :nb].copy_(real.kv_blocks)
-        grp.mask[:b, :, :, :nb * self.block_size].copy_(real.mask)
-        meta.slot_mapping[: b * q].copy_(torch.tensor(slots, dtype=torch.long), non_blocking=True)
+        if b:
+            t0 = [i * q for i in range(b)]
+            real = _group(list(zip(t0, q_lens, kv_lens, tables)), self.geo, grp.mask.dtype, grp.mask.device,
+                          num_tokens=b * q, short=True)
+            nb = real.kv_blocks.shape[1]
+            grp.kv_blocks[:b, :nb].copy_(real.kv_blocks)
+            grp.mask[:, :b, :, :nb * self.block_size].copy_(real.mask)
+            meta.slot_mapping[: b * q].copy_(torch.tensor(slots, dtype=torch.long), non_blocking=True)
+        grp.kv_rows.copy_(self.geo.kv_rows(grp.kv_blocks))
 
     def run(self, ids: list[int], pos: list[int], slots: list[int], q_lens: list[int], kv_lens: list[int],
             tables: list[list[int]], layers: tuple[int, ...]):

@@ -43,16 +43,28 @@ class LinearWeight:
                 self.packed = None
 
 
-def linear(x: torch.Tensor, lw: LinearWeight, b: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ w.T + b for x [T, in], w [out, in], choosing the faster CPU layout."""
+def linear(x: torch.Tensor, lw: LinearWeight, b: torch.Tensor | None = None,
+           residual: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ w.T + b (+ residual) for x [T, in], w [out, in], choosing the faster CPU layout.
+    With oneDNN the residual add is fused into the matrix multiply."""
     t = x.shape[0]
     if lw.packed is not None and t >= _PACKED_ROWS:
+        if residual is not None:
+            return torch.ops.mkldnn._linear_pointwise.binary(x.contiguous(), residual, lw.packed, b, "add")
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), lw.packed, b, "none", [], "")
-    w = lw.w
+    y = _plain_linear(x, lw.w, b)
+    return y if residual is None else residual + y
+
+
+def _plain_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    t = x.shape[0]
     if x.device.type != "cpu" or t >= _SMALL_ROWS:
         return F.linear(x, w, b)
     if t == 1:
-        y = (w @ x.repeat(2, 1).T)[:, 0].unsqueeze(0)  # a real copy: a stride-0 expand leaves the BLAS path
+        # two real rows (a stride-0 expand leaves the BLAS path); outputs are kept contiguous:
+        # a transposed output propagates through the residual stream and, measured, put a
+        # later projection on a 4x slower MKL path
+        y = (w @ x.repeat(2, 1).T)[:, 0].contiguous().unsqueeze(0)
     else:
         y = (w @ x.contiguous().T).T.contiguous()
     return y if b is None else y + b
@@ -97,22 +109,37 @@ def _inv_freq(head_dim: int, theta: float, scaling: dict | None) -> tuple[torch.
 
 
 class Rotary:
-    """Precomputed cos/sin tables for positions [0, max_len), applied HF-style (rotate_half)."""
+    """Rotary position embedding as one complex multiply per step.
+
+    Hugging Face rotates dimension i of a head together with dimension i + head_dim/2
+    (`rotate_half`). The model stores q and k with each head's dimensions interleaved
+    instead (`interleave`: i -> 2i, i + head_dim/2 -> 2i + 1), so each rotated pair is
+    one complex number and the rotation is `x * (cos + i sin)`: the same products and
+    sums as `rotate_half` (bit-identical here), in one kernel instead of six. Attention
+    only takes dot products of q with k, which the shared permutation leaves unchanged.
+    The tables are computed in float32 as HF does, then cast."""
 
     def __init__(self, head_dim: int, theta: float, scaling: dict | None, max_len: int,
                  device: torch.device | str, dtype: torch.dtype):
         inv, scale = _inv_freq(head_dim, theta, scaling)
         freqs = torch.arange(max_len, dtype=torch.float32)[:, None] * inv[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos = (emb.cos() * scale).to(device=device, dtype=dtype)
-        self.sin = (emb.sin() * scale).to(device=device, dtype=dtype)
-        self.half = head_dim // 2
+        cos = (freqs.cos() * scale).to(device=device, dtype=dtype)
+        sin = (freqs.sin() * scale).to(device=device, dtype=dtype)
+        self.cis = torch.complex(cos, sin)  # [max_len, head_dim / 2]
+        self.head_dim = head_dim
 
-    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape [T, 1, head_dim] for the given positions (computed once per step)."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+    def tables(self, positions: torch.Tensor) -> torch.Tensor:
+        """cos + i sin of shape [T, 1, head_dim / 2] for the given positions (once per step)."""
+        return self.cis[positions].unsqueeze(1)
 
-    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [T, heads, head_dim] rotated by its positions."""
-        x1, x2 = x[..., : self.half], x[..., self.half:]
-        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    def apply_(self, x: torch.Tensor, cis: torch.Tensor) -> None:
+        """Rotate x [T, heads, head_dim] (interleaved layout) in place by its positions."""
+        t, heads, hd = x.shape
+        torch.view_as_complex(x.view(t, heads, hd // 2, 2)).mul_(cis)
+
+
+def interleave(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Reorder each head's rows (dim 0) from HF's halves layout to interleaved pairs."""
+    rest = w.shape[1:]
+    hd = w.shape[0] // heads
+    return w.reshape(heads, 2, hd // 2, *rest).transpose(1, 2).reshape(w.shape).contiguous()

@@ -3,7 +3,8 @@
 One class covers the three architectures: they differ only in flags of `ModelConfig`
 (Qwen2: q/k/v biases; Qwen3: per-head RMSNorm on q and k; tied embeddings anywhere).
 Weights come as a Hugging Face-named state dict; q/k/v and gate/up are fused into one
-matrix each so a layer costs four matrix multiplies. The forward takes the batch and the
+matrix each so a layer costs four matrix multiplies, and each q/k head's rows are stored
+interleaved so rotary embedding is one in-place complex multiply (`layers.Rotary`). The forward takes the batch and the
 KV cache explicitly, so several models can live in one process.
 """
 
@@ -16,7 +17,7 @@ import torch
 from .attention import AttnMeta, paged_attention
 from .config import ModelConfig
 from .kv_cache import KVCache
-from .layers import LinearWeight, Rotary, linear, rms_norm, silu_mul
+from .layers import LinearWeight, Rotary, interleave, linear, rms_norm, silu_mul
 
 
 class WeightError(ValueError):
@@ -68,10 +69,12 @@ class Model:
             qb = get(a + "q_proj.bias", (q_out,), optional=not c.attention_bias)
             kb = get(a + "k_proj.bias", (kv_out,), optional=qb is None)
             vb = get(a + "v_proj.bias", (kv_out,), optional=qb is None)
+            if qb is not None:
+                qb, kb = interleave(qb, self.nh), interleave(kb, self.kvh)
             self.layers.append(_Layer(
                 ln1=get(p + "input_layernorm.weight", (h,)),
-                qkv=LinearWeight(torch.cat([get(a + "q_proj.weight", (q_out, h)),
-                                            get(a + "k_proj.weight", (kv_out, h)),
+                qkv=LinearWeight(torch.cat([interleave(get(a + "q_proj.weight", (q_out, h)), self.nh),
+                                            interleave(get(a + "k_proj.weight", (kv_out, h)), self.kvh),
                                             get(a + "v_proj.weight", (kv_out, h))])),
                 qkv_bias=None if qb is None else torch.cat([qb, kb, vb]),
                 qk_norm=self._qk_norm(get(a + "q_norm.weight", (self.hd,), optional=not c.qk_norm),
@@ -90,7 +93,7 @@ class Model:
     def _qk_norm(self, qn: torch.Tensor | None, kn: torch.Tensor | None) -> torch.Tensor | None:
         if qn is None or kn is None:
             return None
-        return torch.cat([qn.expand(self.nh, -1), kn.expand(self.kvh, -1)])
+        return torch.cat([interleave(qn, 1).expand(self.nh, -1), interleave(kn, 1).expand(self.kvh, -1)])
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens[token_ids]
@@ -114,21 +117,21 @@ class Model:
         h = self.embed_tokens[token_ids]
         if 0 in want:
             hidden[0] = h[last_rows]
-        cos, sin = self.rotary.tables(positions)
+        cis = self.rotary.tables(positions)
         t = h.shape[0]
         nqk = self.nh + self.kvh
         for i, ly in enumerate(self.layers):
             x = rms_norm(h, ly.ln1, eps)
-            qkv = linear(x, ly.qkv, ly.qkv_bias).contiguous().view(t, nqk + self.kvh, self.hd)
-            qk, v = qkv[:, :nqk], qkv[:, nqk:]
+            qkv = linear(x, ly.qkv, ly.qkv_bias).view(t, nqk + self.kvh, self.hd)
+            qk = qkv[:, :nqk]
             if ly.qk_norm is not None:  # Qwen3: per-head RMSNorm of q and k, before RoPE
-                qk = rms_norm(qk, None, eps) * ly.qk_norm
-            qk = self.rotary.apply(qk, cos, sin)  # q and k rotated together
-            kv.write(i, meta.slot_mapping, torch.cat([qk[:, self.nh:], v], 1))
-            o = paged_attention(qk[:, :self.nh], kv.kv[i], meta, self.scale)
-            h = h + linear(o, ly.o, ly.o_bias)
+                torch.mul(rms_norm(qk, None, eps), ly.qk_norm, out=qk)
+            self.rotary.apply_(qk, cis)  # q and k rotated together, in place
+            kv.write(i, meta.slot_mapping, qkv[:, self.nh:])  # k, then v
+            o = paged_attention(qkv[:, :self.nh], kv.kv[i], meta, self.scale)
+            h = linear(o, ly.o, ly.o_bias, residual=h)
             x = rms_norm(h, ly.ln2, eps)
-            h = h + linear(silu_mul(linear(x, ly.gate_up)), ly.down)
+            h = linear(silu_mul(linear(x, ly.gate_up)), ly.down, residual=h)
             if i + 1 in want:
                 hidden[i + 1] = h[last_rows]
         last = rms_norm(h[last_rows], self.norm, eps)
