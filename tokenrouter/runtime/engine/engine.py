@@ -26,7 +26,9 @@ way (requests never interact). With `prefix_reuse=True`, a *new* sequence whose 
 starts with full blocks another sequence computed shares them instead of recomputing.
 
 On CUDA, steps whose requests all add the same few tokens (decode, short extends) replay
-CUDA graphs (`graphs.py`, unverified without a GPU; `cuda_graphs=False` turns them off).
+CUDA graphs (`graphs.py`, unverified without a GPU; `cuda_graphs=False` turns them off;
+`cuda_graphs="eager"` runs their padded static-shape steps without capturing, on any
+device, which is how their padding is tested on CPU).
 
 Errors: `BadBatch` (malformed step), `OutOfBlocks` (check `can_append` first), and
 `model.WeightError` (missing or misshapen weights), all with a message for the user.
@@ -80,7 +82,7 @@ class Engine:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], *, device="cpu",
                  dtype: torch.dtype = torch.float32, block_size: int = 16, num_blocks: int | None = None,
                  max_model_len: int | None = None, prefix_reuse: bool = False,
-                 max_batched_tokens: int = 2048, cuda_graphs: bool = True):
+                 max_batched_tokens: int = 2048, cuda_graphs: bool | str = True):
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype
@@ -90,7 +92,8 @@ class Engine:
         if num_blocks is None:
             num_blocks = default_num_blocks(config, block_size, dtype, self.max_model_len)
         self.model = Model(config, weights, device=self.device, dtype=dtype, max_len=self.max_model_len)
-        use_graphs = cuda_graphs and self.device.type == "cuda"
+        # "eager": the graphs' padded static-shape steps without capturing, on any device (tests)
+        use_graphs = cuda_graphs == "eager" or (cuda_graphs is True and self.device.type == "cuda")
         # with graphs, one extra block past the allocator's range is the padding rows' scratch
         self.kv = KVCache(config, num_blocks + use_graphs, block_size, self.device, dtype)
         self.alloc = BlockAllocator(num_blocks, block_size, prefix_reuse=prefix_reuse)
@@ -100,7 +103,7 @@ class Engine:
         if use_graphs:
             from .graphs import GraphRunner
             self.graphs = GraphRunner(self.model, self.kv, self.geometry, pad_block=num_blocks,
-                                      max_len=self.max_model_len)
+                                      max_len=self.max_model_len, capture=cuda_graphs is True)
 
     # ---- bookkeeping -----------------------------------------------------------------
     @property

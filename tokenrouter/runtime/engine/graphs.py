@@ -26,23 +26,26 @@ CTX_BUCKETS = (256, 1024, 4096)
 
 @dataclass
 class _Graph:
-    graph: torch.cuda.CUDAGraph
+    graph: torch.cuda.CUDAGraph | None  # None: static shapes run eagerly (capture=False)
     ids: torch.Tensor
     pos: torch.Tensor
     meta: AttnMeta
-    last: torch.Tensor
-    hidden: dict[int, torch.Tensor]
+    last_rows: torch.Tensor
+    hidden: dict[int, torch.Tensor]  # the graph's static outputs, -1 = the final-normed state
 
 
 class GraphRunner:
-    def __init__(self, model, kv, geo: CacheGeometry, pad_block: int, max_len: int):
-        self.model, self.kv, self.geo = model, kv, geo
+    """capture=False runs the same padded static-shape steps eagerly, on any device: it is
+    how the padding and bucketing are tested without a GPU."""
+
+    def __init__(self, model, kv, geo: CacheGeometry, pad_block: int, max_len: int, capture: bool = True):
+        self.model, self.kv, self.geo, self.capture = model, kv, geo, capture
         self.block_size, self.pad_block = geo.block_size, pad_block
         self.pad_slot = pad_block * geo.block_size
         self.ctx_buckets = tuple(c for c in CTX_BUCKETS if c < max_len) + (max_len,)
         self.layers = tuple(range(model.config.num_hidden_layers + 1)) + (-1,)
         self.graphs: dict[tuple[int, int, int], _Graph] = {}
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
 
     def key(self, q_lens: list[int], kv_lens: list[int]) -> tuple[int, int, int] | None:
         q = q_lens[0]
@@ -72,6 +75,8 @@ class GraphRunner:
     def _capture(self, key: tuple[int, int, int]) -> _Graph:
         ids, pos, meta, last = self._static(*key)
         self._fill(meta, key, [], [], [], [])  # all rows are padding: safe to run
+        if not self.capture:
+            return _Graph(None, ids, pos, meta, last, {})
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -83,7 +88,7 @@ class GraphRunner:
             out, hidden = self.model.forward(ids, pos, meta, self.kv, last, self.layers)
         hidden = dict(hidden)
         hidden[-1] = out
-        return _Graph(graph, ids, pos, meta, out, hidden)
+        return _Graph(graph, ids, pos, meta, last, hidden)
 
     def _fill(self, meta: AttnMeta, key, q_lens, kv_lens, tables, slots) -> None:
         b_pad, q, ctx = key
@@ -119,6 +124,9 @@ class GraphRunner:
         gr.ids[:n].copy_(torch.tensor(ids, dtype=torch.long), non_blocking=True)
         gr.pos[:n].copy_(torch.tensor(pos, dtype=torch.long), non_blocking=True)
         self._fill(gr.meta, key, q_lens, kv_lens, tables, slots)
+        if gr.graph is None:
+            out, hidden = self.model.forward(gr.ids, gr.pos, gr.meta, self.kv, gr.last_rows, layers)
+            return out[:b], {k: t[:b] for k, t in hidden.items()}
         gr.graph.replay()
         # copies: the next replay overwrites the graph's static outputs
-        return gr.last[:b].clone(), {k: gr.hidden[k][:b].clone() for k in layers}
+        return gr.hidden[-1][:b].clone(), {k: gr.hidden[k][:b].clone() for k in layers}
