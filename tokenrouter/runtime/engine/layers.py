@@ -2,12 +2,13 @@
 
 They follow Hugging Face `transformers` operation by operation (RMSNorm in float32, RoPE
 tables computed in float32), so float32/float64 logits agree with the reference to
-rounding. `linear` picks the matrix-multiply layout by measurement: on this CPU, `W @ x.T`
-with the weight in its natural [out, in] layout is 1.4-3x faster than `F.linear` for a few
-rows, and a single row runs faster as two real rows (MKL's one-row path is slower), so
-decode at batch 1 pads to two rows. From two rows up, a float32 CPU weight reordered once
-for oneDNN (`LinearWeight.packed`) beats both: 1.1-4x on the 4-256 rows of extends,
-batched decodes and prefills (`python benchmarks/bench_linear.py`).
+rounding. `linear` picks the matrix-multiply path by measurement over a whole model's
+weights streaming from memory, as in a real step (`python benchmarks/bench_linear.py`,
+cold section, 2 threads): one or two rows go through MKL as `W @ x.T` with the weight in
+its natural [out, in] layout (one row padded to two real rows: MKL's one-row path is
+slower), 2.5-4.5x faster than `F.linear` and 1.2-1.5x faster than oneDNN; from three rows
+a float32 weight reordered once for oneDNN (`LinearWeight.packed`) wins, 1.1-1.8x over the
+MKL layouts at 4-64 rows.
 """
 
 from __future__ import annotations
@@ -17,15 +18,13 @@ import math
 import torch
 import torch.nn.functional as F
 
-# Without a packed weight (single rows, float64, no oneDNN): rows at or above this use
-# F.linear; below, `W @ x.T`, which won 1.4-3x at 2-8 rows and is even at 16-32 here.
+# Without oneDNN (1-2 rows, float64, other devices): rows at or above this use F.linear;
+# below, `W @ x.T`, which won 1.4-3x at 2-8 rows and is even at 16-32 here.
 _SMALL_ROWS = 16
-# With a packed weight: rows at or above this use it. Measured inside the model (weights
-# cold, streaming from memory), 1-2 rows run 1.5x faster through MKL's `W @ x.T` than
-# through oneDNN; from 3 rows oneDNN wins (`python benchmarks/bench_linear.py --cold`).
+# With a packed weight: rows at or above this use it (at 3 rows the two paths are even).
 _PACKED_ROWS = 3
 # The row count oneDNN chooses the packed layout for. Measured over the whole model's
-# weights (cold): a layout for 16 rows runs 4-16 row steps 7-20% faster than the default
+# weights (cold): a layout for 16 rows runs 3-64 row steps 6-11% faster than the default
 # (no hint), and 512-row prefills the same.
 _PACK_FOR_ROWS = 16
 
