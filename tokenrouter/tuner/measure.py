@@ -6,6 +6,14 @@ and we keep the median of a few timed steps. Co-located: the same, while another
 process runs the other model's decode steps back to back on the same cores (what a
 second subserver does), so the profile carries the slowdown 1 + c the tuner needs.
 Extends of k tokens per request are measured alone when asked.
+
+The slowdown is measured in pairs: for each batch size, timed steps alternate between
+the other process paused and running, and the profile keeps alone x the median ratio.
+This machine's speed drifts by tens of percent over minutes (other tenants); timing the
+co-located curve in one block after the alone one put the large model's slowdown at
+1.3x-2.0x in three runs five minutes apart, where paired timings agree within a few
+percent. The other process decodes at short contexts (as served requests do), restarting
+its sequence every `BG_CONTEXT` tokens.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import time
 from .profile import Curve, ModelProfile, Profile, _now, machine_info
 
 PROMPT = 16
+BG_CONTEXT = 256
 
 
 def _engine(path: str, dtype_name: str, threads: int, max_len: int):
@@ -50,18 +59,34 @@ def _time_steps(engine, vocab: int, batch: int, tokens: int, warmup: int, repeat
     return statistics.median(times)
 
 
-def _background(path: str, dtype: str, threads: int, ready, stop) -> None:
-    """Another model stepping back to back (batch 1 decode) until told to stop."""
-    engine, vocab = _engine(path, dtype, threads, 4096)
+def _background(path: str, dtype: str, threads: int, ready, run, stop) -> None:
+    """Another model stepping back to back (batch 1 decode) while `run` is set, until `stop`."""
+    engine, vocab = _engine(path, dtype, threads, BG_CONTEXT + PROMPT + 8)
     n = 0
     engine.step([("bg", [1] * PROMPT)])
     ready.set()
     while not stop.is_set():
+        if not run.wait(0.05):
+            continue
         engine.step([("bg", [n % vocab])])
         n += 1
-        if engine.seq_len("bg") > 3000:
+        if engine.seq_len("bg") > BG_CONTEXT:
             engine.free("bg")
             engine.step([("bg", [1] * PROMPT)])
+
+
+def _paired_slowdown(engine, vocab: int, batch: int, warmup: int, repeats: int, run) -> float:
+    """Median over rounds of (step with the other model running) / (step with it paused)."""
+    ratios = []
+    for r in range(repeats):
+        run.clear()
+        time.sleep(0.1)  # the other model finishes its current step (the warm-up steps absorb the rest)
+        alone = _time_steps(engine, vocab, batch, 1, warmup, 1, f"pa{r}")
+        run.set()
+        co = _time_steps(engine, vocab, batch, 1, warmup, 1, f"pc{r}")
+        ratios.append(co / alone)
+    run.clear()
+    return statistics.median(ratios)
 
 
 #: Extend lengths timed by default: a request returning to a model feeds what the other
@@ -104,18 +129,18 @@ def measure_profile(program, batch_sizes, *, extend_tokens=DEFAULT_EXTEND_TOKENS
                 ext[k] = Curve(tuple(batch_sizes), tuple(ms))
             if others:
                 other = next(o for o in models if o.name != m.name)
-                ready, stop = ctx.Event(), ctx.Event()
-                proc = ctx.Process(target=_background, args=(other.path, other.dtype, threads[other.name], ready, stop),
-                                   daemon=True)
+                ready, run, stop = ctx.Event(), ctx.Event(), ctx.Event()
+                proc = ctx.Process(target=_background,
+                                   args=(other.path, other.dtype, threads[other.name], ready, run, stop), daemon=True)
                 proc.start()
                 try:
                     deadline = time.monotonic() + 600
                     while not ready.wait(0.2):
                         if not proc.is_alive() or time.monotonic() > deadline:
                             raise RuntimeError(f"the co-located {other.name} did not start")
-                    for b in batch_sizes:
+                    for b, ms in zip(batch_sizes, alone):
                         bar.set_postfix_str(f"{m.name} b={b} with {other.name}")
-                        co.append(_time_steps(engine, vocab, b, 1, warmup, repeats, "co"))
+                        co.append(ms * _paired_slowdown(engine, vocab, b, warmup, repeats, run))
                         bar.update()
                 finally:
                     stop.set()
@@ -132,6 +157,7 @@ def measure_profile(program, batch_sizes, *, extend_tokens=DEFAULT_EXTEND_TOKENS
     info = machine_info()
     import torch
     info.update({"torch": torch.__version__, "device": "cpu", "torch_threads_default": torch.get_num_threads(),
-                 "co_located_with": "another process decoding batch 1 back to back" if others else None,
+                 "co_located_with": (f"another process decoding batch 1 back to back (contexts up to {BG_CONTEXT}); "
+                                     "slowdown timed in pairs, paused/running") if others else None,
                  "repeats": repeats, "prompt_tokens": PROMPT})
     return Profile(out, info, _now(), source)
