@@ -30,10 +30,12 @@ class AttnGroup:
     kv_blocks: torch.Tensor  # [b, nb] each request's block table (padding: block 0)
     kv_rows: torch.Tensor  # [2 * kv_heads * b * nb] those blocks as rows of the flat per-layer cache
     # additive mask (0 or -inf) over nb * block_size positions: [kv_heads, b, Qmax * group, L]
-    # for the short group (one row per batched product), [1, 1, Qmax * group, L] for a prefill
-    mask: torch.Tensor
+    # for the short group (one row per batched product), [1, 1, Qmax, L] for a prefill chunk;
+    # None for a prefill from position 0, which is plainly causal (`causal`)
+    mask: torch.Tensor | None
     out_rows: torch.Tensor | None  # flat indices into [b * Qmax] of real tokens; None: all real, in order
     dest: torch.Tensor | None  # where those rows go among the T tokens; None: the whole group is T
+    causal: bool = False
 
 
 @dataclass
@@ -73,19 +75,23 @@ def _group(reqs: list[tuple[int, int, int, list[int]]], geo: CacheGeometry, dtyp
     rows = first[:, None] + torch.minimum(j[None, :], q_len[:, None] - 1)  # pad by repeating the last row
     qpos = (kv_len - q_len)[:, None] + torch.minimum(j[None, :], q_len[:, None] - 1)  # [b, Qmax]
     allowed = (pos[None, None, :] <= qpos[:, :, None]) & (pos[None, None, :] < kv_len[:, None, None])
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
-    mask = mask.repeat_interleave(geo.q_per_kv, dim=1).unsqueeze(0)
+    causal = not short and bool(kv_len[0] == q_len[0])  # a prefill from 0: keys past it are never reached
+    mask = None
     if short:
-        mask = mask.expand(geo.kv_heads, -1, -1, -1).contiguous()
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+        mask = mask.repeat_interleave(geo.q_per_kv, dim=1).unsqueeze(0).expand(geo.kv_heads, -1, -1, -1)
+        mask = mask.contiguous().to(device)
+    elif not causal:
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf")).unsqueeze(0).to(device)
     real = (j[None, :] < q_len[:, None]).reshape(-1)
     out_rows = dest = None
     if not (num_tokens == b * q_max and torch.equal(rows.reshape(-1), torch.arange(num_tokens))):
         out_rows = real.nonzero().squeeze(1)
         dest = rows.reshape(-1)[out_rows]
     tables = tables.to(device)
-    return AttnGroup(rows=rows.to(device), kv_blocks=tables, kv_rows=geo.kv_rows(tables), mask=mask.to(device),
+    return AttnGroup(rows=rows.to(device), kv_blocks=tables, kv_rows=geo.kv_rows(tables), mask=mask,
                      out_rows=None if out_rows is None else out_rows.to(device),
-                     dest=None if dest is None else dest.to(device))
+                     dest=None if dest is None else dest.to(device), causal=causal)
 
 
 def build_meta(q_lens: list[int], kv_lens: list[int], block_tables: list[list[int]], slots: list[int],
@@ -114,7 +120,8 @@ def paged_attention(q: torch.Tensor, cache: torch.Tensor, meta: AttnMeta, scale:
 
     The short group is two batched matrix multiplies around a softmax: at decode sizes
     (a few query rows per head) torch's fused CPU kernel spends its time on per-head
-    tiling. A prefill chunk uses the fused kernel, which never materialises its scores."""
+    tiling. A prefill chunk uses the fused kernel, which never materialises its scores,
+    with grouped-query heads and, from position 0, its causal mode instead of a mask."""
     t, nh, hd = q.shape
     kvh = cache.shape[0] // 2
     flat = cache.view(-1, cache.shape[2] * hd)  # [heads * blocks, block_size * head_dim]
@@ -122,21 +129,23 @@ def paged_attention(q: torch.Tensor, cache: torch.Tensor, meta: AttnMeta, scale:
     out = None
     for grp in meta.groups:
         b, qm = grp.rows.shape
-        length = grp.mask.shape[-1]
         qg = q if grp.dest is None else q.index_select(0, grp.rows.view(-1))
-        # the query heads sharing a KV head are its query rows: [kv_heads * b, qm * g, hd]
-        qh = qg.view(b, qm, kvh, g, hd).permute(2, 0, 1, 3, 4).reshape(kvh * b, qm * g, hd)
         # one gather of whole blocks, every head's copy of them, as rows of the flat cache
         # (2x faster here than index_select along the block dimension)
-        kv = flat.index_select(0, grp.kv_rows).view(2 * kvh * b, length, hd)
+        kv = flat.index_select(0, grp.kv_rows).view(2 * kvh * b, -1, hd)
+        length = kv.shape[1]
         k, v = kv[:kvh * b], kv[kvh * b:]
         if qm <= SHORT_Q:
+            # the query heads sharing a KV head are its query rows: [kv_heads * b, qm * g, hd]
+            qh = qg.view(b, qm, kvh, g, hd).permute(2, 0, 1, 3, 4).reshape(kvh * b, qm * g, hd)
             s = torch.baddbmm(grp.mask.view(kvh * b, qm * g, length), qh, k.transpose(1, 2), alpha=scale)
             o = torch.bmm(s.softmax(-1), v)
+            o = o.view(kvh, b, qm, g, hd).permute(1, 2, 0, 3, 4).reshape(b * qm, nh * hd)
         else:  # one request (b == 1)
-            o = F.scaled_dot_product_attention(qh.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
-                                               attn_mask=grp.mask, scale=scale).squeeze(0)
-        o = o.view(kvh, b, qm, g, hd).permute(1, 2, 0, 3, 4).reshape(b * qm, nh * hd)
+            o = F.scaled_dot_product_attention(qg.view(1, qm, nh, hd).transpose(1, 2), k.unsqueeze(0),
+                                               v.unsqueeze(0), attn_mask=grp.mask, is_causal=grp.causal,
+                                               scale=scale, enable_gqa=True)
+            o = o.transpose(1, 2).reshape(qm, nh * hd)
         if grp.dest is None:
             return o
         if out is None:
