@@ -2,8 +2,9 @@
 
 1. Greedy generation, our engine against a plain `transformers` loop with its KV cache, on the
    same weights (the embedded SmolLM2-135M-Instruct, float32), 32-token prompts, decode
-   ms/step and tokens/s at several batch sizes. Ours and theirs alternate round by round so
-   the machine's noise (other processes on the 2 cores) hits both alike; the best round counts.
+   ms/step and tokens/s at several batch sizes; then prefill time at a few shapes, 2 threads.
+   Ours and theirs alternate round by round so the machine's noise (other processes on the
+   2 cores) hits both alike; the best round counts.
 2. Decode step time against batch size (1..64) at a fixed context, for the default pair
    (smollm2-135m, smollm2-135m-small) and the benchmark pair (bench-large, bench-small).
 3. Decode step time against context length for the large models.
@@ -96,6 +97,35 @@ def bench_vs_transformers(name: str, batches: list[int], steps: int, rounds: int
                "ours_tok_s": b / min(ours), "hf_tok_s": b / min(theirs), "speedup": min(theirs) / min(ours)}
         print(f"[vs transformers] {name} threads={threads} B={b}: ours {row['ours_ms']:.1f} ms/step ({row['ours_tok_s']:.1f} tok/s)"
               f"  transformers {row['hf_ms']:.1f} ms/step ({row['hf_tok_s']:.1f} tok/s)  x{row['speedup']:.2f}")
+        rows.append(row)
+    return rows
+
+
+def bench_prefill_vs_transformers(name: str, shapes: list[tuple[int, int]], rounds: int, threads: int) -> list[dict]:
+    """Prefill time (one forward over batch x length prompt tokens), ours and transformers'
+    alternating, best round."""
+    torch.set_num_threads(threads)
+    m = load_model(name)
+    eng = Engine(m.config, m.weights, max_model_len=max(n for _, n in shapes) + 8)
+    ref = hf_model(m)
+    rows = []
+    for b, n in shapes:
+        ps = prompts(b, n, m.config.vocab_size)
+        ours, theirs = [], []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            eng.step([(("p", i), p) for i, p in enumerate(ps)])
+            ours.append(time.perf_counter() - t0)
+            for i in range(b):
+                eng.free(("p", i))
+            with torch.inference_mode():
+                t0 = time.perf_counter()
+                ref(torch.tensor(ps), use_cache=True)
+                theirs.append(time.perf_counter() - t0)
+        row = {"model": name, "threads": threads, "batch": b, "tokens": n, "ours_ms": min(ours) * 1e3,
+               "hf_ms": min(theirs) * 1e3, "ours_tok_s": b * n / min(ours), "speedup": min(theirs) / min(ours)}
+        print(f"[prefill vs transformers] {name} threads={threads} {b}x{n}: ours {row['ours_ms']:.0f} ms "
+              f"({row['ours_tok_s']:.0f} tok/s)  transformers {row['hf_ms']:.0f} ms  x{row['speedup']:.2f}")
         rows.append(row)
     return rows
 
@@ -215,6 +245,8 @@ def main() -> int:
     for threads in (1, 2):
         res["vs_transformers"] += bench_vs_transformers("smollm2-135m", [1, 16] if q else [1, 4, 16, 64],
                                                         steps, rounds, threads)
+    res["prefill_vs_transformers"] = bench_prefill_vs_transformers(
+        "smollm2-135m", [(1, 512), (16, 128)] if q else [(1, 512), (1, 2048), (16, 128)], rounds, 2)
     torch.set_num_threads(a.threads)
     res["by_batch"], res["by_ctx"] = bench_batch_and_context(
         ["smollm2-135m", "smollm2-135m-small", "bench-large", "bench-small"],
