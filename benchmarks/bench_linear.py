@@ -4,7 +4,8 @@ Decode and extend steps multiply a few rows by every weight matrix of the model.
 `tokenrouter/runtime/engine/layers.py` chooses by is the **cold** section: one pass over
 a whole model's weight set (SmolLM2-135M's shapes: 30 layers x qkv/o/gate_up/down plus
 the 49152-row LM head, 538 MB in float32), so every weight streams from memory as it does
-in a real step. Methods, side by side in one run, at 2 threads:
+in a real step. Methods, side by side in one run, at 2 threads (the comparison with
+`transformers`) and 1 thread (a served subserver):
 
 - `F.linear(x, W)`;
 - `W @ x.T` (one row is padded to two real rows; MKL's one-row path is slower);
@@ -14,7 +15,7 @@ in a real step. Methods, side by side in one run, at 2 threads:
 The **hot** section repeats one matrix (cache-resident) at 1 thread, for reference only:
 it favours oneDNN at one or two rows, which the cold pass does not.
 
-    python benchmarks/bench_linear.py        # ~15 s; writes benchmarks/results/bench_linear.{json,png}
+    python benchmarks/bench_linear.py        # ~30 s; writes benchmarks/results/bench_linear.{json,png}
 """
 
 from __future__ import annotations
@@ -51,10 +52,10 @@ def methods(ws: list[torch.Tensor]) -> dict:
     }
 
 
-def cold(rounds: int = 4) -> list[dict]:
+def cold(threads: int, rounds: int = 4) -> list[dict]:
     """Best-of-rounds time of one pass over the model's weights, per method and row count.
     Methods alternate within each round so the machine's noise hits all alike."""
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     ws = [torch.randn(o, i) for o, i in MODEL_SHAPES]
     fns = methods(ws)
     results = []
@@ -69,7 +70,7 @@ def cold(rounds: int = 4) -> list[dict]:
                 best[name] = min(best[name], time.perf_counter() - t0)
         r = {"rows": rows, **{k: v * 1e3 for k, v in best.items()}}
         results.append(r)
-        print(f"cold, whole model, rows {rows:3d}: " + "  ".join(f"{k} {r[k]:6.1f} ms" for k in fns), flush=True)
+        print(f"cold, whole model, {threads} thread(s), rows {rows:3d}: " + "  ".join(f"{k} {r[k]:6.1f} ms" for k in fns), flush=True)
     return results
 
 
@@ -98,8 +99,8 @@ def hot() -> list[dict]:
 
 
 def main() -> None:
-    res = {"torch": torch.__version__, "load_avg": os.getloadavg(), "cold_threads": 2, "hot_threads": 1,
-           "cold": cold(), "hot": hot()}
+    res = {"torch": torch.__version__, "load_avg": os.getloadavg(), "hot_threads": 1,
+           "cold": {"2": cold(2), "1": cold(1)}, "hot": hot()}
     res["load_avg_end"] = os.getloadavg()
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     with open(OUT + ".json", "w") as f:
@@ -109,9 +110,12 @@ def main() -> None:
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 1 + len(HOT_SHAPES), figsize=(5 + 4 * len(HOT_SHAPES), 3.6))
     keys = ("F.linear", "W@x.T", "onednn", "onednn16")
-    for key in keys:
-        axes[0].plot([r["rows"] for r in res["cold"]], [r[key] for r in res["cold"]], marker="o", label=key)
-    axes[0].set_title("cold: one pass over SmolLM2-135M's weights, 2 threads", fontsize=9)
+    for i, key in enumerate(keys):
+        for threads, style in (("2", "-"), ("1", "--")):
+            rs = res["cold"][threads]
+            axes[0].plot([r["rows"] for r in rs], [r[key] for r in rs], style, marker="o", color=f"C{i}",
+                         label=f"{key}, {threads} thr")
+    axes[0].set_title("cold: one pass over SmolLM2-135M's weights", fontsize=9)
     axes[0].set_ylabel("ms")
     for ax, name in zip(axes[1:], HOT_SHAPES):
         rs = [r for r in res["hot"] if r["shape"] == name]
@@ -122,7 +126,7 @@ def main() -> None:
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("rows")
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(OUT + ".png", dpi=110)
     print(f"wrote {OUT}.json and .png")
