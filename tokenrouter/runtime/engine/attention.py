@@ -114,17 +114,16 @@ def build_meta(q_lens: list[int], kv_lens: list[int], block_tables: list[list[in
     return AttnMeta(slot_mapping=slot_mapping, groups=groups, num_tokens=t)
 
 
-def paged_attention(q: torch.Tensor, cache: torch.Tensor, meta: AttnMeta, scale: float) -> torch.Tensor:
-    """q [T, heads, head_dim]; cache [2 * kv_heads, blocks, block_size, head_dim] (K heads, then V)
-    already holding this step's K/V. Returns [T, heads * head_dim].
+def paged_attention(q: torch.Tensor, kv_cache, layer: int, meta: AttnMeta, scale: float) -> torch.Tensor:
+    """q [T, heads, head_dim]; `kv_cache` (a `KVCache`) already holds this step's K/V for
+    `layer`. Returns [T, heads * head_dim].
 
     The short group is two batched matrix multiplies around a softmax: at decode sizes
     (a few query rows per head) torch's fused CPU kernel spends its time on per-head
     tiling. A prefill chunk uses the fused kernel, which never materialises its scores,
     with grouped-query heads and, from position 0, its causal mode instead of a mask."""
     t, nh, hd = q.shape
-    kvh = cache.shape[0] // 2
-    flat = cache.view(-1, cache.shape[2] * hd)  # [heads * blocks, block_size * head_dim]
+    kvh = kv_cache.kv_heads
     g = nh // kvh
     out = None
     for grp in meta.groups:
@@ -132,7 +131,7 @@ def paged_attention(q: torch.Tensor, cache: torch.Tensor, meta: AttnMeta, scale:
         qg = q if grp.dest is None else q.index_select(0, grp.rows.view(-1))
         # one gather of whole blocks, every head's copy of them, as rows of the flat cache
         # (2x faster here than index_select along the block dimension)
-        kv = flat.index_select(0, grp.kv_rows).view(2 * kvh * b, -1, hd)
+        kv = kv_cache.gather(layer, grp.kv_rows).view(2 * kvh * b, -1, hd)
         length = kv.shape[1]
         k, v = kv[:kvh * b], kv[kvh * b:]
         if qm <= SHORT_Q:

@@ -128,7 +128,7 @@ class Model:
                 torch.mul(rms_norm(qk, None, eps), ly.qk_norm, out=qk)
             self.rotary.apply_(qk, cis)  # q and k rotated together, in place
             kv.write(i, meta.slot_mapping, qkv[:, self.nh:])  # k, then v
-            o = paged_attention(qkv[:, :self.nh], kv.kv[i], meta, self.scale)
+            o = paged_attention(qkv[:, :self.nh], kv, i, meta, self.scale)
             h = linear(o, ly.o, ly.o_bias, residual=h)
             x = rms_norm(h, ly.ln2, eps)
             h = linear(silu_mul(linear(x, ly.gate_up)), ly.down, residual=h)
