@@ -67,22 +67,23 @@ def _group(reqs: list[tuple[int, int, int, list[int]]], geo: CacheGeometry, dtyp
     q_max = max(q for _, q, _, _ in reqs)
     nb = -(-max(n for _, _, n, _ in reqs) // geo.block_size)
     tables = torch.tensor([bt[:nb] + [0] * (nb - len(bt[:nb])) for _, _, _, bt in reqs], dtype=torch.long)
-    pos = torch.arange(nb * geo.block_size)
     q_len = torch.tensor([q for _, q, _, _ in reqs])
     kv_len = torch.tensor([n for _, _, n, _ in reqs])
     first = torch.tensor([t0 for t0, _, _, _ in reqs])
     j = torch.arange(q_max)
     rows = first[:, None] + torch.minimum(j[None, :], q_len[:, None] - 1)  # pad by repeating the last row
-    qpos = (kv_len - q_len)[:, None] + torch.minimum(j[None, :], q_len[:, None] - 1)  # [b, Qmax]
-    allowed = (pos[None, None, :] <= qpos[:, :, None]) & (pos[None, None, :] < kv_len[:, None, None])
     causal = not short and bool(kv_len[0] == q_len[0])  # a prefill from 0: keys past it are never reached
     mask = None
-    if short:
+    if not causal:
+        pos = torch.arange(nb * geo.block_size)
+        qpos = (kv_len - q_len)[:, None] + torch.minimum(j[None, :], q_len[:, None] - 1)  # [b, Qmax]
+        allowed = (pos[None, None, :] <= qpos[:, :, None]) & (pos[None, None, :] < kv_len[:, None, None])
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
-        mask = mask.repeat_interleave(geo.q_per_kv, dim=1).unsqueeze(0).expand(geo.kv_heads, -1, -1, -1)
-        mask = mask.contiguous().to(device)
-    elif not causal:
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf")).unsqueeze(0).to(device)
+        if short:  # one row per (KV head, request, query row, query head sharing it)
+            mask = mask.repeat_interleave(geo.q_per_kv, dim=1).expand(geo.kv_heads, -1, -1, -1).contiguous()
+        else:
+            mask = mask.unsqueeze(0)  # [1, 1, Qmax, L]
+        mask = mask.to(device)
     real = (j[None, :] < q_len[:, None]).reshape(-1)
     out_rows = dest = None
     if not (num_tokens == b * q_max and torch.equal(rows.reshape(-1), torch.arange(num_tokens))):
