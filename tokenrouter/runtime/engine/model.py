@@ -4,8 +4,9 @@ One class covers the three architectures: they differ only in flags of `ModelCon
 (Qwen2: q/k/v biases; Qwen3: per-head RMSNorm on q and k; tied embeddings anywhere).
 Weights come as a Hugging Face-named state dict; q/k/v and gate/up are fused into one
 matrix each so a layer costs four matrix multiplies, and each q/k head's rows are stored
-interleaved so rotary embedding is one in-place complex multiply (`layers.Rotary`). The forward takes the batch and the
-KV cache explicitly, so several models can live in one process.
+interleaved so rotary embedding is one in-place complex multiply (`layers.Rotary`). The
+forward takes the batch and the KV cache explicitly, so several models can live in one
+process.
 """
 
 from __future__ import annotations
