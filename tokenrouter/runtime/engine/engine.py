@@ -95,10 +95,11 @@ class Engine:
         # "eager": the graphs' padded static-shape steps without capturing, on any device (tests)
         use_graphs = cuda_graphs == "eager" or (cuda_graphs is True and self.device.type == "cuda")
         # with graphs, one extra block past the allocator's range is the padding rows' scratch
-        self.kv = KVCache(config, num_blocks + use_graphs, block_size, self.device, dtype)
+        cache_blocks = num_blocks + use_graphs
+        self.kv = KVCache(config, cache_blocks, block_size, self.device, dtype)
         self.alloc = BlockAllocator(num_blocks, block_size, prefix_reuse=prefix_reuse)
         self.q_per_kv = config.num_attention_heads // config.num_key_value_heads
-        self.geometry = CacheGeometry(block_size, num_blocks + use_graphs, config.num_key_value_heads, self.q_per_kv)
+        self.geometry = CacheGeometry(block_size, cache_blocks, config.num_key_value_heads, self.q_per_kv)
         self.graphs = None
         if use_graphs:
             from .graphs import GraphRunner
