@@ -25,15 +25,19 @@ class GrammarNotFound(RuntimeError):
 
 
 def grammar_path() -> Path:
-    """The grammar lives at the repository root, next to the package (installed editable)."""
+    """grammars/route.lark: inside the package when installed from a wheel (setup.py copies
+    it there), else at the root of the source tree next to the package (editable install)."""
     import tokenrouter
 
-    path = Path(tokenrouter.__file__).resolve().parent.parent / "grammars" / "route.lark"
-    if not path.is_file():
-        raise GrammarNotFound(
-            f"the .route grammar is missing: expected it at {path}. tokenrouter must run from "
-            f"its source tree (pip install -e .), which ships grammars/route.lark")
-    return path
+    package = Path(tokenrouter.__file__).resolve().parent
+    candidates = [package / "grammars" / "route.lark", package.parent / "grammars" / "route.lark"]
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise GrammarNotFound(
+        "the .route grammar is missing from this installation: looked for "
+        + " and ".join(str(p) for p in candidates)
+        + ". Reinstall tokenrouter (pip install tokenrouter, or pip install -e . from a checkout)")
 
 
 _local = threading.local()
