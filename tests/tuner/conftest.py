@@ -12,7 +12,7 @@ from tokenrouter.tuner.profile import Profile
 
 @pytest.fixture
 def paper_profile():
-    """The DESIGN.md study's step times: 6.0 and 27.9 ms, +2% per extra request,
+    """A closed-loop study's step times: 6.0 and 27.9 ms, +2% per extra request,
     co-located 1.5x slower."""
     return Profile.affine({"slm": (6.0, 0.12), "llm": (27.9, 0.558)}, colocation=0.5)
 

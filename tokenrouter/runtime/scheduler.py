@@ -9,7 +9,7 @@ A subserver serves one writer. Each request it knows is in one state:
 
 (`finished` requests are removed.) `waiting`, `running` and `returning` are *ready*.
 
-Delayed batching (invariant 4 of DESIGN.md): a step is launched when at least B ready
+Delayed batching (invariant 4 of docs/architecture.md): a step is launched when at least B ready
 requests are here, or when no more can arrive (every live request in the system is
 already ready here), or when the oldest ready request has waited `max_wait_ns`, or when
 the batch is full. So a subserver never waits for requests that cannot come, and never

@@ -26,7 +26,7 @@ def naive_options(program: ir.Program, base: LaunchOptions | None = None) -> Lau
 
 def no_pending_options(program: ir.Program, base: LaunchOptions | None = None) -> LaunchOptions:
     """Peer-to-peer subservers, but a returning request is re-matched as a new one (the
-    ablation 'without pending handoffs' of DESIGN.md)."""
+    ablation 'without pending handoffs')."""
     base = base or LaunchOptions()
     return dataclasses.replace(base, rematch=True)
 
