@@ -21,7 +21,7 @@ from tokenrouter.compiler import ir
 from tokenrouter.compiler.abi import FeatureNeeds
 
 
-class ReferenceError_(RuntimeError):
+class ReferenceRunError(RuntimeError):
     """The program cannot make progress for this request (a rewrite loop)."""
 
 

@@ -18,9 +18,8 @@ from . import dtmc, simulate
 from .bounds import upper_bound
 from .profile import Profile, ProfileError
 from .runlength import PhaseType, RunLengthError, fit
-from .system import System, SystemError_, pair_tokens_per_step
-
-TuneError = (ProfileError, RunLengthError, SystemError_)
+from .errors import TuneError
+from .system import InvalidSystem, System, pair_tokens_per_step
 
 #: `auto` uses the chain up to this concurrency (seconds per B on 2 cores), the
 #: simulator above (a tenth of a second per B; the chain would take 10-20 s per B or
@@ -64,17 +63,17 @@ def route_table(models: Sequence[str], route_probs) -> dict[str, dict[str, float
         out = {}
         for src, v in route_probs.items():
             if src not in models:
-                raise SystemError_(f"routing probabilities name an unknown model {src!r}")
+                raise InvalidSystem(f"routing probabilities name an unknown model {src!r}")
             if isinstance(v, Mapping):
                 out[src] = {d: float(p) for d, p in v.items()}
             else:
                 if len(models) != 2:
-                    raise SystemError_("with more than two models give {src: {dst: p}}")
+                    raise InvalidSystem("with more than two models give {src: {dst: p}}")
                 out[src] = {next(m for m in models if m != src): float(v)}
         return out
     probs = list(route_probs)
     if len(models) != 2 or len(probs) != 2:
-        raise SystemError_("a pair of routing probabilities needs exactly two models")
+        raise InvalidSystem("a pair of routing probabilities needs exactly two models")
     return {models[0]: {models[1]: float(probs[0])}, models[1]: {models[0]: float(probs[1])}}
 
 
@@ -93,19 +92,19 @@ def build_system(profile: Profile, concurrency: int, route_probs=None, runlength
         out = {d: p for d, p in table.get(m, {}).items() if p > 0}
         for d, p in out.items():
             if d not in models or d == m:
-                raise SystemError_(f"routing from {m!r} to {d!r}: not another model of the profile")
+                raise InvalidSystem(f"routing from {m!r} to {d!r}: not another model of the profile")
             if not 0 <= p <= 1:
-                raise SystemError_(f"routing probability {m}->{d} must be in [0, 1], got {p}")
+                raise InvalidSystem(f"routing probability {m}->{d} must be in [0, 1], got {p}")
         total = sum(out.values())
         if total > 1 + 1e-9:
-            raise SystemError_(f"routing probabilities out of {m!r} sum to {total:g} > 1")
+            raise InvalidSystem(f"routing probabilities out of {m!r} sum to {total:g} > 1")
         given = (runlengths or {}).get(m)
         if given is not None:
             rl[m] = given if isinstance(given, PhaseType) else fit(given)
         elif m in table or len(models) == 1:
             rl[m] = PhaseType.geometric(total)
         else:
-            raise SystemError_(f"no routing probability and no run lengths for model {m!r}")
+            raise InvalidSystem(f"no routing probability and no run lengths for model {m!r}")
         if out:
             dest[m] = {d: p / total for d, p in out.items()}
         elif len(models) == 2:
@@ -153,10 +152,10 @@ def tune(system: System, *, model: str | None = None, candidates: Sequence[int] 
     """Predict the curve over B for `model` (default: the slowest), others as given."""
     model = model or slowest(system)
     if model not in system.models:
-        raise SystemError_(f"cannot tune unknown model {model!r}")
+        raise InvalidSystem(f"cannot tune unknown model {model!r}")
     cands = list(candidates or default_candidates(system.concurrency))
     if any(b < 1 for b in cands):
-        raise SystemError_("batch thresholds must be >= 1")
+        raise InvalidSystem("batch thresholds must be >= 1")
     curve = []
     for b in cands:
         curve.append(predict(system.with_batch({model: int(b)}), method))

@@ -23,7 +23,7 @@ import os
 import statistics
 import time
 
-from .profile import Curve, ModelProfile, Profile, _now, machine_info
+from .profile import Curve, ModelProfile, Profile, machine_info, timestamp
 
 PROMPT = 16
 BG_CONTEXT = 256
@@ -160,4 +160,4 @@ def measure_profile(program, batch_sizes, *, extend_tokens=DEFAULT_EXTEND_TOKENS
                  "co_located_with": (f"another process decoding batch 1 back to back (contexts up to {BG_CONTEXT}); "
                                      "slowdown timed in pairs, paused/running") if others else None,
                  "repeats": repeats, "prompt_tokens": PROMPT})
-    return Profile(out, info, _now(), source)
+    return Profile(out, info, timestamp(), source)

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import TuneError
+
 PROFILE_FORMAT = "tokenrouter-profile"
 PROFILE_VERSION = 1
 
@@ -29,7 +31,7 @@ PROFILE_VERSION = 1
 MAX_EXTRAPOLATION = 4.0
 
 
-class ProfileError(ValueError):
+class ProfileError(TuneError):
     """A profile file that is missing, malformed or does not cover what is asked."""
 
 
@@ -140,7 +142,7 @@ class Profile:
             alone = Curve(tuple(batch_sizes), tuple(a + s * (b - 1) for b in batch_sizes))
             co = Curve(alone.batch_sizes, tuple(v * (1 + c) for v in alone.ms))
             out[name] = ModelProfile(name, alone, co)
-        return Profile(out, machine={"synthetic": True}, created=_now())
+        return Profile(out, machine={"synthetic": True}, created=timestamp())
 
     # --------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
@@ -204,7 +206,8 @@ class Profile:
         return Profile.from_dict(data, str(path))
 
 
-def _now() -> str:
+def timestamp() -> str:
+    """Now, in UTC, to the second: when a profile was made."""
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
 
 

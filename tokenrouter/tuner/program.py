@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from tokenrouter.compiler import ir
 
-from .system import SystemError_
+from .system import InvalidSystem
 
 
 @dataclass
@@ -24,7 +24,7 @@ class ProgramInputs:
 
 def inputs_from_program(program: ir.Program) -> ProgramInputs:
     if program.ensembles:
-        raise SystemError_("the tuner models programs whose writers are single models; "
+        raise InvalidSystem("the tuner models programs whose writers are single models; "
                            f"this one has ensembles ({', '.join(e.name for e in program.ensembles)})")
     models = [m.name for m in program.models]
     rewrite = {(t.source, t.dest): t.action == "rewrite" for t in program.transitions}

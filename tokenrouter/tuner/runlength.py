@@ -25,10 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from .errors import TuneError
+
 TRACES_FORMAT = "tokenrouter-runlengths"
 
 
-class RunLengthError(ValueError):
+class RunLengthError(TuneError):
     """Unusable run-length data or parameters."""
 
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from .errors import TuneError
 from .profile import Profile
 from .runlength import PhaseType, RunLengthError
 
 
-class SystemError_(ValueError):
+class InvalidSystem(TuneError):
     """An inconsistent system description (bad probabilities, unknown model, ...)."""
 
 
@@ -43,23 +44,23 @@ class System:
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
-            raise SystemError_(f"concurrency must be >= 1, got {self.concurrency}")
+            raise InvalidSystem(f"concurrency must be >= 1, got {self.concurrency}")
         if len(self.models) < 1 or len(set(self.models)) != len(self.models):
-            raise SystemError_("models must be distinct and at least one")
+            raise InvalidSystem("models must be distinct and at least one")
         for m in self.models:
             self.profile[m]  # raises a clear error when the profile lacks it
             if m not in self.runlength:
-                raise SystemError_(f"no run-length distribution for model {m!r}")
+                raise InvalidSystem(f"no run-length distribution for model {m!r}")
             d = self.dest.get(m, {})
             if len(self.models) > 1:
                 if any(k not in self.models or k == m for k in d) or abs(sum(d.values()) - 1) > 1e-9 \
                         or any(v < 0 for v in d.values()):
-                    raise SystemError_(f"destinations of {m!r} must be other models with probabilities "
+                    raise InvalidSystem(f"destinations of {m!r} must be other models with probabilities "
                                        f"summing to 1, got {d}")
             if self.batch_of(m) < 1:
-                raise SystemError_(f"batch threshold of {m!r} must be >= 1")
+                raise InvalidSystem(f"batch threshold of {m!r} must be >= 1")
         if self.start and self.start not in self.models:
-            raise SystemError_(f"start model {self.start!r} is not one of {self.models}")
+            raise InvalidSystem(f"start model {self.start!r} is not one of {self.models}")
 
     # ------------------------------------------------------------ helpers
     @property
@@ -97,7 +98,7 @@ class System:
         try:
             rl = {small: PhaseType.geometric(p_small_to_large), large: PhaseType.geometric(p_large_to_small)}
         except RunLengthError as exc:
-            raise SystemError_(str(exc)) from None
+            raise InvalidSystem(str(exc)) from None
         rl.update(runlength or {})
         return System(profile, (small, large), concurrency, rl, {small: {large: 1.0}, large: {small: 1.0}},
                       {(small, large): rewrite, (large, small): False}, small, dict(batch or {}),
