@@ -26,7 +26,7 @@ COMMANDS = {
 
 
 def _available():
-    """Yield (name, module) for the commands whose module exists (they land one by one)."""
+    """Yield (name, module) for each command whose module is importable."""
     for name, module_name in COMMANDS.items():
         try:
             module = importlib.import_module(f"tokenrouter.commands.{module_name}")

@@ -60,7 +60,7 @@ def _options(args):
     from tokenrouter.runtime.launcher import LaunchOptions
     profile = None
     if args.profile:
-        from tokenrouter.tuner.profile import Profile  # the tuner issue
+        from tokenrouter.tuner.profile import Profile
         profile = Profile.load(args.profile)
     binds = _pairs(args.bind, "--bind") or None
     return LaunchOptions(
