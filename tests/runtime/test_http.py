@@ -14,7 +14,7 @@ from tokenrouter.runtime.launcher import LaunchOptions
 
 @pytest.fixture(scope="module")
 def srv(pair):
-    s = ServerThread(tiny.rstitch(pair, 0.25), LaunchOptions(mode="process", num_blocks=64, concurrency=8),
+    s = ServerThread(tiny.rstitch(pair, 0.25), LaunchOptions(mode="process", num_blocks=64, concurrency=8, test_hooks=True),
                      name="tiny", max_tokens_limit=200)
     yield s
     try:  # whatever the tests did (aborts, failures), every block came back

@@ -30,7 +30,7 @@ import zmq
 import zmq.asyncio
 
 from tokenrouter.runtime import wire
-from tokenrouter.runtime.transport import bind_form, check_address
+from tokenrouter.runtime.transport import bind_form, bound_receive, check_address
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ class Frontend:
     async def start(self, timeout: float = 120.0) -> None:
         """Bind, connect, and wait until every subserver reported ready."""
         self._pull = self._ctx.socket(zmq.PULL)
+        bound_receive(self._pull)
         self._pull.setsockopt(zmq.LINGER, 0)
         self._pull.bind(bind_form(check_address(self.addresses[FRONTEND])))
         self._push: dict[str, zmq.asyncio.Socket] = {}

@@ -50,6 +50,9 @@ class LaunchOptions:
     relay: bool = False
     profile: Any = None  # a tuner profile for `auto`, when available
     base_dir: str | None = None
+    test_hooks: bool = False  # subservers accept test-only messages (tests only)
+    curve_keys: str | None = None  # CURVE key folder (`tokenrouter keygen`) for tcp
+    insecure_tcp: bool = False  # allow plain tcp on non-loopback addresses
 
 
 def served_writers(program: ir.Program) -> list[str]:
@@ -134,7 +137,8 @@ def plan(program: ir.Program, opts: LaunchOptions) -> dict[str, SubserverSpec]:
             threads=int(opts.threads.get(w, threads.get(w, 0)) or max(1, cores // max(1, len(local)))),
             device=device, block_size=opts.block_size, num_blocks=opts.num_blocks,
             max_model_len=opts.max_model_len, rematch=opts.rematch, relay=opts.relay,
-            set_threads=opts.mode != "thread")
+            set_threads=opts.mode != "thread", test_hooks=opts.test_hooks,
+            curve_keys=opts.curve_keys, insecure_tcp=opts.insecure_tcp)
     return specs
 
 

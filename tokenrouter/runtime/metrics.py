@@ -58,6 +58,7 @@ class SubserverStats:
     batch_size: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
     queue_wait_s: Histogram = field(default_factory=lambda: Histogram(WAIT_BUCKETS))
     launch_reasons: dict[str, int] = field(default_factory=dict)
+    frames_dropped: dict[str, int] = field(default_factory=dict)  # invalid | test_only | error
 
     def snapshot(self, **gauges: Any) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if not isinstance(v, Histogram)}
@@ -130,6 +131,10 @@ def render(subservers: dict[str, dict[str, Any]], frontend: dict[str, Any]) -> s
         o.declare("tokenrouter_step_launches_total", "counter", "Why each step was launched (delayed batching).")
         for reason, n in sorted(s["launch_reasons"].items()):
             o.sample("tokenrouter_step_launches_total", n, model=w, reason=reason)
+        o.declare("tokenrouter_frames_dropped_total", "counter",
+                  "Frames dropped: invalid (failed validation), test_only (refused), error (handling raised).")
+        for reason, n in sorted(s.get("frames_dropped", {}).items()):
+            o.sample("tokenrouter_frames_dropped_total", n, model=w, reason=reason)
         o.histogram("tokenrouter_step_seconds", s["step_s"], "Wall time of one step.", model=w)
         o.histogram("tokenrouter_batch_size", s["batch_size"], "Requests per step.", model=w)
         o.histogram("tokenrouter_queue_wait_seconds", s["queue_wait_s"],

@@ -23,6 +23,15 @@ import zmq
 log = logging.getLogger(__name__)
 
 POLL_MS = 200  # how often a receiver checks for its stop flag
+RCVHWM = 10_000  # frames a PULL socket queues before senders hold theirs (bounded memory)
+
+
+def bound_receive(sock: zmq.Socket) -> None:
+    """Bound what a PULL socket accepts: at most `wire.MAX_FRAME` bytes per frame (ZeroMQ
+    drops a connection that sends more, before the frame is read) and `RCVHWM` frames."""
+    from tokenrouter.runtime.wire import MAX_FRAME
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
+    sock.setsockopt(zmq.RCVHWM, RCVHWM)
 
 
 class AddressError(ValueError):
@@ -106,7 +115,7 @@ class Receiver:
     def __init__(self, ctx: zmq.Context, addr: str, handler: Callable[[bytes], None],
                  name: str = "receiver"):
         self._sock = ctx.socket(zmq.PULL)
-        self._sock.setsockopt(zmq.RCVHWM, 0)
+        bound_receive(self._sock)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(bind_form(check_address(addr)))
         self._handler = handler
