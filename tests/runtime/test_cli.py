@@ -85,6 +85,8 @@ def test_serve_cli_end_to_end(pair, tmp_path):
     (["DEMO", "--batch", "nobody=2"], "not a writer"),
     (["DEMO", "--batch", "llm=0"], "at least 1"),
     (["DEMO", "--subserver", "llm"], "--bind"),
+    (["DEMO", "--host", "0.0.0.0"], "--api-key"),
+    (["DEMO", "--max-running", "0"], "at least 1"),
 ])
 def test_serve_cli_bad_input_is_a_clear_error(pair, tmp_path, args, message):
     tiny.example_program("demo", str(tmp_path), pair)

@@ -54,6 +54,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--subserver", metavar="WRITER", default=None,
                         help="run only this writer's subserver (needs --bind for every endpoint)")
     parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    lim = parser.add_argument_group("limits and access (HTTP)")
+    lim.add_argument("--api-key", default=os.environ.get("TOKENROUTER_API_KEY"),
+                     help="require `Authorization: Bearer KEY` on /v1 (default: $TOKENROUTER_API_KEY)")
+    lim.add_argument("--insecure-http", action="store_true",
+                     help="allow a non-loopback --host without --api-key")
+    lim.add_argument("--max-body-bytes", type=int, default=8 << 20,
+                     help="largest request body; larger gets 413 (default 8 MiB)")
+    lim.add_argument("--max-running", type=int, default=64, help="requests generating at once (default 64)")
+    lim.add_argument("--max-queue", type=int, default=256,
+                     help="requests waiting beyond --max-running; more get 503 + Retry-After (default 256)")
+    lim.add_argument("--request-timeout", type=float, default=None, metavar="S",
+                     help="end a request after S seconds, queueing included, with 504 (default: none)")
 
 
 def _options(args):
@@ -92,7 +104,38 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.subserver:
         return _run_subserver(args, program, opts)
-    return _run_http(args, program, opts)
+    try:
+        limits = _limits(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return _run_http(args, program, opts, limits)
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _limits(args):
+    from tokenrouter.runtime.http import Limits
+    if not _is_loopback(args.host) and not args.api_key and not args.insecure_http:
+        raise ValueError(f"--host {args.host} is reachable from other machines: give --api-key (or "
+                         f"$TOKENROUTER_API_KEY), or --insecure-http to serve without one")
+    for name in ("max_body_bytes", "max_running"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.max_queue < 0:
+        raise ValueError("--max-queue must be at least 0")
+    if args.request_timeout is not None and args.request_timeout <= 0:
+        raise ValueError("--request-timeout must be positive")
+    return Limits(max_body_bytes=args.max_body_bytes, max_running=args.max_running, max_queue=args.max_queue,
+                  request_timeout_s=args.request_timeout, api_key=args.api_key or None)
 
 
 def _run_subserver(args, program, opts) -> int:
@@ -115,7 +158,7 @@ def _run_subserver(args, program, opts) -> int:
     return 0
 
 
-def _run_http(args, program, opts) -> int:
+def _run_http(args, program, opts, limits) -> int:
     from contextlib import asynccontextmanager
 
     import uvicorn
@@ -143,7 +186,7 @@ def _run_http(args, program, opts) -> int:
         finally:
             await close_runtime(launcher, fe)
 
-    app = build_app(runtime, name, tokenizer, args.max_tokens_limit, args.default_max_tokens)
+    app = build_app(runtime, name, tokenizer, args.max_tokens_limit, args.default_max_tokens, limits)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
     server = uvicorn.Server(config)
     server.run()
