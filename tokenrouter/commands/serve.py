@@ -54,6 +54,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--subserver", metavar="WRITER", default=None,
                         help="run only this writer's subserver (needs --bind for every endpoint)")
     parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    net = parser.add_argument_group("liveness and hosts")
+    net.add_argument("--heartbeat-timeout", type=float, default=3.0, metavar="S",
+                     help="a subserver silent this long is down: its requests fail (default 3 s)")
+    net.add_argument("--max-restarts", type=int, default=5,
+                     help="failed restarts in a row of a local subserver before serve exits non-zero (default 5)")
+    net.add_argument("--curve-keys", metavar="DIR", default=None,
+                     help="CURVE key folder (`tokenrouter keygen DIR`): authenticated, encrypted tcp")
+    net.add_argument("--insecure-tcp", action="store_true",
+                     help="allow plain tcp binds on non-loopback addresses (no keys)")
     lim = parser.add_argument_group("limits and access (HTTP)")
     lim.add_argument("--api-key", default=os.environ.get("TOKENROUTER_API_KEY"),
                      help="require `Authorization: Bearer KEY` on /v1 (default: $TOKENROUTER_API_KEY)")
@@ -80,7 +89,8 @@ def _options(args):
         max_wait_ms=_pairs(args.max_wait_ms, "--max-wait-ms", float),
         threads=_pairs(args.threads, "--threads", int), addresses=binds,
         remote=tuple(args.remote or ()), block_size=args.block_size, num_blocks=args.num_blocks,
-        max_model_len=args.max_model_len, profile=profile)
+        max_model_len=args.max_model_len, profile=profile, curve_keys=args.curve_keys,
+        insecure_tcp=args.insecure_tcp)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,6 +106,14 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"{w!r} is not a writer of {args.file} ({', '.join(program.writers())})")
         if opts.batch and min(opts.batch.values()) < 1:
             raise ValueError("batch thresholds must be at least 1")
+        from tokenrouter.runtime.transport import Security, check_bind
+        sec = Security.load(opts.curve_keys, opts.insecure_tcp)  # SecurityError is a ValueError
+        if opts.addresses:
+            for w, addr in opts.addresses.items():  # what this process will bind
+                if w == args.subserver or (not args.subserver and (w == "frontend" or w not in opts.remote)):
+                    check_bind(addr, sec)
+        if args.heartbeat_timeout <= 0 or args.max_restarts < 0:
+            raise ValueError("--heartbeat-timeout must be positive and --max-restarts at least 0")
     except RouteError as exc:
         print(str(exc), file=sys.stderr)
         return 1
@@ -176,9 +194,17 @@ def _run_http(args, program, opts, limits) -> int:
         return 2
     name = args.served_model_name or os.path.splitext(os.path.basename(args.file))[0]
 
+    fatal: list[str] = []
+
+    def on_fatal(why: str) -> None:  # restarts exhausted: stop, so a supervisor takes over
+        print(f"tokenrouter: {why}; exiting", file=sys.stderr, flush=True)
+        fatal.append(why)
+        server.should_exit = True
+
     @asynccontextmanager
     async def runtime():
-        launcher, fe = await open_runtime(program, opts)
+        launcher, fe = await open_runtime(program, opts, heartbeat_timeout_s=args.heartbeat_timeout,
+                                          max_restarts=args.max_restarts, on_fatal=on_fatal)
         try:
             print(f"tokenrouter: serving {name!r} ({', '.join(fe.writers)}) on http://{args.host}:{args.port}",
                   file=sys.stderr, flush=True)
@@ -190,4 +216,6 @@ def _run_http(args, program, opts, limits) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
     server = uvicorn.Server(config)
     server.run()
+    if fatal:
+        return 3
     return 0 if server.started else 1

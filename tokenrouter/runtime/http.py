@@ -466,6 +466,10 @@ class Server:
                     msg = f"the request did not finish within {self.limits.request_timeout_s} s"
                     yield f"data: {json.dumps({'error': {'message': msg, 'type': 'timeout'}})}\n\n"
                     break
+                except (RuntimeUnavailable, ValueError) as exc:  # the headers are sent: say it in the stream
+                    msg = f"the request failed: {exc}"
+                    yield f"data: {json.dumps({'error': {'message': msg, 'type': 'server_error'}})}\n\n"
+                    break
                 if isinstance(ev, Delta):
                     n_out += len(ev.tokens)
                     text = detok.push([t for t in ev.tokens if t not in stop_ids])
@@ -572,9 +576,15 @@ def build_app(make_runtime, served_name: str, tokenizer, max_tokens_limit: int |
     @app.get("/health")
     async def health():
         s = holder.get("s")
-        if s is None or not s.fe.healthy:
-            return _error(503, s.fe.failure if s and s.fe.failure else "starting", "server_error")
-        return {"status": "ok", "models": s.fe.writers}
+        if s is None:
+            return _error(503, "starting", "server_error")
+        body = {"status": "ok" if s.fe.healthy else "unavailable", "models": s.fe.writers,
+                "subservers": s.fe.health()}
+        if not s.fe.healthy:
+            body["error"] = {"message": s.fe.failure or "starting", "type": "server_error", "param": None,
+                             "code": None}
+            return JSONResponse(body, status_code=503)
+        return body
 
     @app.get("/v1/models")
     async def models():
@@ -585,8 +595,14 @@ def build_app(make_runtime, served_name: str, tokenizer, max_tokens_limit: int |
 
     @app.get("/metrics")
     async def metrics():
-        s = server()
-        text = render(await s.fe.stats(), s.fe.frontend_stats())
+        """Answers whatever the state: a down subserver shows as up 0 (and is not asked)."""
+        s = holder.get("s")
+        if s is None:
+            raise RuntimeUnavailable("starting")
+        fs = s.fe.frontend_stats()
+        fs["http"] = {"running": s.admission.running, "waiting": len(s.admission.waiters),
+                      "refused": s.admission.refused}
+        text = render(await s.fe.stats(timeout=2.0), fs)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/completions")

@@ -146,7 +146,24 @@ def render(subservers: dict[str, dict[str, Any]], frontend: dict[str, Any]) -> s
     o.sample("tokenrouter_requests_running", frontend.get("running", 0))
     o.declare("tokenrouter_requests_queued", "gauge", "Requests waiting for KV capacity at the frontend.")
     o.sample("tokenrouter_requests_queued", frontend.get("queued", 0))
-    o.declare("tokenrouter_subserver_up", "gauge", "1 when the subserver answered this scrape.")
+    o.declare("tokenrouter_subserver_up", "gauge",
+              "1 when the subserver is alive (heartbeats arrive) and answered this scrape.")
+    up = frontend.get("up", {})
     for w in frontend.get("writers", []):
-        o.sample("tokenrouter_subserver_up", 1 if w in subservers else 0, model=w)
+        o.sample("tokenrouter_subserver_up", 1 if up.get(w, True) and w in subservers else 0, model=w)
+    o.declare("tokenrouter_subserver_restarts_total", "counter", "Times the subserver's process was restarted.")
+    for w, n in sorted(frontend.get("restarts", {}).items()):
+        o.sample("tokenrouter_subserver_restarts_total", n, model=w)
+    o.declare("tokenrouter_frames_dropped_total", "counter",
+              "Frames dropped: invalid (failed validation), test_only (refused), error (handling raised).")
+    for reason, n in sorted(frontend.get("frames_dropped", {}).items()):
+        o.sample("tokenrouter_frames_dropped_total", n, model="frontend", reason=reason)
+    http = frontend.get("http")
+    if http:
+        o.declare("tokenrouter_http_requests_running", "gauge", "HTTP requests holding an admission slot.")
+        o.sample("tokenrouter_http_requests_running", http["running"])
+        o.declare("tokenrouter_http_requests_waiting", "gauge", "HTTP requests waiting for a slot.")
+        o.sample("tokenrouter_http_requests_waiting", http["waiting"])
+        o.declare("tokenrouter_http_requests_refused_total", "counter", "HTTP requests refused with 503 (queue full).")
+        o.sample("tokenrouter_http_requests_refused_total", http["refused"])
     return "\n".join(o.lines) + "\n"

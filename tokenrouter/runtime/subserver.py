@@ -40,7 +40,7 @@ from tokenrouter.compiler.abi import FeatureNeeds, PeerMessage, RouteState, Step
 from tokenrouter.runtime import wire
 from tokenrouter.runtime.metrics import SubserverStats
 from tokenrouter.runtime.scheduler import Scheduler
-from tokenrouter.runtime.transport import Receiver, Sender
+from tokenrouter.runtime.transport import Receiver, Security, Sender, check_bind, stop_authenticator
 
 log = logging.getLogger(__name__)
 
@@ -151,12 +151,15 @@ class Subserver:
 
         self._ctx = ctx or zmq.Context()
         self._own_ctx = ctx is None
+        self.security = Security.load(spec.curve_keys, spec.insecure_tcp)
+        check_bind(spec.addresses[self.writer], self.security)  # before `ready`: a clear start-up error
         # relay mode (independent servers): no sockets to peers, only to the dispatcher
         peers = {n: a for n, a in spec.addresses.items()
                  if n != self.writer and (n == FRONTEND or not spec.relay)}
-        self.out = Sender(self._ctx, peers)  # used by the decoding loop only
-        self._reply = Sender(self._ctx, {FRONTEND: spec.addresses[FRONTEND]})  # messaging loop only
-        self._beat = Sender(self._ctx, {FRONTEND: spec.addresses[FRONTEND]})  # heartbeat thread only
+        sec = self.security
+        self.out = Sender(self._ctx, peers, sec)  # used by the decoding loop only
+        self._reply = Sender(self._ctx, {FRONTEND: spec.addresses[FRONTEND]}, sec)  # messaging loop only
+        self._beat = Sender(self._ctx, {FRONTEND: spec.addresses[FRONTEND]}, sec)  # heartbeat thread only
         self._beating = threading.Event()
 
     # ----------------------------------------------------------------- life
@@ -170,7 +173,7 @@ class Subserver:
     def serve(self) -> None:
         """Run until a shutdown message arrives."""
         self.receiver = Receiver(self._ctx, self.spec.addresses[self.writer], self._on_frame,
-                                 name=f"msg-{self.writer}")
+                                 name=f"msg-{self.writer}", security=self.security)
         self.out.send(FRONTEND, wire.encode(self.ready_message()))
         beat = threading.Thread(target=self._heartbeat, name=f"beat-{self.writer}", daemon=True)
         beat.start()
@@ -184,6 +187,7 @@ class Subserver:
             self._reply.close()
             self._beat.close()
             if self._own_ctx:
+                stop_authenticator(self._ctx)
                 self._ctx.term()
 
     def _heartbeat(self) -> None:
@@ -607,7 +611,11 @@ def _report_startup_failure(spec: SubserverSpec, exc: BaseException, ctx=None) -
     import zmq
     log.error("%s: start-up failed:\n%s", spec.writer, traceback.format_exc())
     c = ctx or zmq.Context()
-    s = Sender(c, {FRONTEND: spec.addresses[FRONTEND]})
+    try:
+        sec = Security.load(spec.curve_keys, spec.insecure_tcp)
+    except ValueError:
+        sec = None  # the failure may be the keys themselves: report it in the clear (tcp only)
+    s = Sender(c, {FRONTEND: spec.addresses[FRONTEND]}, sec)
     s.send(FRONTEND, wire.encode(wire.Ready(
         writer=spec.writer, pid=os.getpid(), block_size=0, blocks_total=0, max_model_len=0,
         vocab_size=0, threads=0, batch_threshold=spec.batch_threshold,
