@@ -16,6 +16,12 @@ stops sending, waits for the requests in flight, and reports:
   (after the last release), RSS per process over time and its growth after the warm-up
   (the first 10 minutes, or the first sixth of a shorter run).
 
+With `--kill-every S` it also kills -9 one subserver every S seconds, the writers in turn
+(the first after S seconds), and records for each kill how long until the first request
+failed (the requests in flight on it must get an error within 5 s) and until /health was
+ok again (serving resumed, without a restart of `tokenrouter serve`). Failed requests are
+expected then; lost ones never are.
+
 Writes soak.json and soak.png to --out, and exits non-zero when a request was lost or the
 KV blocks did not come back to their starting level. Also records the host (CPU model,
 cores, load average, a measured memory read bandwidth): figures from a shared machine
@@ -114,6 +120,9 @@ async def _load(url: str, args, stats: dict, stop: asyncio.Event) -> None:
                     body["stream"] = True
                     ok = False
                     async with c.stream("POST", "/v1/completions", json=body) as r:
+                        if r.status_code == 503:
+                            stats["errors"].append(f"503 {(await r.aread())[:200]!r}")
+                            await asyncio.sleep(float(r.headers.get("retry-after", 1)))
                         async for line in r.aiter_lines():
                             if line.startswith('data: {"error"'):
                                 stats["errors"].append(line[:200])
@@ -125,9 +134,13 @@ async def _load(url: str, args, stats: dict, stop: asyncio.Event) -> None:
                     ok = r.status_code == 200
                     if not ok:
                         stats["errors"].append(f"{r.status_code} {r.text[:200]}")
+                    if r.status_code == 503:  # a polite client: wait as told, or a second
+                        await asyncio.sleep(float(r.headers.get("retry-after", 1)))
             except httpx.HTTPError as exc:
                 ok = False
                 stats["errors"].append(f"{type(exc).__name__}: {exc}"[:200])
+            if not ok:
+                stats["fail_times"].append((t0, time.monotonic()))
             if ok:
                 stats["completed"] += 1
                 stats["latency_s"].append(time.monotonic() - t0)
@@ -164,6 +177,38 @@ async def _sample(url: str, proc: subprocess.Popen, series: list, stats: dict, t
                 return
             except asyncio.TimeoutError:
                 pass
+
+
+async def _killer(url: str, every: float, kills: list, stats: dict, t0: float, duration: float) -> None:
+    """kill -9 the subservers in turn; time the first failure and the recovery of each."""
+    import httpx
+    async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+        turn = 0
+        while time.monotonic() - t0 + every < duration:
+            await asyncio.sleep(every)
+            subs = (await c.get("/health")).json()["subservers"]
+            writers = sorted(subs)
+            w = writers[turn % len(writers)]
+            turn += 1
+            pid = subs[w]["pid"]
+            n_failed = len(stats["fail_times"])
+            t_kill = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+            resumed = None
+            while time.monotonic() - t_kill < 120:
+                await asyncio.sleep(0.2)
+                r = await c.get("/health")
+                if r.status_code == 200 and r.json()["subservers"][w]["pid"] != pid:
+                    resumed = time.monotonic() - t_kill
+                    break
+            fails = stats["fail_times"][n_failed:]
+            inflight = [end - t_kill for start, end in fails if start < t_kill]  # running when it died
+            kills.append({"writer": w, "pid": pid, "t": round(t_kill - t0, 1),
+                          "failed_in_flight": len(inflight),
+                          "failed_new": len(fails) - len(inflight),
+                          "in_flight_error_max_s": round(max(inflight), 3) if inflight else None,
+                          "resumed_s": None if resumed is None else round(resumed, 2)})
+            print(f"killed {w} (pid {pid}): {kills[-1]}", flush=True)
 
 
 def _growth(series: list, warmup_s: float) -> dict[str, dict]:
@@ -217,10 +262,13 @@ def main(argv=None) -> int:
     ap.add_argument("--grace-s", type=float, default=300.0, help="wait this long for requests in flight")
     ap.add_argument("--request-timeout", type=float, default=600.0, help="client timeout per request")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kill-every", type=float, default=None, metavar="S",
+                    help="kill -9 one subserver every S seconds, writers in turn")
     ap.add_argument("--out", default="bench-results/soak")
-    ap.add_argument("serve_args", nargs=argparse.REMAINDER, help="after --: extra `tokenrouter serve` arguments")
-    args = ap.parse_args(argv)
-    extra = [a for a in args.serve_args if a != "--"]
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = ap.parse_args(argv[:cut])
+    extra = argv[cut + 1:]  # after --: extra `tokenrouter serve` arguments
     os.makedirs(args.out, exist_ok=True)
     info = {"host_before": host(), "file": args.file, "duration_s": args.duration,
             "concurrency": args.concurrency, "max_tokens": args.max_tokens, "serve_args": extra}
@@ -247,7 +295,8 @@ def main(argv=None) -> int:
                 return 2
             time.sleep(1)
         kv_start = _blocks(_metrics(httpx.get(url + "/metrics", timeout=10).text))
-        stats = {"sent": 0, "completed": 0, "failed": 0, "latency_s": [], "errors": []}
+        stats = {"sent": 0, "completed": 0, "failed": 0, "latency_s": [], "errors": [], "fail_times": []}
+        kills: list = []
         series: list = []
 
         async def run():
@@ -255,6 +304,8 @@ def main(argv=None) -> int:
             t0 = time.monotonic()
             sampler = asyncio.create_task(_sample(url, proc, series, stats, t0, args.sample_s, stop_sample))
             load = asyncio.create_task(_load(url, args, stats, stop_load))
+            killer = (asyncio.create_task(_killer(url, args.kill_every, kills, stats, t0, args.duration))
+                      if args.kill_every else None)
             last = 0.0
             while time.monotonic() - t0 < args.duration:
                 await asyncio.sleep(1)
@@ -262,6 +313,8 @@ def main(argv=None) -> int:
                     last = time.monotonic()
                     print(f"[{time.monotonic() - t0:6.0f} s] sent {stats['sent']} completed {stats['completed']} "
                           f"failed {stats['failed']}", flush=True)
+            if killer is not None:
+                await killer
             stop_load.set()  # no new requests; wait for those in flight
             try:
                 await asyncio.wait_for(load, args.grace_s)
@@ -282,13 +335,13 @@ def main(argv=None) -> int:
                   "latency_s": {"p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99), "n": len(lat)},
                   "kv_blocks_used": {"start": kv_start, "end": kv_end},
                   "warmup_s": warmup, "rss": _growth(series, warmup),
-                  "errors_sample": stats["errors"][:20], "series": series}
+                  "kills": kills, "errors_sample": stats["errors"][:20], "series": series}
         with open(os.path.join(args.out, "soak.json"), "w") as f:
             json.dump(result, f, indent=1)
         _plot(os.path.join(args.out, "soak.png"), series,
               f"{os.path.basename(args.file)}, concurrency {args.concurrency}, {args.duration:.0f} s; "
               f"{info['host_before']['cpu_model']}, load {info['host_before']['loadavg'][0]:.1f}")
-        print(json.dumps({k: result[k] for k in ("requests", "latency_s", "kv_blocks_used", "rss")}, indent=1))
+        print(json.dumps({k: result[k] for k in ("requests", "latency_s", "kv_blocks_used", "rss", "kills")}, indent=1))
         return 0 if lost == 0 and kv_end == kv_start else 1
     finally:
         proc.send_signal(signal.SIGINT)
