@@ -132,6 +132,7 @@ class Frontend:
         self.frames_dropped: dict[str, int] = {}
         self._started = False
         self._closed = False
+        self._last_check = 0.0
         self.start_failure: str | None = None
         self.fatal: str | None = None
         self._stats_ids = itertools.count(1)
@@ -443,12 +444,14 @@ class Frontend:
 
     async def _check(self) -> None:
         now = time.monotonic()
+        # If this loop itself was held up, frames may be waiting unread: judge silence next time.
+        stalled, self._last_check = now - self._last_check > 1.0, now
         alive = self._alive() if self._alive is not None else {}
         for w, lv in self.live.items():
             if lv.up:
                 if alive.get(w) is False:
                     await self._went_down(w, "its process exited")
-                elif now - lv.last_seen > self.heartbeat_timeout_s:
+                elif now - lv.last_seen > self.heartbeat_timeout_s and not stalled:
                     await self._went_down(w, f"no heartbeat for {now - lv.last_seen:.1f} s")
                 elif lv.failures and now - lv.since > STABLE_S:
                     lv.failures = 0
