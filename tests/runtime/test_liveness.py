@@ -142,6 +142,12 @@ def test_kill_9_of_a_local_subserver_then_automatic_recovery_then_restarts_exhau
         srv.close()
 
 
+def _netns_available() -> bool:
+    from test_netns import can_make_netns
+    return can_make_netns()
+
+
+@pytest.mark.skipif("_netns_available()", reason="test_netns.py runs this across a real network namespace")
 def test_kill_9_of_a_remote_subserver_over_curve_tcp(pair, tmp_path):
     from tokenrouter.runtime.transport import generate_keys
     keys = str(tmp_path / "keys")

@@ -29,6 +29,17 @@ def _ip(*args, check=True):
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20, check=check)
 
 
+def can_make_netns() -> bool:
+    """Whether this machine lets us make a network namespace (probed with a throwaway one)."""
+    if shutil.which("ip") is None or os.geteuid() != 0:
+        return False
+    name = f"tr16-probe-{os.getpid()}"
+    if _ip("netns", "add", name, check=False).returncode != 0:
+        return False
+    _ip("netns", "delete", name, check=False)
+    return True
+
+
 @pytest.fixture
 def netns():
     """(namespace, host address, namespace address) of a fresh veth pair."""
