@@ -240,7 +240,12 @@ class Frontend:
         if not self.healthy:
             raise RuntimeUnavailable(self.failure or "the runtime is not running")
         rid = rid or uuid.uuid4().hex
-        blocks = self.blocks_needed(len(prompt), int(sampling.get("max_tokens", 16)))
+        try:  # in-process callers may pass a tuple of stop ids; the wire itself is strict
+            sampling = wire.Sampling.model_validate(
+                {**sampling, "stop_token_ids": [int(t) for t in sampling.get("stop_token_ids", ())]})
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"bad sampling parameters: {exc}") from None
+        blocks = self.blocks_needed(len(prompt), sampling.max_tokens)
         if blocks > self._capacity:
             raise ValueError(f"the request needs {blocks} KV blocks, more than the {self._capacity} there are")
         live = _Live(rid, blocks)
