@@ -19,6 +19,7 @@ COMMANDS = {
     "models": "models",
     "generate": "generate",
     "serve": "serve",
+    "keygen": "keygen",
     "profile": "profile",
     "tune": "tune",
     "bench": "bench",

@@ -20,7 +20,7 @@ from tokenrouter.runtime.offline import tokenizer_for
 class ServerThread:
     """`tokenrouter serve` in a thread of the test process (subservers are processes)."""
 
-    def __init__(self, program, opts: LaunchOptions, name: str = "test", **app_kw):
+    def __init__(self, program, opts: LaunchOptions, name: str = "test", liveness: dict | None = None, **app_kw):
         self.program = program
         self.tokenizer = tokenizer_for(program)
         self.fe = None
@@ -29,7 +29,7 @@ class ServerThread:
 
         @asynccontextmanager
         async def runtime():
-            self.launcher, self.fe = await open_runtime(program, opts)
+            self.launcher, self.fe = await open_runtime(program, opts, **(liveness or {}))
             self.loop = asyncio.get_running_loop()
             try:
                 yield self.fe

@@ -2,6 +2,7 @@
 aborts, failures, metrics. Real uvicorn, real subserver processes."""
 
 import asyncio
+import threading
 import time
 
 import httpx
@@ -9,13 +10,16 @@ import pytest
 
 import tiny
 from serving import ServerThread, complete_many, stream_completion
+from tokenrouter.runtime.http import Limits
 from tokenrouter.runtime.launcher import LaunchOptions
+
+LIMITS = Limits(max_body_bytes=2 << 20)  # the tests below retune it on the running server
 
 
 @pytest.fixture(scope="module")
 def srv(pair):
-    s = ServerThread(tiny.rstitch(pair, 0.25), LaunchOptions(mode="process", num_blocks=64, concurrency=8),
-                     name="tiny", max_tokens_limit=200)
+    s = ServerThread(tiny.rstitch(pair, 0.25), LaunchOptions(mode="process", num_blocks=64, concurrency=8, test_hooks=True),
+                     name="tiny", max_tokens_limit=200, limits=LIMITS)
     yield s
     try:  # whatever the tests did (aborts, failures), every block came back
         assert s.wait_blocks_free() == {"slm": 0, "llm": 0}
@@ -77,6 +81,12 @@ BAD = [
     ("negative temperature", {"prompt": "hi", "temperature": -1}, "temperature"),
     ("empty prompt", {"prompt": ""}, "empty"),
     ("n > 1", {"prompt": "hi", "n": 3}, "n = 1"),
+    ("huge seed", {"prompt": "hi", "seed": 1208925819614629174706176}, "seed"),
+    ("lone surrogate", b'{"prompt": "\\ud800", "max_tokens": 2}', "not valid Unicode"),
+    ("lone surrogate in a list", b'{"prompt": ["a\\udfffb"]}', "not valid Unicode"),
+    ("tools", {"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "not supported"),
+    ("response_format", {"prompt": "hi", "response_format": {"type": "json_object"}}, "not supported"),
+    ("too many stop ids", {"prompt": "hi", "stop_token_ids": [1] * 5000}, "stop_token_ids"),
 ]
 
 
@@ -98,6 +108,110 @@ def test_bad_chat_request(srv):
     assert r.status_code == 400
     r = _post(srv, "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]})
     assert r.status_code == 400
+    r = httpx.post(srv.url + "/v1/chat/completions", content=b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid Unicode" in r.json()["error"]["message"]
+    r = _post(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                            "tools": [{"type": "function", "function": {"name": "f"}}]})
+    assert r.status_code == 400 and "tools" in r.json()["error"]["message"]
+    r = _post(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                            "response_format": {"type": "json_schema"}})
+    assert r.status_code == 400 and "response_format" in r.json()["error"]["message"]
+    ok = _post(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                             "response_format": {"type": "text"}})
+    assert ok.status_code == 200
+
+
+def test_a_body_over_the_limit_gets_413_before_it_is_parsed(srv):
+    big = b'{"prompt": "' + b"a" * (LIMITS.max_body_bytes + 10) + b'"}'
+    r = httpx.post(srv.url + "/v1/completions", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
+
+    def chunks():  # no Content-Length: counted while it is read
+        for _ in range(LIMITS.max_body_bytes // 65536 + 2):
+            yield b"x" * 65536
+    r = httpx.post(srv.url + "/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert _post(srv, "/v1/completions", {"prompt": "fine", "max_tokens": 2}).status_code == 200
+
+
+def test_health_answers_fast_while_large_requests_are_handled(srv):
+    """The largest prompt the body limit lets through, as text and as a chat message, sent
+    over and over while /health is timed: tokenising never blocks the event loop."""
+    text = "word " * (LIMITS.max_body_bytes // 5 - 100)
+    stop = threading.Event()
+    codes = []
+
+    def hammer():
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            while not stop.is_set():
+                codes.append(c.post("/v1/completions", json={"prompt": text, "max_tokens": 2}).status_code)
+                codes.append(c.post("/v1/chat/completions", json={
+                    "messages": [{"role": "user", "content": text}], "max_tokens": 2}).status_code)
+
+    t = threading.Thread(target=hammer)
+    t.start()
+    lat = []
+    try:
+        with httpx.Client(base_url=srv.url, timeout=10) as c:
+            end = time.monotonic() + 3
+            while time.monotonic() < end:
+                t0 = time.perf_counter()
+                assert c.get("/health").status_code == 200
+                lat.append(time.perf_counter() - t0)
+                time.sleep(0.02)
+    finally:
+        stop.set()
+        t.join(60)
+    assert codes and set(codes) == {400}, codes  # longer than the context: refused, not a 500
+    lat.sort()
+    assert lat[len(lat) // 2] < 0.1 and lat[int(len(lat) * 0.9)] < 0.1, lat[-5:]
+
+
+def test_queue_limit_gives_503_with_retry_after_and_admitted_requests_finish(srv):
+    LIMITS.max_running, LIMITS.max_queue = 1, 1
+    try:
+        async def run():
+            async with httpx.AsyncClient(base_url=srv.url, timeout=60) as c:
+                return await asyncio.gather(*(c.post("/v1/completions", json={
+                    "prompt": f"q {i}", "max_tokens": 60, "temperature": 0, "ignore_eos": True}) for i in range(5)))
+        rs = asyncio.run(run())
+    finally:
+        LIMITS.max_running, LIMITS.max_queue = Limits().max_running, Limits().max_queue
+    codes = sorted(r.status_code for r in rs)
+    assert codes == [200, 200, 503, 503, 503], codes
+    for r in rs:
+        if r.status_code == 503:
+            assert r.headers["retry-after"] == str(LIMITS.retry_after_s)
+            assert "capacity" in r.json()["error"]["message"]
+    assert srv.wait_blocks_free() == {"slm": 0, "llm": 0}
+
+
+def test_a_request_over_its_deadline_gets_504_and_frees_its_kv(srv):
+    LIMITS.request_timeout_s = 0.3
+    try:
+        r = _post(srv, "/v1/completions", {"prompt": "slow", "max_tokens": 200, "ignore_eos": True})
+        text, _, chunks = stream_completion(srv.url, {"prompt": "slow", "max_tokens": 200, "ignore_eos": True})
+    finally:
+        LIMITS.request_timeout_s = None
+    assert r.status_code == 504 and "did not finish within" in r.json()["error"]["message"]
+    assert chunks[-1]["error"]["type"] == "timeout"
+    assert srv.wait_blocks_free() == {"slm": 0, "llm": 0}
+
+
+def test_api_key_guards_the_api_but_not_health(srv):
+    LIMITS.api_key = "sekrit"
+    try:
+        assert httpx.get(srv.url + "/v1/models").status_code == 401
+        bad = httpx.get(srv.url + "/v1/models", headers={"authorization": "Bearer nope"})
+        assert bad.status_code == 401 and bad.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(srv.url + "/v1/models", headers={"authorization": "Bearer sekrit"}).status_code == 200
+        assert httpx.get(srv.url + "/health").status_code == 200
+        import openai
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="sekrit")
+        assert client.completions.create(model="tiny", prompt="key", max_tokens=2).choices
+    finally:
+        LIMITS.api_key = None
 
 
 def test_client_disconnect_mid_stream_aborts_and_frees_kv(srv):

@@ -65,3 +65,45 @@ def test_bad_addresses():
         Sender(zmq.Context.instance(), {"a": "http://x"})
     with pytest.raises(AddressError):
         make_addresses(["a"], "udp")
+
+
+def test_curve_tcp_admits_only_holders_of_the_keys(tmp_path):
+    from tokenrouter.runtime.transport import Security, generate_keys
+    generate_keys(str(tmp_path / "ours"))
+    generate_keys(str(tmp_path / "theirs"))
+    ours, theirs = Security.load(str(tmp_path / "ours")), Security.load(str(tmp_path / "theirs"))
+    addrs = {"a": f"tcp://127.0.0.1:{_free_port()}"}
+    rx_ctx, tx_ctx = zmq.Context(), zmq.Context()
+    got: queue.Queue = queue.Queue()
+    rx = Receiver(rx_ctx, addrs["a"], got.put, security=ours)
+    plain, wrong, right = Sender(tx_ctx, addrs), Sender(tx_ctx, addrs, theirs), Sender(tx_ctx, addrs, ours)
+    plain.send("a", b"from a plain peer")
+    wrong.send("a", b"from someone else's keys")
+    right.send("a", b"from us")
+    assert got.get(timeout=10) == b"from us"
+    with pytest.raises(queue.Empty):
+        got.get(timeout=1.5)  # the others never got through the handshake
+    for s in (plain, wrong, right):
+        s.close()
+    rx.stop()
+    from tokenrouter.runtime.transport import stop_authenticator
+    stop_authenticator(rx_ctx)
+    rx_ctx.term()
+    tx_ctx.term()
+
+
+def test_plain_tcp_binds_only_to_loopback_unless_told(tmp_path):
+    from tokenrouter.runtime.transport import Security, SecurityError, generate_keys
+    ctx = zmq.Context()
+    port = _free_port()
+    for addr in (f"tcp://0.0.0.0:{port}", f"tcp://*:{port}"):
+        with pytest.raises(SecurityError, match="--curve-keys"):
+            Receiver(ctx, addr, lambda f: None)
+    rx = Receiver(ctx, f"tcp://0.0.0.0:{port}", lambda f: None, security=Security(insecure=True))
+    rx.stop()
+    with pytest.raises(SecurityError, match="keygen"):
+        Security.load(str(tmp_path / "none"))
+    generate_keys(str(tmp_path / "k"))
+    with pytest.raises(SecurityError, match="exists"):
+        generate_keys(str(tmp_path / "k"))
+    ctx.term()

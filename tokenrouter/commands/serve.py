@@ -54,6 +54,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--subserver", metavar="WRITER", default=None,
                         help="run only this writer's subserver (needs --bind for every endpoint)")
     parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    net = parser.add_argument_group("liveness and hosts")
+    net.add_argument("--heartbeat-timeout", type=float, default=3.0, metavar="S",
+                     help="a subserver silent this long is down: its requests fail (default 3 s)")
+    net.add_argument("--max-restarts", type=int, default=5,
+                     help="failed restarts in a row of a local subserver before serve exits non-zero (default 5)")
+    net.add_argument("--curve-keys", metavar="DIR", default=None,
+                     help="CURVE key folder (`tokenrouter keygen DIR`): authenticated, encrypted tcp")
+    net.add_argument("--insecure-tcp", action="store_true",
+                     help="allow plain tcp binds on non-loopback addresses (no keys)")
+    lim = parser.add_argument_group("limits and access (HTTP)")
+    lim.add_argument("--api-key", default=os.environ.get("TOKENROUTER_API_KEY"),
+                     help="require `Authorization: Bearer KEY` on /v1 (default: $TOKENROUTER_API_KEY)")
+    lim.add_argument("--insecure-http", action="store_true",
+                     help="allow a non-loopback --host without --api-key")
+    lim.add_argument("--max-body-bytes", type=int, default=8 << 20,
+                     help="largest request body; larger gets 413 (default 8 MiB)")
+    lim.add_argument("--max-running", type=int, default=64, help="requests generating at once (default 64)")
+    lim.add_argument("--max-queue", type=int, default=256,
+                     help="requests waiting beyond --max-running; more get 503 + Retry-After (default 256)")
+    lim.add_argument("--request-timeout", type=float, default=None, metavar="S",
+                     help="end a request after S seconds, queueing included, with 504 (default: none)")
 
 
 def _options(args):
@@ -68,7 +89,8 @@ def _options(args):
         max_wait_ms=_pairs(args.max_wait_ms, "--max-wait-ms", float),
         threads=_pairs(args.threads, "--threads", int), addresses=binds,
         remote=tuple(args.remote or ()), block_size=args.block_size, num_blocks=args.num_blocks,
-        max_model_len=args.max_model_len, profile=profile)
+        max_model_len=args.max_model_len, profile=profile, curve_keys=args.curve_keys,
+        insecure_tcp=args.insecure_tcp)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,6 +106,14 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"{w!r} is not a writer of {args.file} ({', '.join(program.writers())})")
         if opts.batch and min(opts.batch.values()) < 1:
             raise ValueError("batch thresholds must be at least 1")
+        from tokenrouter.runtime.transport import Security, check_bind
+        sec = Security.load(opts.curve_keys, opts.insecure_tcp)  # SecurityError is a ValueError
+        if opts.addresses:
+            for w, addr in opts.addresses.items():  # what this process will bind
+                if w == args.subserver or (not args.subserver and (w == "frontend" or w not in opts.remote)):
+                    check_bind(addr, sec)
+        if args.heartbeat_timeout <= 0 or args.max_restarts < 0:
+            raise ValueError("--heartbeat-timeout must be positive and --max-restarts at least 0")
     except RouteError as exc:
         print(str(exc), file=sys.stderr)
         return 1
@@ -92,7 +122,38 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.subserver:
         return _run_subserver(args, program, opts)
-    return _run_http(args, program, opts)
+    try:
+        limits = _limits(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return _run_http(args, program, opts, limits)
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _limits(args):
+    from tokenrouter.runtime.http import Limits
+    if not _is_loopback(args.host) and not args.api_key and not args.insecure_http:
+        raise ValueError(f"--host {args.host} is reachable from other machines: give --api-key (or "
+                         f"$TOKENROUTER_API_KEY), or --insecure-http to serve without one")
+    for name in ("max_body_bytes", "max_running"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.max_queue < 0:
+        raise ValueError("--max-queue must be at least 0")
+    if args.request_timeout is not None and args.request_timeout <= 0:
+        raise ValueError("--request-timeout must be positive")
+    return Limits(max_body_bytes=args.max_body_bytes, max_running=args.max_running, max_queue=args.max_queue,
+                  request_timeout_s=args.request_timeout, api_key=args.api_key or None)
 
 
 def _run_subserver(args, program, opts) -> int:
@@ -115,7 +176,7 @@ def _run_subserver(args, program, opts) -> int:
     return 0
 
 
-def _run_http(args, program, opts) -> int:
+def _run_http(args, program, opts, limits) -> int:
     from contextlib import asynccontextmanager
 
     import uvicorn
@@ -133,9 +194,17 @@ def _run_http(args, program, opts) -> int:
         return 2
     name = args.served_model_name or os.path.splitext(os.path.basename(args.file))[0]
 
+    fatal: list[str] = []
+
+    def on_fatal(why: str) -> None:  # restarts exhausted: stop, so a supervisor takes over
+        print(f"tokenrouter: {why}; exiting", file=sys.stderr, flush=True)
+        fatal.append(why)
+        server.should_exit = True
+
     @asynccontextmanager
     async def runtime():
-        launcher, fe = await open_runtime(program, opts)
+        launcher, fe = await open_runtime(program, opts, heartbeat_timeout_s=args.heartbeat_timeout,
+                                          max_restarts=args.max_restarts, on_fatal=on_fatal)
         try:
             print(f"tokenrouter: serving {name!r} ({', '.join(fe.writers)}) on http://{args.host}:{args.port}",
                   file=sys.stderr, flush=True)
@@ -143,8 +212,10 @@ def _run_http(args, program, opts) -> int:
         finally:
             await close_runtime(launcher, fe)
 
-    app = build_app(runtime, name, tokenizer, args.max_tokens_limit, args.default_max_tokens)
+    app = build_app(runtime, name, tokenizer, args.max_tokens_limit, args.default_max_tokens, limits)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
     server = uvicorn.Server(config)
     server.run()
+    if fatal:
+        return 3
     return 0 if server.started else 1

@@ -14,6 +14,19 @@ Admission control keeps the KV caches from filling up mid-request (a pending req
 pins its blocks, so running out of blocks could otherwise deadlock): a request reserves
 ceil((prompt + max_tokens) / block_size) + 1 blocks of the smallest cache before it is
 submitted, and waits in a FIFO queue here while they are not free.
+
+Liveness: every subserver, local or remote, sends a heartbeat every 0.5 s (any frame from
+it counts). A subserver is *down* when its process exits (local: the launcher sees it at
+once) or nothing arrived from it for `heartbeat_timeout_s`. Then every request in flight
+ends with an error naming it (the frontend cannot tell which requests hold KV there or
+are on their way to it), new requests get 503, and /health and /metrics say which is
+down. A local subserver is restarted with backoff (`restart`); when it reports `ready`
+again serving resumes, and every request that ended while it was down is released there
+once more (a handoff queued for the dead process may have recreated one). After
+`max_restarts` failed attempts in a row the runtime is *fatal* and `on_fatal` is called
+(`tokenrouter serve` then exits non-zero, for a supervisor to take over). A remote
+subserver is never restarted from here: it is up again when it reports ready (or its
+heartbeats resume).
 """
 
 from __future__ import annotations
@@ -22,6 +35,7 @@ import asyncio
 import itertools
 import logging
 import math
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
@@ -30,15 +44,43 @@ import zmq
 import zmq.asyncio
 
 from tokenrouter.runtime import wire
-from tokenrouter.runtime.transport import bind_form, check_address
+from tokenrouter.runtime.transport import bind_form, bound_receive, check_address
 
 log = logging.getLogger(__name__)
 
 FRONTEND = "frontend"
 
 
+HEARTBEAT_TIMEOUT_S = 3.0
+MAX_RESTARTS = 5  # failed restarts in a row before the runtime gives up
+RESTART_TIMEOUT_S = 180.0  # a restarted process must report ready within this
+STABLE_S = 60.0  # up this long after a restart: the failure count starts again
+_ENDED_MEMORY = 100_000  # rids remembered per down subserver, to release again on its return
+
+
 class RuntimeUnavailable(RuntimeError):
-    """A subserver failed to start or exited."""
+    """A subserver failed to start, is down, or the runtime gave up on it."""
+
+
+@dataclass
+class Liveness:
+    """What the frontend knows of one subserver's health."""
+
+    up: bool = False
+    pid: int = 0
+    last_seen: float = 0.0  # monotonic time of its last frame
+    since: float = 0.0  # when it last came up
+    reason: str = ""  # why it is down
+    restarts: int = 0  # restarts done, ever
+    failures: int = 0  # failed attempts in a row
+    next_restart: float | None = None  # monotonic time of the next attempt
+    restart_at: float = 0.0  # when the last attempt started
+    ended: list[str] = field(default_factory=list)  # requests ended while it was down
+
+    def to_dict(self, now: float) -> dict[str, Any]:
+        return {"up": self.up, "pid": self.pid, "restarts": self.restarts,
+                "last_seen_s": round(now - self.last_seen, 3) if self.last_seen else None,
+                "reason": None if self.up else (self.reason or "starting")}
 
 
 @dataclass
@@ -69,19 +111,32 @@ class _Live:
 
 class Frontend:
     def __init__(self, start_writer: str, addresses: dict[str, str], ctx: zmq.Context | None = None,
-                 alive: Callable[[], dict[str, bool]] | None = None):
+                 alive: Callable[[], dict[str, bool]] | None = None,
+                 restart: Callable[[str], None] | None = None,
+                 heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S, max_restarts: int = MAX_RESTARTS,
+                 on_fatal: Callable[[str], None] | None = None, security=None):
         self.start_writer = start_writer
         self.addresses = addresses
         self.writers = [n for n in addresses if n != FRONTEND]
         self._ctx = zmq.asyncio.Context.shadow(ctx.underlying) if ctx is not None else zmq.asyncio.Context()
         self._alive = alive
+        self._restart = restart
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.max_restarts = max_restarts
+        self.on_fatal = on_fatal
+        self.security = security  # transport.Security (CURVE) or None
+        self.live: dict[str, Liveness] = {w: Liveness() for w in self.writers}
         self.ready: dict[str, wire.Ready] = {}
         self.reqs: dict[str, _Live] = {}
         self.finished: dict[str, int] = {}
-        self.healthy = False
-        self.failure: str | None = None
+        self.frames_dropped: dict[str, int] = {}
+        self._started = False
+        self._closed = False
+        self._last_check = 0.0
+        self.start_failure: str | None = None
+        self.fatal: str | None = None
         self._stats_ids = itertools.count(1)
-        self._stats_waiters: dict[int, tuple[asyncio.Future, dict[str, Any]]] = {}
+        self._stats_waiters: dict[int, tuple[asyncio.Future, dict[str, Any], set[str]]] = {}
         self._ready_event = asyncio.Event()
         self._capacity = 0
         self._reserved = 0
@@ -90,30 +145,59 @@ class Frontend:
         self._tasks: list[asyncio.Task] = []
 
     # ------------------------------------------------------------------ life
+    @property
+    def healthy(self) -> bool:
+        return (self._started and not self._closed and self.fatal is None
+                and all(lv.up for lv in self.live.values()))
+
+    @property
+    def failure(self) -> str | None:
+        """Why the runtime cannot take requests now (None when it can)."""
+        if self.fatal:
+            return self.fatal
+        if self.start_failure:
+            return self.start_failure
+        down = [f"subserver {w} is down ({lv.reason})" for w, lv in self.live.items() if self._started and not lv.up]
+        return "; ".join(down) or None
+
+    def health(self) -> dict[str, dict[str, Any]]:
+        now = time.monotonic()
+        return {w: lv.to_dict(now) for w, lv in self.live.items()}
+
     async def start(self, timeout: float = 120.0) -> None:
         """Bind, connect, and wait until every subserver reported ready."""
+        from tokenrouter.runtime.transport import secure_bind, secure_connect
         self._pull = self._ctx.socket(zmq.PULL)
+        bound_receive(self._pull)
         self._pull.setsockopt(zmq.LINGER, 0)
+        secure_bind(self._pull, self.addresses[FRONTEND], self.security)
         self._pull.bind(bind_form(check_address(self.addresses[FRONTEND])))
         self._push: dict[str, zmq.asyncio.Socket] = {}
         for w in self.writers:
             s = self._ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.SNDHWM, 0)
             s.setsockopt(zmq.LINGER, 1000)
+            secure_connect(s, self.addresses[w], self.security)
             s.connect(self.addresses[w])
             self._push[w] = s
         self._tasks.append(asyncio.create_task(self._recv_loop()))
-        if self._alive is not None:
-            self._tasks.append(asyncio.create_task(self._watchdog()))
-        try:
-            await asyncio.wait_for(self._ready_event.wait(), timeout)
-        except asyncio.TimeoutError:
-            missing = sorted(set(self.writers) - set(self.ready))
-            raise RuntimeUnavailable(f"subservers did not start within {timeout:.0f} s: {', '.join(missing)}") from None
-        if self.failure:
-            raise RuntimeUnavailable(self.failure)
+        deadline = time.monotonic() + timeout
+        while not self._ready_event.is_set():
+            exited = [w for w, ok in (self._alive() if self._alive else {}).items() if not ok and w not in self.ready]
+            if exited:
+                raise RuntimeUnavailable(f"subserver {', '.join(exited)} exited during start-up")
+            if time.monotonic() > deadline:
+                missing = sorted(set(self.writers) - set(self.ready))
+                raise RuntimeUnavailable(f"subservers did not start within {timeout:.0f} s: {', '.join(missing)}")
+            try:
+                await asyncio.wait_for(self._ready_event.wait(), 0.25)
+            except asyncio.TimeoutError:
+                pass
+        if self.start_failure:
+            raise RuntimeUnavailable(self.start_failure)
         self._capacity = min(r.blocks_total for r in self.ready.values())
-        self.healthy = True
+        self._started = True
+        self._tasks.append(asyncio.create_task(self._watchdog()))
 
     async def close(self, shutdown: bool = True) -> None:
         if shutdown:
@@ -125,7 +209,9 @@ class Frontend:
         for s in self._push.values():
             s.close(linger=1000)
         self._pull.close(linger=0)
-        self.healthy = False
+        from tokenrouter.runtime.transport import stop_authenticator
+        stop_authenticator(self._ctx)
+        self._closed = True
 
     @property
     def block_size(self) -> int:
@@ -154,7 +240,12 @@ class Frontend:
         if not self.healthy:
             raise RuntimeUnavailable(self.failure or "the runtime is not running")
         rid = rid or uuid.uuid4().hex
-        blocks = self.blocks_needed(len(prompt), int(sampling.get("max_tokens", 16)))
+        try:  # in-process callers may pass a tuple of stop ids; the wire itself is strict
+            sampling = wire.Sampling.model_validate(
+                {**sampling, "stop_token_ids": [int(t) for t in sampling.get("stop_token_ids", ())]})
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"bad sampling parameters: {exc}") from None
+        blocks = self.blocks_needed(len(prompt), sampling.max_tokens)
         if blocks > self._capacity:
             raise ValueError(f"the request needs {blocks} KV blocks, more than the {self._capacity} there are")
         live = _Live(rid, blocks)
@@ -199,8 +290,11 @@ class Frontend:
         sid = next(self._stats_ids)
         fut = asyncio.get_running_loop().create_future()
         got: dict[str, Any] = {}
-        self._stats_waiters[sid] = (fut, got)
-        for w in self.writers:
+        asked = [w for w in self.writers if self.live[w].up]  # a down subserver cannot answer
+        if not asked:
+            return {}
+        self._stats_waiters[sid] = (fut, got, set(asked))
+        for w in asked:
             await self._send(w, wire.Stats(id=sid))
         try:
             await asyncio.wait_for(fut, timeout)
@@ -212,7 +306,10 @@ class Frontend:
 
     def frontend_stats(self) -> dict[str, Any]:
         return {"finished": dict(self.finished), "running": sum(1 for r in self.reqs.values() if not r.ended),
-                "queued": self._queued, "writers": list(self.writers)}
+                "queued": self._queued, "writers": list(self.writers),
+                "up": {w: lv.up for w, lv in self.live.items()},
+                "restarts": {w: lv.restarts for w, lv in self.live.items()},
+                "frames_dropped": dict(self.frames_dropped)}
 
     # --------------------------------------------------------------- internals
     async def _send(self, writer: str, msg) -> None:
@@ -237,6 +334,9 @@ class Frontend:
         live.queue.put_nowait(final)
         self.finished[final.reason] = self.finished.get(final.reason, 0) + 1
         self.reqs.pop(live.rid, None)
+        for lv in self.live.values():
+            if not lv.up and len(lv.ended) < _ENDED_MEMORY:
+                lv.ended.append(live.rid)  # released there again when it is back
         asyncio.get_running_loop().create_task(self._release(live, final.reason))
 
     async def _release(self, live: _Live, reason: str) -> None:
@@ -256,13 +356,28 @@ class Frontend:
                 msg = wire.decode(frame)
             except wire.WireError as exc:
                 log.warning("frontend dropped a frame: %s", exc)
+                self.frames_dropped["invalid"] = self.frames_dropped.get("invalid", 0) + 1
                 continue
             try:
                 self._on_message(msg)
             except Exception:
                 log.exception("frontend could not handle a %s message", type(msg).__name__)
+                self.frames_dropped["error"] = self.frames_dropped.get("error", 0) + 1
+
+    def _seen(self, writer: str, pid: int | None = None) -> None:
+        lv = self.live.get(writer)
+        if lv is None:
+            return
+        lv.last_seen = time.monotonic()
+        if not lv.up and self._started and pid is not None and pid == lv.pid and lv.reason.startswith("no heartbeat"):
+            self._came_back(writer, "its heartbeats resumed")  # same process: a network pause
 
     def _on_message(self, msg) -> None:
+        w = getattr(msg, "writer", None)
+        if w is not None and not isinstance(msg, wire.Ready):
+            self._seen(w, getattr(msg, "pid", None))
+        if isinstance(msg, wire.Heartbeat):
+            return
         if isinstance(msg, wire.Tokens):
             for rid, pos, tok in msg.items:
                 live = self.reqs.get(rid)
@@ -285,19 +400,30 @@ class Frontend:
         elif isinstance(msg, wire.Handoff):  # relay mode: forward like a dispatcher would
             self._push[msg.dest].send(wire.encode(msg))  # queued at once; never blocks (no HWM)
         elif isinstance(msg, wire.Ready):
+            lv = self.live.get(msg.writer)
+            if lv is None:
+                return
             if msg.error:
-                self.failure = f"subserver {msg.writer} failed to start: {msg.error}"
-                self._ready_event.set()
+                if not self._started:
+                    self.start_failure = f"subserver {msg.writer} failed to start: {msg.error}"
+                    self._ready_event.set()
+                else:
+                    lv.reason = f"restart failed: {msg.error}"
                 return
             self.ready[msg.writer] = msg
-            if set(self.ready) >= set(self.writers):
-                self._ready_event.set()
+            lv.pid, lv.last_seen = msg.pid, time.monotonic()
+            if not self._started:
+                lv.up, lv.since = True, lv.last_seen
+                if set(self.ready) >= set(self.writers):
+                    self._ready_event.set()
+            elif not lv.up:
+                self._came_back(msg.writer, f"ready again (pid {msg.pid})")
         elif isinstance(msg, wire.StatsReply):
             w = self._stats_waiters.get(msg.id)
             if w is not None:
-                fut, got = w
+                fut, got, asked = w
                 got[msg.writer] = msg.stats
-                if set(got) >= set(self.writers) and not fut.done():
+                if set(got) >= asked and not fut.done():
                     fut.set_result(None)
 
     def _flush(self, live: _Live) -> None:
@@ -311,28 +437,93 @@ class Frontend:
         if d is not None and live.next >= d.n_out:
             self._end(live, Final(d.reason, d.n_out, d.written_by, d.error))
 
-    async def _watchdog(self) -> None:
-        """End every request with an error when a subserver process dies."""
+    # ---------------------------------------------------------------- liveness
+    async def _watchdog(self, period: float = 0.25) -> None:
+        """Notice dead subservers (exited processes, silent peers) and restart local ones."""
         while True:
-            await asyncio.sleep(0.5)
-            dead = [w for w, ok in self._alive().items() if not ok]
-            if dead and self.failure is None:
-                self.healthy = False
-                self.failure = f"subserver {', '.join(sorted(dead))} exited"
-                self._ready_event.set()
-                log.error("%s; failing %d requests", self.failure, len(self.reqs))
-                for live in list(self.reqs.values()):
-                    self._end(live, Final("error", live.next, {}, self.failure))
-                async with self._admit:
-                    self._admit.notify_all()
+            await asyncio.sleep(period)
+            try:
+                await self._check()
+            except Exception:
+                log.exception("liveness check failed")
+
+    async def _check(self) -> None:
+        now = time.monotonic()
+        # If this loop itself was held up, frames may be waiting unread: judge silence next time.
+        stalled, self._last_check = now - self._last_check > 1.0, now
+        alive = self._alive() if self._alive is not None else {}
+        for w, lv in self.live.items():
+            if lv.up:
+                if alive.get(w) is False:
+                    await self._went_down(w, "its process exited")
+                elif now - lv.last_seen > self.heartbeat_timeout_s and not stalled:
+                    await self._went_down(w, f"no heartbeat for {now - lv.last_seen:.1f} s")
+                elif lv.failures and now - lv.since > STABLE_S:
+                    lv.failures = 0
+            elif self._restart is not None and w in alive and self.fatal is None:
+                await self._maybe_restart(w, lv, alive[w], now)
+
+    async def _maybe_restart(self, w: str, lv: Liveness, running: bool, now: float) -> None:
+        if lv.next_restart is None:  # just went down: the first attempt comes at once
+            lv.next_restart = now
+        if running and lv.reason.startswith("restarting"):
+            if now - lv.restart_at < RESTART_TIMEOUT_S:
+                return  # the new process is loading its models
+            lv.reason = f"a restart did not report ready within {RESTART_TIMEOUT_S:.0f} s"
+        elif now < lv.next_restart:
+            return
+        if lv.failures >= self.max_restarts:
+            self.fatal = (f"subserver {w} is down and {self.max_restarts} restarts in a row failed "
+                          f"(last: {lv.reason}); giving up")
+            log.error("%s", self.fatal)
+            for live in list(self.reqs.values()):
+                self._end(live, Final("error", live.next, {}, self.fatal))
+            async with self._admit:
+                self._admit.notify_all()
+            if self.on_fatal is not None:
+                self.on_fatal(self.fatal)
+            return
+        lv.failures += 1
+        lv.restarts += 1
+        lv.restart_at = now
+        lv.next_restart = now + min(30.0, 0.5 * 2 ** lv.failures)  # backoff if this one fails too
+        lv.reason = f"restarting (attempt {lv.failures} of {self.max_restarts})"
+        log.warning("subserver %s: %s", w, lv.reason)
+        await asyncio.get_running_loop().run_in_executor(None, self._restart, w)
+
+    async def _went_down(self, w: str, reason: str) -> None:
+        lv = self.live[w]
+        lv.up, lv.reason, lv.next_restart = False, reason, None
+        msg = f"subserver {w} is down ({reason})"
+        log.error("%s; failing %d requests", msg, len(self.reqs))
+        for live in list(self.reqs.values()):
+            self._end(live, Final("error", live.next, {}, msg))
+        async with self._admit:
+            self._admit.notify_all()
+
+    def _came_back(self, w: str, how: str) -> None:
+        lv = self.live[w]
+        lv.up, lv.reason, lv.next_restart = True, "", None
+        lv.since = lv.last_seen = time.monotonic()
+        ended, lv.ended = lv.ended, []
+        log.warning("subserver %s is up: %s; releasing %d requests that ended meanwhile", w, how, len(ended))
+        loop = asyncio.get_running_loop()
+        loop.create_task(self._release_again(w, ended))
+
+    async def _release_again(self, w: str, rids: list[str]) -> None:
+        for rid in rids:
+            await self._send(w, wire.Release(rid=rid, reason="error"))
 
 
-async def open_runtime(program, opts=None, timeout: float = 180.0):
-    """Start the subservers of `program` and a connected `Frontend` in the running loop."""
+async def open_runtime(program, opts=None, timeout: float = 180.0, **liveness):
+    """Start the subservers of `program` and a connected `Frontend` in the running loop.
+    `liveness`: heartbeat_timeout_s, max_restarts, on_fatal (see `Frontend`)."""
     from tokenrouter.runtime.launcher import Launcher
     launcher = Launcher(program, opts).start()
     fe = Frontend(program.start if program.start in launcher.specs else launcher.local[0],
-                  launcher.addresses, ctx=launcher.ctx, alive=launcher.alive)
+                  launcher.addresses, ctx=launcher.ctx, alive=launcher.alive,
+                  restart=launcher.restart if launcher.opts.mode == "process" else None,
+                  security=launcher.security, **liveness)
     try:
         await fe.start(timeout)
     except BaseException:

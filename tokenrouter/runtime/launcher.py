@@ -50,6 +50,9 @@ class LaunchOptions:
     relay: bool = False
     profile: Any = None  # a tuner profile for `auto`, when available
     base_dir: str | None = None
+    test_hooks: bool = False  # subservers accept test-only messages (tests only)
+    curve_keys: str | None = None  # CURVE key folder (`tokenrouter keygen`) for tcp
+    insecure_tcp: bool = False  # allow plain tcp on non-loopback addresses
 
 
 def served_writers(program: ir.Program) -> list[str]:
@@ -134,7 +137,8 @@ def plan(program: ir.Program, opts: LaunchOptions) -> dict[str, SubserverSpec]:
             threads=int(opts.threads.get(w, threads.get(w, 0)) or max(1, cores // max(1, len(local)))),
             device=device, block_size=opts.block_size, num_blocks=opts.num_blocks,
             max_model_len=opts.max_model_len, rematch=opts.rematch, relay=opts.relay,
-            set_threads=opts.mode != "thread")
+            set_threads=opts.mode != "thread", test_hooks=opts.test_hooks,
+            curve_keys=opts.curve_keys, insecure_tcp=opts.insecure_tcp)
     return specs
 
 
@@ -142,8 +146,10 @@ class Launcher:
     """Owns the subservers started on this host."""
 
     def __init__(self, program: ir.Program, opts: LaunchOptions | None = None):
+        from tokenrouter.runtime.transport import Security
         self.program = program
         self.opts = opts or LaunchOptions()
+        self.security = Security.load(self.opts.curve_keys, self.opts.insecure_tcp)
         self.specs = plan(program, self.opts)
         self.addresses = next(iter(self.specs.values())).addresses
         self.ctx = None
@@ -164,16 +170,32 @@ class Launcher:
                 t.start()
                 self._threads[w] = t
         elif self.opts.mode == "process":
-            mp = multiprocessing.get_context("spawn")
-            from tokenrouter.runtime.subserver import run_process
             for w in self.local:
-                p = mp.Process(target=run_process, args=(self.specs[w].to_dict(),),
-                               name=f"tokenrouter-{w}", daemon=True)
-                p.start()
-                self._procs[w] = p
+                self._spawn(w)
         else:
             raise ValueError(f"launch mode {self.opts.mode!r} is not 'process' or 'thread'")
         return self
+
+    def _spawn(self, w: str) -> None:
+        from tokenrouter.runtime.subserver import run_process
+        mp = multiprocessing.get_context("spawn")
+        p = mp.Process(target=run_process, args=(self.specs[w].to_dict(),), name=f"tokenrouter-{w}", daemon=True)
+        p.start()
+        self._procs[w] = p
+
+    def restart(self, w: str) -> None:
+        """Replace writer `w`'s process (kill what is left of the old one first). The new
+        one binds the same address and reports `ready` to the frontend like the first."""
+        old = self._procs.get(w)
+        if old is not None:
+            if old.is_alive():
+                old.kill()
+            old.join(5)
+        log.warning("starting a new subserver process for %s", w)
+        self._spawn(w)
+
+    def exitcodes(self) -> dict[str, int | None]:
+        return {w: p.exitcode for w, p in self._procs.items()}
 
     def alive(self) -> dict[str, bool]:
         if self._procs:
@@ -201,6 +223,8 @@ class Launcher:
         if self.opts.addresses is None:
             cleanup_ipc(self.addresses)
         if self.ctx is not None and not any(t.is_alive() for t in self._threads.values()):
+            from tokenrouter.runtime.transport import stop_authenticator
+            stop_authenticator(self.ctx)
             self.ctx.term()
             self.ctx = None
 

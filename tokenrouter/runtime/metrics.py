@@ -58,6 +58,7 @@ class SubserverStats:
     batch_size: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
     queue_wait_s: Histogram = field(default_factory=lambda: Histogram(WAIT_BUCKETS))
     launch_reasons: dict[str, int] = field(default_factory=dict)
+    frames_dropped: dict[str, int] = field(default_factory=dict)  # invalid | test_only | error
 
     def snapshot(self, **gauges: Any) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if not isinstance(v, Histogram)}
@@ -130,6 +131,10 @@ def render(subservers: dict[str, dict[str, Any]], frontend: dict[str, Any]) -> s
         o.declare("tokenrouter_step_launches_total", "counter", "Why each step was launched (delayed batching).")
         for reason, n in sorted(s["launch_reasons"].items()):
             o.sample("tokenrouter_step_launches_total", n, model=w, reason=reason)
+        o.declare("tokenrouter_frames_dropped_total", "counter",
+                  "Frames dropped: invalid (failed validation), test_only (refused), error (handling raised).")
+        for reason, n in sorted(s.get("frames_dropped", {}).items()):
+            o.sample("tokenrouter_frames_dropped_total", n, model=w, reason=reason)
         o.histogram("tokenrouter_step_seconds", s["step_s"], "Wall time of one step.", model=w)
         o.histogram("tokenrouter_batch_size", s["batch_size"], "Requests per step.", model=w)
         o.histogram("tokenrouter_queue_wait_seconds", s["queue_wait_s"],
@@ -141,7 +146,24 @@ def render(subservers: dict[str, dict[str, Any]], frontend: dict[str, Any]) -> s
     o.sample("tokenrouter_requests_running", frontend.get("running", 0))
     o.declare("tokenrouter_requests_queued", "gauge", "Requests waiting for KV capacity at the frontend.")
     o.sample("tokenrouter_requests_queued", frontend.get("queued", 0))
-    o.declare("tokenrouter_subserver_up", "gauge", "1 when the subserver answered this scrape.")
+    o.declare("tokenrouter_subserver_up", "gauge",
+              "1 when the subserver is alive (heartbeats arrive) and answered this scrape.")
+    up = frontend.get("up", {})
     for w in frontend.get("writers", []):
-        o.sample("tokenrouter_subserver_up", 1 if w in subservers else 0, model=w)
+        o.sample("tokenrouter_subserver_up", 1 if up.get(w, True) and w in subservers else 0, model=w)
+    o.declare("tokenrouter_subserver_restarts_total", "counter", "Times the subserver's process was restarted.")
+    for w, n in sorted(frontend.get("restarts", {}).items()):
+        o.sample("tokenrouter_subserver_restarts_total", n, model=w)
+    o.declare("tokenrouter_frames_dropped_total", "counter",
+              "Frames dropped: invalid (failed validation), test_only (refused), error (handling raised).")
+    for reason, n in sorted(frontend.get("frames_dropped", {}).items()):
+        o.sample("tokenrouter_frames_dropped_total", n, model="frontend", reason=reason)
+    http = frontend.get("http")
+    if http:
+        o.declare("tokenrouter_http_requests_running", "gauge", "HTTP requests holding an admission slot.")
+        o.sample("tokenrouter_http_requests_running", http["running"])
+        o.declare("tokenrouter_http_requests_waiting", "gauge", "HTTP requests waiting for a slot.")
+        o.sample("tokenrouter_http_requests_waiting", http["waiting"])
+        o.declare("tokenrouter_http_requests_refused_total", "counter", "HTTP requests refused with 503 (queue full).")
+        o.sample("tokenrouter_http_requests_refused_total", http["refused"])
     return "\n".join(o.lines) + "\n"

@@ -14,6 +14,11 @@ request's KV length is the engine's `seq_len`, and every step feeds exactly
 `tokens[seq_len:]`, appending to the blocks it already holds. Invariant 2: departing
 requests go through the compiled `send`, which ships only what the peer has not read.
 
+Faults stay inside a request: a frame that fails validation is dropped and counted
+(`frames_dropped{reason}`), a message whose handling raises fails only its request, and a
+step that raises fails the requests of that step; the loops keep running. A heartbeat
+thread tells the frontend this process is alive (see `frontend.py`, liveness).
+
 Two switches turn this into the baselines of the benchmarks (see `baselines/`):
 `rematch` (no pending: a departing request's KV goes to a prefix cache and a returning
 request is matched against it like a new one) and `relay` (handoffs go through the
@@ -35,12 +40,14 @@ from tokenrouter.compiler.abi import FeatureNeeds, PeerMessage, RouteState, Step
 from tokenrouter.runtime import wire
 from tokenrouter.runtime.metrics import SubserverStats
 from tokenrouter.runtime.scheduler import Scheduler
-from tokenrouter.runtime.transport import Receiver, Sender
+from tokenrouter.runtime.transport import Receiver, Security, Sender, check_bind, stop_authenticator
 
 log = logging.getLogger(__name__)
 
 FRONTEND = "frontend"
 _TOMBSTONES = 65536  # released request ids remembered, to drop handoffs still in flight
+MAX_INBOX = 4096  # queued messages; beyond it the messaging loop stops reading (backpressure)
+HEARTBEAT_S = 0.5
 
 
 @dataclass
@@ -62,6 +69,9 @@ class SubserverSpec:
     rematch: bool = False
     relay: bool = False
     set_threads: bool = True  # False in thread mode: threads share one process
+    test_hooks: bool = False  # accept test-only messages (debug_fail); tests only
+    curve_keys: str | None = None  # folder of the CURVE key pair (tcp between hosts)
+    insecure_tcp: bool = False  # allow plain tcp on a non-loopback address
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -141,11 +151,16 @@ class Subserver:
 
         self._ctx = ctx or zmq.Context()
         self._own_ctx = ctx is None
+        self.security = Security.load(spec.curve_keys, spec.insecure_tcp)
+        check_bind(spec.addresses[self.writer], self.security)  # before `ready`: a clear start-up error
         # relay mode (independent servers): no sockets to peers, only to the dispatcher
         peers = {n: a for n, a in spec.addresses.items()
                  if n != self.writer and (n == FRONTEND or not spec.relay)}
-        self.out = Sender(self._ctx, peers)  # used by the decoding loop only
-        self._reply = Sender(self._ctx, {FRONTEND: spec.addresses[FRONTEND]})  # messaging loop only
+        sec = self.security
+        self.out = Sender(self._ctx, peers, sec)  # used by the decoding loop only
+        self._reply = Sender(self._ctx, {FRONTEND: spec.addresses[FRONTEND]}, sec)  # messaging loop only
+        self._beat = Sender(self._ctx, {FRONTEND: spec.addresses[FRONTEND]}, sec)  # heartbeat thread only
+        self._beating = threading.Event()
 
     # ----------------------------------------------------------------- life
     def ready_message(self, error: str | None = None) -> wire.Ready:
@@ -158,16 +173,31 @@ class Subserver:
     def serve(self) -> None:
         """Run until a shutdown message arrives."""
         self.receiver = Receiver(self._ctx, self.spec.addresses[self.writer], self._on_frame,
-                                 name=f"msg-{self.writer}")
+                                 name=f"msg-{self.writer}", security=self.security)
         self.out.send(FRONTEND, wire.encode(self.ready_message()))
+        beat = threading.Thread(target=self._heartbeat, name=f"beat-{self.writer}", daemon=True)
+        beat.start()
         try:
             self._decode_loop()
         finally:
+            self._beating.set()
+            beat.join(5)
             self.receiver.stop()
             self.out.close()
             self._reply.close()
+            self._beat.close()
             if self._own_ctx:
+                stop_authenticator(self._ctx)
                 self._ctx.term()
+
+    def _heartbeat(self) -> None:
+        frame = wire.encode(wire.Heartbeat(writer=self.writer, pid=os.getpid()))
+        while not self._beating.wait(HEARTBEAT_S):
+            self._beat.send(FRONTEND, frame)
+
+    def _dropped(self, reason: str) -> None:
+        d = self.stats.frames_dropped
+        d[reason] = d.get(reason, 0) + 1
 
     # ------------------------------------------------------- messaging loop
     def _on_frame(self, frame: bytes) -> None:
@@ -175,14 +205,21 @@ class Subserver:
             msg = wire.decode(frame)
         except wire.WireError as exc:
             log.warning("%s: dropped a frame: %s", self.writer, exc)
+            self._dropped("invalid")
+            return
+        if msg.t in wire.TEST_ONLY and not self.spec.test_hooks:
+            log.warning("%s: refused a test-only %r message (test hooks are off)", self.writer, msg.t)
+            self._dropped("test_only")
             return
         if isinstance(msg, wire.Stats):  # answered here, without waiting for a step
             self._reply.send(FRONTEND, wire.encode(wire.StatsReply(
                 id=msg.id, writer=self.writer, stats=self.snapshot())))
             return
         with self._cv:
+            while len(self._inbox) >= MAX_INBOX and not self._stop:  # bounded: push back
+                self._cv.wait(0.1)
             self._inbox.append(msg)
-            self._cv.notify()
+            self._cv.notify_all()
 
     def snapshot(self) -> dict[str, Any]:
         used = sum(e.blocks_used for e in self.engines.values())
@@ -197,9 +234,10 @@ class Subserver:
             with self._cv:
                 msgs = list(self._inbox)
                 self._inbox.clear()
+                self._cv.notify_all()  # room in the inbox again
             t0 = time.perf_counter()
             for m in msgs:
-                self._apply(m)
+                self._apply_safely(m)
             self.stats.phase_s["messaging"] += time.perf_counter() - t0
             if self._stop:
                 return
@@ -208,13 +246,37 @@ class Subserver:
             self.stats.phase_s["schedule"] += time.perf_counter() - t0
             if d.batch:
                 self.stats.launch_reasons[d.reason] = self.stats.launch_reasons.get(d.reason, 0) + 1
-                self._step(list(d.batch))
+                batch = list(d.batch)
+                try:
+                    self._step(batch)
+                except Exception as exc:  # a bug outside the step's own guard: same treatment
+                    log.error("%s: step failed:\n%s", self.writer, traceback.format_exc())
+                    for rid in batch:
+                        if rid in self.reqs:
+                            self._fail_safely(rid, f"{type(exc).__name__}: {exc}")
                 continue
             with self._cv:
                 if self._inbox:
                     continue
                 timeout = None if d.wait_until is None else max(0.0, (d.wait_until - time.monotonic_ns()) / 1e9)
                 self._cv.wait(timeout)
+
+    def _apply_safely(self, m: wire.Message) -> None:
+        """Apply one message; if that raises, fail only the request it was about."""
+        try:
+            self._apply(m)
+        except Exception as exc:
+            log.error("%s: could not apply a %r message:\n%s", self.writer, m.t, traceback.format_exc())
+            self._dropped("error")
+            rid = getattr(m, "rid", None) or getattr(getattr(m, "msg", None), "rid", None)
+            if rid is not None and rid not in self._tombstones:
+                self._fail_safely(rid, f"{self.writer}: cannot take the {m.t} message: {type(exc).__name__}: {exc}")
+
+    def _fail_safely(self, rid: str, message: str) -> None:
+        try:
+            self._fail(rid, message)
+        except Exception:
+            log.exception("%s: could not fail request %s", self.writer, rid)
 
     def _apply(self, m: wire.Message) -> None:
         if isinstance(m, wire.Submit):
@@ -242,19 +304,30 @@ class Subserver:
         return self._seq_counter
 
     def _make_req(self, state: RouteState, seq: int) -> _Req:
-        s = state.sampling
+        s = wire.Sampling.model_validate(state.sampling)  # typed and bounded (wire.py)
         params = self._SamplingParams(
-            temperature=float(s.get("temperature", 0.0)), top_k=int(s.get("top_k", 0) or 0),
-            top_p=float(s.get("top_p", 1.0)), seed=s.get("seed"),
-            max_tokens=int(s.get("max_tokens", 16)),
-            stop_token_ids=tuple(s.get("stop_token_ids", ())))
-        return _Req(state, seq, params, int(s.get("max_tokens", 16)),
-                    frozenset(int(t) for t in s.get("stop_token_ids", ())))
+            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
+            max_tokens=s.max_tokens, stop_token_ids=tuple(s.stop_token_ids))
+        return _Req(state, seq, params, s.max_tokens, frozenset(s.stop_token_ids))
+
+    def _unfit(self, tokens: list[int]) -> str | None:
+        """Why these tokens cannot run here (checked per request, so one bad request
+        never fails a whole batch in the engine)."""
+        if len(tokens) >= self.max_model_len:
+            return f"{len(tokens)} tokens do not fit the context of {self.max_model_len}"
+        bad = next((t for t in tokens if t >= self.vocab_size), None)
+        if bad is not None:
+            return f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})"
+        return None
 
     def _submit(self, m: wire.Submit) -> None:
         if m.rid in self._tombstones or m.rid in self.reqs:
             return
-        sampling = dict(m.sampling)
+        why = self._unfit(m.prompt)
+        if why:
+            self._fail(m.rid, f"{self.writer}: submit refused: {why}")
+            return
+        sampling = m.sampling.model_dump()
         st = RouteState(rid=m.rid, tokens=list(m.prompt), prompt_len=len(m.prompt),
                         writer=self.writer, seed=m.seed, sampling=sampling)
         self.reqs[m.rid] = self._make_req(st, self._new_seq())
@@ -271,6 +344,10 @@ class Subserver:
             st = self.router.receive(m.msg, r.state if r else None)
         except Exception as exc:
             self._fail(rid, f"{self.writer}: bad handoff from {m.sender}: {exc}")
+            return
+        why = self._unfit(st.tokens)
+        if why:
+            self._fail(rid, f"{self.writer}: bad handoff from {m.sender}: {why}")
             return
         now = time.monotonic_ns()
         if r is None:
@@ -399,7 +476,14 @@ class Subserver:
                 self._fail(rid, f"{type(exc).__name__}: {exc}")
             self._record_step(len(rids), t_start)
             return
-        self._commit(rids, reqs, sampled.tolist(), decisions)
+        try:
+            self._commit(rids, reqs, sampled.tolist(), decisions)
+        except Exception as exc:
+            log.error("%s: commit failed:\n%s", self.writer, traceback.format_exc())
+            for rid in rids:
+                r = self.reqs.get(rid)
+                if r is not None and not r.state.finished:
+                    self._fail_safely(rid, f"{type(exc).__name__}: {exc}")
         self._record_step(len(rids), t_start)
 
     def _record_step(self, n: int, t_start: float) -> None:
@@ -527,7 +611,11 @@ def _report_startup_failure(spec: SubserverSpec, exc: BaseException, ctx=None) -
     import zmq
     log.error("%s: start-up failed:\n%s", spec.writer, traceback.format_exc())
     c = ctx or zmq.Context()
-    s = Sender(c, {FRONTEND: spec.addresses[FRONTEND]})
+    try:
+        sec = Security.load(spec.curve_keys, spec.insecure_tcp)
+    except ValueError:
+        sec = None  # the failure may be the keys themselves: report it in the clear (tcp only)
+    s = Sender(c, {FRONTEND: spec.addresses[FRONTEND]}, sec)
     s.send(FRONTEND, wire.encode(wire.Ready(
         writer=spec.writer, pid=os.getpid(), block_size=0, blocks_total=0, max_model_len=0,
         vocab_size=0, threads=0, batch_threshold=spec.batch_threshold,

@@ -1,0 +1,126 @@
+"""A remote subserver that really is on another host: a network namespace joined to this
+one by a veth pair (`ip netns`, root), the large model's subserver inside it, the frontend
+and the small model's subserver outside, all traffic over CURVE-authenticated tcp on the
+pair's own addresses. Greedy outputs equal the reference across it; a plain peer is
+refused; kill -9 of the remote subserver fails in-flight requests within 5 s.
+
+Skipped, with the reason, where namespaces cannot be made (not root, no `ip`, no
+CAP_SYS_ADMIN). Only the namespace's own link-local pair of addresses is used."""
+
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import zmq
+
+import tiny
+from serving import ServerThread
+from test_liveness import _check_reference, _kill_under_load
+from tokenrouter.runtime.launcher import LaunchOptions
+
+
+def _ip(*args, check=True):
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20, check=check)
+
+
+def can_make_netns() -> bool:
+    """Whether this machine lets us make a network namespace (probed with a throwaway one)."""
+    if shutil.which("ip") is None or os.geteuid() != 0:
+        return False
+    name = f"tr16-probe-{os.getpid()}"
+    if _ip("netns", "add", name, check=False).returncode != 0:
+        return False
+    _ip("netns", "delete", name, check=False)
+    return True
+
+
+@pytest.fixture
+def netns():
+    """(namespace, host address, namespace address) of a fresh veth pair."""
+    if shutil.which("ip") is None:
+        pytest.skip("no `ip` command (iproute2) to make a network namespace")
+    if os.geteuid() != 0:
+        pytest.skip("making a network namespace needs root")
+    tag = f"{os.getpid() % 10000}{random.randint(0, 99)}"
+    ns, host_if, ns_if = f"tr16-{tag}", f"trh{tag}", f"trn{tag}"
+    sub = random.randint(1, 250)
+    host_ip, ns_ip = f"10.216.{sub}.1", f"10.216.{sub}.2"
+    made = _ip("netns", "add", ns, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"cannot make a network namespace: {made.stderr.strip()}")
+    try:
+        for cmd in (["link", "add", host_if, "type", "veth", "peer", "name", ns_if],
+                    ["link", "set", ns_if, "netns", ns],
+                    ["addr", "add", f"{host_ip}/30", "dev", host_if],
+                    ["link", "set", host_if, "up"],
+                    ["netns", "exec", ns, "ip", "addr", "add", f"{ns_ip}/30", "dev", ns_if],
+                    ["netns", "exec", ns, "ip", "link", "set", ns_if, "up"],
+                    ["netns", "exec", ns, "ip", "link", "set", "lo", "up"]):
+            r = _ip(*cmd, check=False)
+            if r.returncode != 0:
+                pytest.skip(f"cannot set up the veth pair (ip {' '.join(cmd)}): {r.stderr.strip()}")
+        yield ns, host_ip, ns_ip
+    finally:
+        _ip("netns", "delete", ns, check=False)  # removes the pair too
+        _ip("link", "delete", host_if, check=False)
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_remote_subserver_in_a_network_namespace_over_curve(pair, tmp_path, netns):
+    from tokenrouter.runtime.transport import Security, Sender, generate_keys
+    ns, host_ip, ns_ip = netns
+    keys = str(tmp_path / "keys")
+    generate_keys(keys)
+    program = tiny.example_program("demo", str(tmp_path), pair)
+    binds = {"frontend": f"tcp://{host_ip}:{_port()}", "slm": f"tcp://{host_ip}:{_port()}",
+             "llm": f"tcp://{ns_ip}:{_port()}"}
+    bind_args = [a for n, addr in binds.items() for a in ("--bind", f"{n}={addr}")]
+    cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "tokenrouter.cli", "serve",
+           str(tmp_path / "demo.route"), "--subserver", "llm", "--model", f"slm={pair['slm']}",
+           "--model", f"llm={pair['llm']}", "--num-blocks", "240", "--curve-keys", keys, *bind_args]
+    remote = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    srv = None
+    try:
+        srv = ServerThread(program, LaunchOptions(mode="process", num_blocks=240, addresses=binds,
+                                                  remote=("llm",), curve_keys=keys),
+                           liveness={"heartbeat_timeout_s": 3.0})
+        _check_reference(srv.url, program, srv.tokenizer, ["across hosts", "another one", "x"])
+        stats = srv.stats()
+        assert sum(stats["llm"]["handoffs_in"].values()) > 0  # requests really crossed the pair
+
+        # a peer without the keys reaches the port but gets nothing through
+        ctx = zmq.Context()
+        plain = Sender(ctx, {"llm": binds["llm"]})
+        plain.send("llm", b'{"v": 1, "t": "shutdown"}')
+        wrong_dir = str(tmp_path / "other")
+        generate_keys(wrong_dir)
+        wrong = Sender(ctx, {"llm": binds["llm"]}, Security.load(wrong_dir))
+        wrong.send("llm", b'{"v": 1, "t": "shutdown"}')
+        time.sleep(1.5)
+        plain.close()
+        wrong.close()
+        ctx.term()
+        assert remote.poll() is None  # still serving
+        _check_reference(srv.url, program, srv.tokenizer, ["still there"])
+
+        errors = _kill_under_load(srv.url, remote.pid)
+        assert all("subserver llm is down (no heartbeat" in e for _, e, _ in errors), errors
+        r = httpx.get(srv.url + "/health", timeout=5)
+        assert r.status_code == 503 and r.json()["subservers"]["llm"]["up"] is False
+    finally:
+        if srv is not None:
+            srv.close()
+        if remote.poll() is None:
+            remote.kill()
+        remote.wait(10)

@@ -1,0 +1,145 @@
+"""Hostile or broken peers: a subserver driven over a real tcp loopback socket by a test
+that plays the frontend (and an attacker). Every bad frame is dropped and counted, a
+frame that is valid but cannot run fails only its own request, test-only messages are
+refused without test hooks, and the subserver keeps serving throughout."""
+
+import json
+import socket
+import threading
+
+import pytest
+import zmq
+
+import tiny
+from tokenrouter.compiler.abi import PeerMessage
+from tokenrouter.runtime import wire
+from tokenrouter.runtime.launcher import LaunchOptions, plan
+from tokenrouter.runtime.subserver import Subserver
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Peer:
+    """One subserver (slm of the coin program, in a thread) and the test's sockets."""
+
+    def __init__(self, program, test_hooks: bool):
+        self.addrs = {n: f"tcp://127.0.0.1:{_port()}" for n in ("frontend", "slm", "llm")}
+        spec = plan(program, LaunchOptions(mode="thread", addresses=self.addrs, num_blocks=64))["slm"]
+        spec.test_hooks = test_hooks
+        self.ctx = zmq.Context()
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.bind(self.addrs["frontend"])
+        self.sub = Subserver(spec, ctx=self.ctx)
+        self.thread = threading.Thread(target=self.sub.serve, daemon=True)
+        self.thread.start()
+        self.push = self.ctx.socket(zmq.PUSH)
+        self.push.connect(self.addrs["slm"])
+        self.expect(wire.Ready)
+
+    def send(self, frame) -> None:
+        self.push.send(frame if isinstance(frame, bytes) else json.dumps(frame).encode())
+
+    def expect(self, kind, rid=None, timeout_ms=20000):
+        while True:
+            assert self.pull.poll(timeout_ms), f"no {kind.__name__} arrived"
+            m = wire.decode(self.pull.recv())
+            if isinstance(m, kind) and (rid is None or getattr(m, "rid", None) == rid):
+                return m
+
+    def serves(self, rid: str) -> wire.Done:
+        """A valid request (slm alone: p = 0, so it never hands off) runs to its end."""
+        self.send(wire.encode(wire.Submit(rid=rid, prompt=[5, 6, 7],
+                                          sampling={"max_tokens": 3, "temperature": 0.0})))
+        done = self.expect(wire.Done, rid)
+        self.send(wire.encode(wire.Release(rid=rid)))
+        return done
+
+    def dropped(self) -> dict[str, int]:
+        self.send(wire.encode(wire.Stats(id=1)))
+        return self.expect(wire.StatsReply).stats["frames_dropped"]
+
+    def close(self):
+        self.send(wire.encode(wire.Shutdown()))
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+        self.push.close(0)
+        self.pull.close(0)
+        self.ctx.term()
+
+
+@pytest.fixture
+def peer(pair):
+    p = Peer(tiny.coin(pair, 0.0), test_hooks=False)
+    yield p
+    p.close()
+
+
+CRAFTED = [
+    {"v": 1, "t": "submit", "rid": "x", "prompt": [1], "sampling": {"max_tokens": "x"}},  # the issue's frame
+    {"v": 1, "t": "submit", "rid": "x", "prompt": [1], "sampling": {"temperature": "hot"}},
+    {"v": 1, "t": "submit", "rid": "x", "prompt": [1], "sampling": {"top_p": 0}},
+    {"v": 1, "t": "submit", "rid": "x", "prompt": [1], "sampling": {"stop_token_ids": ["a"]}},
+    {"v": 1, "t": "submit", "rid": "x", "prompt": [1], "sampling": {"evil": 1}},
+    {"v": 1, "t": "submit", "rid": "x", "prompt": [1], "seed": 1208925819614629174706176},
+    {"v": 1, "t": "submit", "rid": "x", "prompt": [-1]},
+    {"v": 1, "t": "submit", "rid": "x", "prompt": []},
+    {"v": 1, "t": "submit", "rid": "x" * 10000, "prompt": [1]},
+    {"v": 1, "t": "configure", "batch_threshold": 10 ** 30},
+    {"v": 1, "t": "handoff", "sender": "llm", "dest": "slm",
+     "msg": {"rid": "h", "suffix": [1], "start": 0, "prompt_len": 1, "writer": "slm",
+             "sampling": {"max_tokens": "x"}}},
+    {"v": 1, "t": "handoff", "sender": "llm", "dest": "slm",
+     "msg": {"rid": "h", "suffix": [-5], "start": 0, "prompt_len": 1, "writer": "slm"}},
+    {"v": 1, "t": "ready", "writer": "slm", "pid": 1, "block_size": 16, "blocks_total": 1, "max_model_len": 1,
+     "vocab_size": 1, "threads": 1, "batch_threshold": 1, "max_wait_ms": float("nan")},
+]
+
+
+def test_crafted_frames_are_dropped_counted_and_the_subserver_keeps_serving(peer):
+    for frame in CRAFTED:
+        peer.send(frame)
+    peer.send(b"\xff" * 100)  # not JSON
+    assert peer.serves("after").reason == "length"
+    assert peer.dropped()["invalid"] == len(CRAFTED) + 1
+
+
+def test_valid_frames_that_cannot_run_fail_only_their_own_request(peer):
+    vocab = peer.sub.vocab_size
+    peer.send(wire.encode(wire.Submit(rid="big", prompt=[vocab + 5], sampling={"max_tokens": 2})))
+    assert "outside the vocabulary" in peer.expect(wire.Done, "big").error
+    long = [1] * (peer.sub.max_model_len + 1)
+    peer.send(wire.encode(wire.Submit(rid="long", prompt=long, sampling={"max_tokens": 2})))
+    assert "context" in peer.expect(wire.Done, "long").error
+    pm = PeerMessage(rid="h", suffix=[1, 2], start=40, prompt_len=3, writer="slm", sender="llm")
+    peer.send(wire.encode(wire.Handoff(sender="llm", dest="slm", msg=pm)))  # starts where no one read
+    assert peer.expect(wire.Done, "h").reason == "error"
+    for rid in ("big", "long", "h"):
+        peer.send(wire.encode(wire.Release(rid=rid)))
+    assert peer.serves("after").reason == "length"
+
+
+def test_an_oversized_frame_is_refused_before_it_is_read(peer):
+    peer.send(b'{"v": 1, "t": "announce", "rid": "' + b"x" * (wire.MAX_FRAME + 1) + b'"}')
+    assert peer.serves("after").reason == "length"  # the connection was dropped, not the process
+    with pytest.raises(wire.WireError, match="over the"):
+        wire.decode(b" " * (wire.MAX_FRAME + 1))
+
+
+def test_test_only_messages_are_refused_without_test_hooks(peer):
+    peer.send(wire.encode(wire.DebugFail(count=5)))
+    assert peer.serves("after").reason == "length"  # no injected failure
+    assert peer.dropped()["test_only"] == 1
+
+
+def test_with_test_hooks_an_injected_step_failure_fails_the_step_and_the_loop_goes_on(pair):
+    p = Peer(tiny.coin(pair, 0.0), test_hooks=True)
+    try:
+        p.send(wire.encode(wire.DebugFail(count=1)))
+        assert "injected step failure" in p.serves("fails").error
+        assert p.serves("after").reason == "length"
+    finally:
+        p.close()
