@@ -30,8 +30,12 @@ def assert_own_diagnostics(program, diags, text):
 @given(st.binary(max_size=400))
 def test_random_bytes(data):
     tree, diags, text = parse_bytes(data, "fuzz.route")
-    if tree is None:
-        assert len(diags) == 1 and diags[0].code in CODES
+    if tree is None:  # every syntax error, each in the language's codes and inside the text
+        assert diags and all(d.code in CODES for d in diags)
+        lines = text.split("\n")
+        for d in diags:
+            assert d.span is None or not text or 1 <= d.span.line <= len(lines), d
+        assert diags == sorted(diags, key=lambda d: d.sort_key())
         render_all(diags, text)
         return
     assert_own_diagnostics(*check_source(text, "fuzz.route", base_dir="/nonexistent"), text)
@@ -71,3 +75,26 @@ def test_mutated_examples(text):
         out, _ = format_source(text)
         assert parse_source(out)[0] == tree
         assert format_source(out)[0] == out
+
+
+@st.composite
+def two_broken_lines(draw):
+    """An example with a stray ')' at the end of two different code lines."""
+    text = draw(st.sampled_from(TEXTS))
+    lines = text.split("\n")
+    code = [i for i, l in enumerate(lines) if l.strip() and not l.lstrip().startswith("#")]
+    a, b = sorted(draw(st.lists(st.sampled_from(code), min_size=2, max_size=2, unique=True)))
+    for i in (a, b):
+        lines[i] = lines[i].split("#")[0].rstrip() + " )"
+    return "\n".join(lines), (a + 1, b + 1)
+
+
+@SETTINGS
+@given(two_broken_lines())
+def test_every_syntax_error_is_reported(case):
+    """Two separate mistakes give (at least) two diagnostics, one on each line."""
+    text, lines = case
+    tree, diags = parse_source(text, "two.route")
+    assert tree is None
+    assert {d.span.line for d in diags} >= set(lines), (lines, [str(d.span) for d in diags])
+    assert all(d.code in ("E001", "E003") for d in diags)
