@@ -145,6 +145,21 @@ def render(diag: Diagnostic, source: str | None) -> str:
     return "\n".join(out)
 
 
+def to_json(diag: Diagnostic, file: str) -> dict:
+    """The machine-readable form (`tokenrouter check --format json`, docs/language.md):
+    line and col are 1-based, `end` is exclusive; a diagnostic about the command line
+    itself (`--set`, `--model`) has no position: line, col and end are null."""
+    def where(span: Span | None) -> dict:
+        if span is None:
+            return {"file": file, "line": None, "col": None, "end": None}
+        return {"file": span.file, "line": span.line, "col": span.col,
+                "end": {"line": span.end_line, "col": span.end_col}}
+
+    return {"code": diag.code, "severity": diag.severity, **where(diag.span), "message": diag.message,
+            "hints": [diag.hint] if diag.hint else [],
+            "notes": [{"message": n.message, **where(n.span)} for n in diag.notes]}
+
+
 def render_all(diags: Iterable[Diagnostic], source: str | None) -> str:
     return "\n".join(render(d, source) for d in diags)
 
