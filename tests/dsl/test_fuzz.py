@@ -98,3 +98,24 @@ def test_every_syntax_error_is_reported(case):
     assert tree is None
     assert {d.span.line for d in diags} >= set(lines), (lines, [str(d.span) for d in diags])
     assert all(d.code in ("E001", "E003") for d in diags)
+
+
+_NAMES = st.sampled_from(["tau", "threshold", "handoff", "nosuch", "slm", "k", "t"])
+_VALUES = st.one_of(st.text(max_size=12), st.floats(allow_nan=True, allow_infinity=True).map(str),
+                    st.integers(-10**12, 10**12).map(str), st.sampled_from(["20ms", "1s", "-0", "1e400", "0x1", ""]))
+
+
+@SETTINGS
+@given(st.sampled_from(sorted(EXAMPLES.glob("*.route"))), st.dictionaries(_NAMES, _VALUES, max_size=3),
+       st.dictionaries(_NAMES, st.sampled_from(["smollm2-135m", "./x", ""]), max_size=2))
+def test_random_settings_and_bindings(path, params, models):
+    """Whatever --set and --model say, the result is a program or the language's own
+    diagnostics, and a program's parameters are exactly what was set or defaulted."""
+    text = path.read_text()
+    program, diags = check_source(text, str(path), params=params, model_paths=models or None)
+    assert_own_diagnostics(program, diags, text)
+    if program is not None:
+        assert set(params) <= {p.name for p in program.params}
+        for p in program.params:
+            assert p.origin == ("set" if p.name in params else "default")
+            assert p.lo is None or p.lo <= p.value <= p.hi
