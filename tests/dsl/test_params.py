@@ -210,3 +210,17 @@ def test_serve_and_bench_take_the_same_flags(capsys):
     assert "--set takes NAME=VALUE" in capsys.readouterr().err
     assert main(["bench", str(RSTITCH), "--model", "oops", "--quick"]) == 2
     assert "--model takes NAME=PATH" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.route")), ids=lambda p: p.stem)
+def test_every_example_takes_its_thresholds_as_parameters(path):
+    """Each example declares a parameter; a bad value for it is one diagnostic (no cascade
+    where it is used), and a good one checks clean."""
+    p, _ = check_file(path)
+    assert p.params, path.name
+    for param in p.params:
+        q, diags = check_file(path, params={param.name: "not-a-number"})
+        assert q is None and codes(diags) == ["E702"], (param.name, diags)
+        good = str((param.lo + param.hi) / 2) if param.lo is not None else "0.5"
+        q, diags = check_file(path, params={param.name: good})
+        assert diags == [] and q.param(param.name).origin == "set"

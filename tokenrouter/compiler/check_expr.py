@@ -266,6 +266,10 @@ class ExprChecker:
 
     def bernoulli(self, node: ast.Call) -> Val:
         p, seed = node.args[0].value, node.args[1].value
+        for arg in (p, seed):
+            sym = self.symbols.get(arg.name.text) if isinstance(arg, ast.Ref) else None
+            if sym is not None and sym.kind == "param":
+                return BAD  # a parameter left in place: its value is invalid, already reported
         if not isinstance(p, ast.Num):
             self.err("E303", "the probability of bernoulli must be a number", p.span, hint="write bernoulli(0.05, 7)")
             return BAD
