@@ -12,6 +12,7 @@ broken statement gives one diagnostic. Semantic checks are not done here.
 
 from __future__ import annotations
 
+import copy
 import threading
 from pathlib import Path
 
@@ -104,8 +105,10 @@ def parse_source(text: str, path: str = "<input>") -> tuple[ast.File | None, lis
     _local.comments = []
     try:
         tree = lark_parser().parse(text)
-    except lark.exceptions.UnexpectedInput:
+    except lark.exceptions.UnexpectedInput as exc:
         _local.comments = None
+        if len(text) > RECOVER_LIMIT:  # a page-sized program gets every error; megabytes, the first
+            return None, [_first_syntax_error(exc, text, path)]
         return None, _all_syntax_errors(text, path)
     finally:
         comments, _local.comments = _local.comments, None
@@ -208,6 +211,17 @@ def _unexpected_token(exc, text: str, path: str) -> Diagnostic:
 # ------------------------------------------------------- every syntax error
 
 MAX_SYNTAX_ERRORS = 30
+RECOVER_LIMIT = 64 * 1024  # characters (a program is a page); larger files report their first syntax error only
+
+
+def _first_syntax_error(exc, text: str, path: str) -> Diagnostic:
+    import lark
+
+    if isinstance(exc, lark.exceptions.UnexpectedCharacters):
+        return _unexpected_char(exc, text, path)
+    if isinstance(exc, lark.exceptions.UnexpectedToken):
+        return _unexpected_token(exc, text, path)
+    return _unexpected_eof(exc.expected, text, path)
 
 
 def _keyword_types() -> frozenset[str]:
@@ -230,8 +244,10 @@ def _lexer():
     if _basic_lexer is None:
         from lark.lexer import BasicLexer
 
+        conf = copy.copy(lark_parser().lexer_conf)
+        conf.skip_validation = True  # the parser has validated these terminals (strict mode) already
         with _parser_lock:
-            _basic_lexer = BasicLexer(lark_parser().lexer_conf)
+            _basic_lexer = BasicLexer(conf)
     return _basic_lexer
 
 
@@ -244,29 +260,31 @@ def _lex_all(text: str, path: str, diags: list[Diagnostic]) -> list:
     lexer = _lexer()
     state = LexerState(TextSlice.cast_from(text))
     tokens = []
-    while True:
+    while len(diags) < MAX_SYNTAX_ERRORS:
         try:
             tokens.append(lexer.next_token(state))
         except EOFError:
             return tokens
         except lark.exceptions.UnexpectedCharacters as exc:
             pos = state.line_ctr.char_pos
-            end = pos + 1
             if text[pos] == '"':
                 nl = text.find("\n", pos)
                 end = len(text) if nl < 0 else nl
-            if tokens and isinstance(tokens[-1], _Skipped) and tokens[-1].end_pos == pos and text[pos] != '"':
-                prev = diags[-1]  # a run of bad characters (`&&`) is one mistake
-                run = text[tokens[-1].start_pos:end]
-                shown = repr(run) if run.isprintable() else f"{len(run)} characters"
-                diags[-1] = Diagnostic(prev.code, f"unexpected characters {shown}",
-                                       Span(path, prev.span.line, prev.span.col, prev.span.line, exc.column + 1),
-                                       prev.hint)
-                tokens[-1].end_pos = end
-            else:
                 diags.append(_unexpected_char(exc, text, path))
-                tokens.append(_Skipped(pos, end))
+            else:  # a run of bad characters (`&&`) is one mistake
+                end = pos + 1
+                while end < len(text) and text[end] not in ' \t\r\n"' and lexer.match(state.text, end) is None:
+                    end += 1
+                diag = _unexpected_char(exc, text, path)
+                if end > pos + 1:
+                    run = text[pos:end]
+                    shown = repr(run) if run.isprintable() and len(run) <= 30 else f"{len(run)} characters"
+                    diag = Diagnostic(diag.code, f"unexpected characters {shown}",
+                                      Span(path, exc.line, exc.column, exc.line, exc.column + end - pos), diag.hint)
+                diags.append(diag)
+            tokens.append(_Skipped(pos, end))
             state.line_ctr.feed(text[pos:end])
+    return tokens
 
 
 class _Skipped:
@@ -333,7 +351,7 @@ def _all_syntax_errors(text: str, path: str) -> list[Diagnostic]:
             j += 1
         return None
 
-    while i < len(tokens):
+    while i < len(tokens) and len(diags) < MAX_SYNTAX_ERRORS:
         if isinstance(tokens[i], _Skipped):
             i += 1
             continue
@@ -369,18 +387,15 @@ def _all_syntax_errors(text: str, path: str) -> list[Diagnostic]:
             checkpoints = {d: c for d, c in checkpoints.items() if d <= depth}
         i += 1
     try:
-        ip.feed_eof()
+        if i >= len(tokens):
+            ip.feed_eof()
     except lark.exceptions.UnexpectedToken as exc:
         report(lambda: _unexpected_eof(exc.expected, text, path), len(text))
     if not diags:  # the fast parser failed where this one did not: never lose its error
         try:
             lark_parser().parse(text)
-        except lark.exceptions.UnexpectedCharacters as exc:
-            diags.append(_unexpected_char(exc, text, path))
-        except lark.exceptions.UnexpectedToken as exc:
-            diags.append(_unexpected_token(exc, text, path))
-        except lark.exceptions.UnexpectedEOF as exc:
-            diags.append(_unexpected_eof(exc.expected, text, path))
+        except lark.exceptions.UnexpectedInput as exc:
+            diags.append(_first_syntax_error(exc, text, path))
     return sorted(diags, key=Diagnostic.sort_key)
 
 
