@@ -194,6 +194,10 @@ def test_check_command_set(capsys):
 def test_compile_command_set(capsys, tmp_path):
     assert main(["compile", str(RSTITCH), "--emit", "ir", "--set", "tau=0.125"]) == 0
     assert thresholds(ir.Program.from_json(capsys.readouterr().out)) == [0.125, 0.125]
+    assert main(["compile", str(RSTITCH), "--emit", "plan", "--set", "tau=0.125"]) == 0
+    import json
+    assert json.loads(capsys.readouterr().out)["params"] == [
+        {"name": "tau", "type": "float", "value": 0.125, "origin": "set"}]
     assert main(["compile", str(RSTITCH), "--emit", "python", "--set", "tau=2"]) == 1
     assert "E703" in capsys.readouterr().err
     assert main(["compile", str(RSTITCH), "--emit", "ir", "--model", "lm=x"]) == 1

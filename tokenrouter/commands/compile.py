@@ -6,7 +6,8 @@
 
 The plan says what serving needs besides the module: models (path, role, dtype,
 placement, batch threshold, maximum wait, threads), writers with the features each
-route reads, weights files, the schedule, and the module's SHA-256. Models are not loaded
+route reads, weights files, the schedule, the parameters it was compiled with (value and
+origin: default or --set), and the module's SHA-256. Models are not loaded
 unless `--resolve` is given (then router input widths come from the models' configs).
 
 Exit status: 0 on success, 1 when the program does not check or compile, 2 on usage
@@ -152,6 +153,7 @@ def serving_plan(program, source: str) -> dict:
         "writers": writers,
         "weights": sorted({r.file for r in program.routers} | {f for _, f in head_keys(program)}),
         "schedule": {"graph_batch_sizes": list(s.graph_batch_sizes), "graph_tokens": list(s.graph_tokens)},
+        "params": [{"name": p.name, "type": p.type, "value": p.value, "origin": p.origin} for p in program.params],
         "module": "router.py",
         "module_sha256": hashlib.sha256(source.encode()).hexdigest(),
     } if isinstance(program, ir.Program) else {}
