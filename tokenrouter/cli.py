@@ -16,6 +16,7 @@ COMMANDS = {
     "check": "check",
     "fmt": "fmt",
     "compile": "compile",
+    "explain": "explain",
     "models": "models",
     "generate": "generate",
     "serve": "serve",

@@ -69,3 +69,27 @@ def test_console_command_reports_on_stderr():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and proc.stdout == ""
     assert "error[E102]: undefined model or ensemble 'lm'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_check_format_json(capsys):
+    """One JSON object per diagnostic and line, on stdout, with the documented keys."""
+    import json
+
+    bad = GOLDEN / "e001_several_syntax_errors.route"
+    assert main(["check", "--format", "json", str(bad), str(EXAMPLES / "rstitch.route"),
+                 "--set", "tau=0.3"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    objs = [json.loads(line) for line in captured.out.splitlines()]
+    assert len(objs) == 5 and {o["code"] for o in objs} == {"E001"}
+    first = objs[0]
+    assert set(first) == {"code", "severity", "file", "line", "col", "end", "message", "hints", "notes"}
+    assert (first["file"], first["line"], first["col"], first["end"]) == (str(bad), 3, 11, {"line": 3, "col": 16})
+    assert first["severity"] == "error" and first["message"] == "unexpected 'float'" and first["hints"] == ["expected ':'"]
+    assert main(["check", "--format", "json", str(EXAMPLES / "rstitch.route"), "--set", "nosuch=1"]) == 1
+    (obj,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert obj["code"] == "E704" and obj["line"] is None and obj["file"].endswith("rstitch.route")
+    assert main(["check", "--format", "json", str(GOLDEN / "w001_ping_pong.route")]) == 0
+    (obj,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert obj["severity"] == "warning" and obj["notes"][0]["line"] >= 1
+    assert main(["check", "--format", "json", "--emit", "ir", str(EXAMPLES / "rstitch.route")]) == 2

@@ -107,3 +107,47 @@ def test_docs_list_every_diagnostic_code():
     doc = (EXAMPLES.parent / "docs" / "language.md").read_text()
     for code, (severity, title) in CODES.items():
         assert f"| `{code}` | {severity} | {title} |" in doc
+
+
+MESSY_PARAMS = '''tokenrouter 1
+param   tau :float=0.3 in[0,1]   # the threshold
+param k:int
+param wait : duration = 20ms in [ 1ms , 1s ]
+param w:path="weights/r.safetensors"
+model slm="smollm2-135m-small"
+model llm{role=large}
+model spare
+router r on slm=w{inputs=[hidden(-1)]}
+route{start slm slm->llm when entropy(slm,normalized)>tau or r>-(-tau) rewrite visit llm max k then slm}
+serve{max_wait=wait}
+'''
+
+CANONICAL_PARAMS = '''tokenrouter 1
+param tau: float = 0.3 in [0, 1]  # the threshold
+param k: int
+param wait: duration = 20ms in [1ms, 1s]
+param w: path = "weights/r.safetensors"
+model slm = "smollm2-135m-small"
+model llm {
+  role = large
+}
+model spare
+router r on slm = w {
+  inputs = [hidden(-1)]
+}
+route {
+  start slm
+  slm -> llm when entropy(slm, normalized) > tau or r > --tau rewrite
+  visit llm max k then slm
+}
+serve {
+  max_wait = wait
+}
+'''
+
+
+def test_parameters_and_unbound_models_format_canonically_and_round_trip():
+    out, diags = format_source(MESSY_PARAMS)
+    assert diags == [] and out == CANONICAL_PARAMS
+    assert parse_source(out)[0] == parse_source(MESSY_PARAMS)[0]
+    assert format_source(out)[0] == out

@@ -134,8 +134,9 @@ def test_load_program_checks_layers_and_tokenizers(tmp_path, tiny_pair):
     with pytest.raises(RouteError) as err:
         load_program(EXAMPLES / "rstitch.route", model_paths={**tiny_pair, "llm": str(tmp_path / "none")})
     assert "E308" in str(err.value)
-    with pytest.raises(ValueError, match="does not declare"):
+    with pytest.raises(RouteError) as err:
         load_program(EXAMPLES / "rstitch.route", model_paths={"nope": "x"})
+    assert "E707" in str(err.value) and "no model 'nope'" in str(err.value)
 
 
 def test_paths_resolve_relative_to_the_route_file(tmp_path):
@@ -193,3 +194,22 @@ def test_ir_json_round_trip_keeps_spans():
     data = json.loads(p.to_json())
     assert data["transitions"][0]["span"]["line"] == p.transitions[0].span.line
     assert ir.Program.from_json(p.to_json()).transitions[0].span == p.transitions[0].span
+
+
+def test_every_syntax_error_stays_fast_on_hostile_input():
+    """The recovering parse is bounded: runs of bad characters are one diagnostic each, at
+    most MAX_SYNTAX_ERRORS are reported, and a file over RECOVER_LIMIT reports its first."""
+    import time
+
+    from tokenrouter.dsl.parser import MAX_SYNTAX_ERRORS, RECOVER_LIMIT, parse_source
+
+    cases = {"run": "tokenrouter 1\n" + "@" * 50_000, "spaced": "tokenrouter 1\n" + "@ " * 20_000,
+             "lines": "tokenrouter 1\n" + "model a = x\n" * 2000,
+             "large": "tokenrouter 1\n" + 'model a = "smollm2-135m"\n' * (RECOVER_LIMIT // 20) + "route {"}
+    counts = {}
+    for name, text in cases.items():
+        t = time.perf_counter()
+        tree, diags = parse_source(text)
+        assert tree is None and time.perf_counter() - t < 20, name
+        counts[name] = len(diags)
+    assert counts == {"run": 1, "spaced": MAX_SYNTAX_ERRORS, "lines": MAX_SYNTAX_ERRORS, "large": 1}

@@ -161,7 +161,8 @@ def example_program(name: str, root: str, paths: dict[str, str], dtype: str = "f
     shutil.copy(os.path.join(EXAMPLES, f"{name}.route"), dst)
     src = open(dst).read()
     if name in TINY_ENTROPY_TAU:
-        src = re.sub(r"(entropy\(\w+, normalized\) (?:>|<=) )[0-9.]+", rf"\g<1>{TINY_ENTROPY_TAU[name]}", src)
+        # the examples take their entropy threshold as the parameter `tau`: change its default
+        src = re.sub(r"^(param tau: float = )[0-9.]+", rf"\g<1>{TINY_ENTROPY_TAU[name]}", src, flags=re.M)
         open(dst, "w").write(src)
     models = re.findall(r"^model (\w+)", src, re.M)
     alias = {"small": "slm", "large": "llm"}

@@ -6,7 +6,8 @@
 
 The plan says what serving needs besides the module: models (path, role, dtype,
 placement, batch threshold, maximum wait, threads), writers with the features each
-route reads, weights files, the schedule, and the module's SHA-256. Models are not loaded
+route reads, weights files, the schedule, the parameters it was compiled with (value and
+origin: default or --set), and the module's SHA-256. Models are not loaded
 unless `--resolve` is given (then router input widths come from the models' configs).
 
 Exit status: 0 on success, 1 when the program does not check or compile, 2 on usage
@@ -21,6 +22,8 @@ import json
 import os
 import sys
 
+from tokenrouter.commands._args import add_binding_args, bindings
+
 HELP = "compile a .route file into its router module and serving plan"
 PLAN_VERSION = 1
 
@@ -31,6 +34,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--emit", choices=["python", "ir", "plan"], help="print this on stdout instead")
     parser.add_argument("--resolve", action="store_true",
                         help="resolve the models (checkpoint, GGUF or built-in) to fill in input widths")
+    add_binding_args(parser)
 
 
 def run(args) -> int:
@@ -43,7 +47,16 @@ def run(args) -> int:
     if not args.output and not args.emit:
         print("tokenrouter compile: error: give -o DIR or --emit python|ir|plan", file=sys.stderr)
         return 2
-    program = _load(args.file, args.resolve)
+    try:
+        params, model_paths = bindings(args)
+    except ValueError as exc:
+        print(f"tokenrouter compile: error: {exc}", file=sys.stderr)
+        return 2
+    if args.file.endswith(".json") and (params or model_paths):
+        print("tokenrouter compile: error: an IR file is already bound; --set and --model apply to a .route file",
+              file=sys.stderr)
+        return 2
+    program = _load(args.file, args.resolve, params, model_paths)
     if program is None:
         return 1
     try:
@@ -80,7 +93,7 @@ def _write(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _load(path: str, resolve: bool):
+def _load(path: str, resolve: bool, params=None, model_paths=None):
     """The checked program, or None after printing why not."""
     from tokenrouter.compiler import ir
 
@@ -94,11 +107,11 @@ def _load(path: str, resolve: bool):
     from tokenrouter.compiler.frontend import RouteError, check_file, load_program
     if resolve:
         try:
-            return load_program(path)
+            return load_program(path, model_paths=model_paths, params=params)
         except RouteError as exc:
             print(str(exc), file=sys.stderr)
             return None
-    program, diags = check_file(path)
+    program, diags = check_file(path, model_paths=model_paths, params=params)
     if diags:
         from tokenrouter.dsl.diagnostics import render
         try:
@@ -140,6 +153,7 @@ def serving_plan(program, source: str) -> dict:
         "writers": writers,
         "weights": sorted({r.file for r in program.routers} | {f for _, f in head_keys(program)}),
         "schedule": {"graph_batch_sizes": list(s.graph_batch_sizes), "graph_tokens": list(s.graph_tokens)},
+        "params": [{"name": p.name, "type": p.type, "value": p.value, "origin": p.origin} for p in program.params],
         "module": "router.py",
         "module_sha256": hashlib.sha256(source.encode()).hexdigest(),
     } if isinstance(program, ir.Program) else {}

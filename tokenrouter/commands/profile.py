@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tokenrouter.commands._args import positive_ints
+from tokenrouter.commands._args import add_binding_args, bindings, positive_ints
 
 HELP = "measure each model's step latency against batch size (alone and co-located) into a profile JSON"
 
@@ -20,6 +20,7 @@ def configure(parser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per point (median kept)")
     parser.add_argument("--no-colocate", action="store_true", help="skip the co-located measurements")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_binding_args(parser)
 
 
 def run(args) -> int:
@@ -33,7 +34,8 @@ def run(args) -> int:
             raise ValueError("--batch-sizes is empty")
         if args.repeats < 1:
             raise ValueError("--repeats must be >= 1")
-        program = load_program(args.file)
+        params, model_paths = bindings(args)
+        program = load_program(args.file, model_paths=model_paths, params=params)
     except RouteError as exc:
         print(str(exc), file=sys.stderr)
         return 1

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from tokenrouter.commands._args import add_binding_args, bindings
+
 HELP = "predict throughput over batch thresholds (Markov chain) and pick the best B"
 
 
@@ -24,6 +26,7 @@ def configure(parser) -> None:
                         help="the Markov chain, the simulator, or the chain while it fits (default)")
     parser.add_argument("--independent", action="store_true",
                         help="models on independent hardware: no co-location slowdown")
+    add_binding_args(parser)
 
 
 def _floats(text: str, what: str, n: int | None = None) -> list[float]:
@@ -46,9 +49,14 @@ def run(args) -> int:
     from tokenrouter.tuner.runlength import load_traces
 
     try:
-        program, diags = check_file(args.file)
+        params, model_paths = bindings(args)
+        program, diags = check_file(args.file, model_paths=model_paths, params=params)
         if program is None:
-            print(render_all(diags), file=sys.stderr)
+            try:
+                source = Path(args.file).read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                source = None
+            print(render_all(diags, source), file=sys.stderr)
             return 1
         inp = inputs_from_program(program)
         if args.concurrency < 1:

@@ -15,7 +15,8 @@ from tokenrouter.compiler.ir import Span
 Severity = Literal["error", "warning"]
 
 # code -> (severity, short title). E0xx syntax and input, E1xx names, E2xx attributes,
-# E3xx expressions and features, E4xx routing, E5xx ensembles, E6xx serving, W models.
+# E3xx expressions and features, E4xx routing, E5xx ensembles, E6xx serving, E7xx parameters
+# and bindings, W models.
 CODES: dict[str, tuple[Severity, str]] = {
     "E001": ("error", "syntax error: unexpected token"),
     "E002": ("error", "syntax error: unexpected character"),
@@ -54,6 +55,14 @@ CODES: dict[str, tuple[Severity, str]] = {
     "E601": ("error", "unknown serving key"),
     "E602": ("error", "invalid serving value"),
     "E603": ("error", "duplicate serving setting"),
+    "E701": ("error", "invalid parameter declaration"),
+    "E702": ("error", "parameter value of the wrong type"),
+    "E703": ("error", "parameter value outside its range"),
+    "E704": ("error", "--set names an undeclared parameter"),
+    "E705": ("error", "parameter without a value"),
+    "E706": ("error", "model without a path or binding"),
+    "E707": ("error", "--model names an undeclared model"),
+    "E708": ("error", "invalid parameter range"),
     "W001": ("warning", "ping-pong: overlapping switch-up and switch-back thresholds"),
     "W002": ("warning", "declared but never used"),
     "W003": ("warning", "model path does not exist"),
@@ -134,6 +143,21 @@ def render(diag: Diagnostic, source: str | None) -> str:
         else:
             out.append(f"  = note: {note.message}")
     return "\n".join(out)
+
+
+def to_json(diag: Diagnostic, file: str) -> dict:
+    """The machine-readable form (`tokenrouter check --format json`, docs/language.md):
+    line and col are 1-based, `end` is exclusive; a diagnostic about the command line
+    itself (`--set`, `--model`) has no position: line, col and end are null."""
+    def where(span: Span | None) -> dict:
+        if span is None:
+            return {"file": file, "line": None, "col": None, "end": None}
+        return {"file": span.file, "line": span.line, "col": span.col,
+                "end": {"line": span.end_line, "col": span.end_col}}
+
+    return {"code": diag.code, "severity": diag.severity, **where(diag.span), "message": diag.message,
+            "hints": [diag.hint] if diag.hint else [],
+            "notes": [{"message": n.message, **where(n.span)} for n in diag.notes]}
 
 
 def render_all(diags: Iterable[Diagnostic], source: str | None) -> str:

@@ -3,12 +3,16 @@
 
 Whatever the input, `parse_source` returns diagnostics instead of raising: bytes that are
 not UTF-8, oversized files, unknown characters, unexpected tokens, unclosed braces and
-absurd nesting each become one friendly diagnostic (a syntax error stops the parse, so
-there is at most one). Semantic checks are not done here.
+absurd nesting each become a friendly diagnostic. A file with syntax errors is parsed a
+second time by a recovering parser (`_all_syntax_errors`) that reports every one of them:
+it skips a bad character, and after an unexpected token it drops the statement and
+resumes at the next statement boundary (a declaration keyword, a rule, `}`), so each
+broken statement gives one diagnostic. Semantic checks are not done here.
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 from pathlib import Path
 
@@ -105,12 +109,11 @@ def parse_source(text: str, path: str = "<input>") -> tuple[ast.File | None, lis
     _local.comments = []
     try:
         tree = lark_parser().parse(text)
-    except lark.exceptions.UnexpectedCharacters as exc:
-        return None, [_unexpected_char(exc, text, path)]
-    except lark.exceptions.UnexpectedToken as exc:
-        return None, [_unexpected_token(exc, text, path)]
-    except lark.exceptions.UnexpectedEOF as exc:
-        return None, [_unexpected_eof(exc.expected, text, path)]
+    except lark.exceptions.UnexpectedInput as exc:
+        _local.comments = None
+        if len(text) > RECOVER_LIMIT:  # a page-sized program gets every error; megabytes, the first
+            return None, [_first_syntax_error(exc, text, path)]
+        return None, _all_syntax_errors(text, path)
     finally:
         comments, _local.comments = _local.comments, None
     deep = _tree_depth_error(tree, path)
@@ -142,7 +145,7 @@ def _describe(terminal: str) -> str:
 
 
 def _expected(terminals) -> str:
-    described = sorted({_describe(t) for t in terminals if not t.startswith("__")},
+    described = sorted({_describe(t) for t in terminals if not t.startswith("__") or t.startswith("__ANON")},
                        key=lambda w: (not w.startswith("'"), w))
     if len(described) > 10:
         described = described[:10] + ["..."]
@@ -207,6 +210,197 @@ def _unexpected_token(exc, text: str, path: str) -> Diagnostic:
     if token.type in ("KEEP", "REWRITE") or str(token) in ("keep", "rewrite"):
         hint += "; an action comes last: 'SRC -> DST when CONDITION keep|rewrite'"
     return Diagnostic("E001", f"unexpected {_token_text(token)}", span, hint=hint)
+
+
+# ------------------------------------------------------- every syntax error
+
+MAX_SYNTAX_ERRORS = 30
+RECOVER_LIMIT = 64 * 1024  # characters (a program is a page); larger files report their first syntax error only
+
+
+def _first_syntax_error(exc, text: str, path: str) -> Diagnostic:
+    import lark
+
+    if isinstance(exc, lark.exceptions.UnexpectedCharacters):
+        return _unexpected_char(exc, text, path)
+    if isinstance(exc, lark.exceptions.UnexpectedToken):
+        return _unexpected_token(exc, text, path)
+    return _unexpected_eof(exc.expected, text, path)
+
+
+def _keyword_types() -> frozenset[str]:
+    """Terminals that are words (`model`, `when`, `max`, ...): the contextual lexer reads
+    them as names where a keyword is not expected."""
+    import re
+
+    from lark.lexer import PatternStr
+
+    return frozenset(t.name for t in lark_parser().terminals
+                     if isinstance(t.pattern, PatternStr) and re.fullmatch(r"[A-Za-z_]\w*", t.pattern.value))
+
+
+_TOP_LEVEL = frozenset({"PARAM", "MODEL", "ROUTER", "HEAD", "ENSEMBLE", "ROUTE", "SERVE"})
+_basic_lexer = None
+
+
+def _lexer():
+    global _basic_lexer
+    if _basic_lexer is None:
+        from lark.lexer import BasicLexer
+
+        conf = copy.copy(lark_parser().lexer_conf)
+        conf.skip_validation = True  # the parser has validated these terminals (strict mode) already
+        with _parser_lock:
+            _basic_lexer = BasicLexer(conf)
+    return _basic_lexer
+
+
+def _lex_all(text: str, path: str, diags: list[Diagnostic]) -> list:
+    """Every token, skipping what cannot be a token: a bad character (one E002 each), or
+    an unterminated string (E002, the rest of its line skipped)."""
+    import lark
+    from lark.lexer import LexerState, TextSlice
+
+    lexer = _lexer()
+    state = LexerState(TextSlice.cast_from(text))
+    tokens = []
+    while len(diags) < MAX_SYNTAX_ERRORS:
+        try:
+            tokens.append(lexer.next_token(state))
+        except EOFError:
+            return tokens
+        except lark.exceptions.UnexpectedCharacters as exc:
+            pos = state.line_ctr.char_pos
+            if text[pos] == '"':
+                nl = text.find("\n", pos)
+                end = len(text) if nl < 0 else nl
+                diags.append(_unexpected_char(exc, text, path))
+            else:  # a run of bad characters (`&&`) is one mistake
+                end = pos + 1
+                while end < len(text) and text[end] not in ' \t\r\n"' and lexer.match(state.text, end) is None:
+                    end += 1
+                diag = _unexpected_char(exc, text, path)
+                if end > pos + 1:
+                    run = text[pos:end]
+                    shown = repr(run) if run.isprintable() and len(run) <= 30 else f"{len(run)} characters"
+                    diag = Diagnostic(diag.code, f"unexpected characters {shown}",
+                                      Span(path, exc.line, exc.column, exc.line, exc.column + end - pos), diag.hint)
+                diags.append(diag)
+            tokens.append(_Skipped(pos, end))
+            state.line_ctr.feed(text[pos:end])
+    return tokens
+
+
+class _Skipped:
+    """Where the lexer skipped text: the statement around it is already reported."""
+
+    type = "<skipped>"
+
+    def __init__(self, pos: int, end: int):
+        self.start_pos, self.end_pos = pos, end
+
+
+def _level(tokens, i: int, tok) -> int | None:
+    """The block depth at which `tok` (tokens[i], retyped) can begin a statement (0: a
+    declaration or block, 1: a statement inside a block, or the `}` closing it), or None."""
+    if tok.type in _TOP_LEVEL:
+        return 0
+    if tok.type in ("START", "VISIT", "RBRACE"):
+        return 1
+    if tok.type == "NAME":
+        nxt = tokens[i + 1].type if i + 1 < len(tokens) else None
+        if nxt in ("__ANON_0", "EQUAL"):  # `SRC -> ...`, `key = ...`
+            return 1
+        after = tokens[i + 2].type if i + 2 < len(tokens) else None
+        if nxt == "NAME" and after == "EQUAL":  # `batch llm = ...`
+            return 1
+    return None
+
+
+def _all_syntax_errors(text: str, path: str) -> list[Diagnostic]:
+    """Every syntax error in `text`, each positioned; see the module docstring."""
+    import lark
+    from lark import Token
+
+    diags: list[Diagnostic] = []
+    tokens = _lex_all(text, path, diags)
+    skipped = [t.start_pos for t in tokens if isinstance(t, _Skipped)]
+    keywords = _keyword_types()
+    ip = lark_parser().parse_interactive("")
+    checkpoints = {0: ip.copy(deepcopy_values=False)}  # depth -> the parser before a statement there
+    depth, i, last_error = 0, 0, -1
+    stmt_start = 0  # text offset where the statement being parsed starts
+
+    def retype(tok, choices):
+        if tok.type in keywords and tok.type not in choices and "NAME" in choices:
+            return Token.new_borrow_pos("NAME", str(tok), tok)
+        return tok
+
+    def report(diag_fn, upto: int):
+        # one diagnostic per statement: none after a character the lexer skipped in it
+        if not any(stmt_start <= p <= upto for p in skipped) and len(diags) < MAX_SYNTAX_ERRORS:
+            diags.append(diag_fn())
+
+    def resume(j: int):
+        """(parser, depth, index) at the first statement boundary from tokens[j] on that
+        an enclosing level accepts; top-level keywords first go back to the top level."""
+        while j < len(tokens):
+            if not isinstance(tokens[j], _Skipped):
+                order = sorted(checkpoints, reverse=tokens[j].type not in _TOP_LEVEL)
+                for d in order:
+                    choices = checkpoints[d].choices()
+                    tok = retype(tokens[j], choices)
+                    if _level(tokens, j, tok) == d and tok.type in choices:
+                        return checkpoints[d], d, j
+            j += 1
+        return None
+
+    while i < len(tokens) and len(diags) < MAX_SYNTAX_ERRORS:
+        if isinstance(tokens[i], _Skipped):
+            i += 1
+            continue
+        choices = ip.choices()
+        tok = retype(tokens[i], choices)
+        before = None
+        if _level(tokens, i, tok) == depth and tok.type in choices:
+            before = ip.copy(deepcopy_values=False)
+        try:
+            ip.feed_token(tok)
+        except lark.exceptions.UnexpectedToken as exc:
+            if i != last_error:  # (a resumed parser can fail on the same token: LALR reduces first)
+                report(lambda: _unexpected_token(exc, text, path), tok.start_pos)
+            found = resume(i if i != last_error else i + 1)
+            last_error = i
+            if found is None:
+                return sorted(diags, key=Diagnostic.sort_key)
+            saved, depth, i = found
+            ip = saved.copy(deepcopy_values=False)
+            checkpoints = {d: c for d, c in checkpoints.items() if d <= depth}
+            stmt_start = tokens[i].start_pos
+            continue
+        if before is not None:  # a statement began here: come back to this point after an error in it
+            checkpoints = {d: c for d, c in checkpoints.items() if d < depth}
+            checkpoints[depth] = before
+            stmt_start = tok.start_pos
+        if tok.type == "LBRACE":
+            depth += 1
+            checkpoints[depth] = ip.copy(deepcopy_values=False)
+            stmt_start = tok.end_pos
+        elif tok.type == "RBRACE":
+            depth = max(depth - 1, 0)
+            checkpoints = {d: c for d, c in checkpoints.items() if d <= depth}
+        i += 1
+    try:
+        if i >= len(tokens):
+            ip.feed_eof()
+    except lark.exceptions.UnexpectedToken as exc:
+        report(lambda: _unexpected_eof(exc.expected, text, path), len(text))
+    if not diags:  # the fast parser failed where this one did not: never lose its error
+        try:
+            lark_parser().parse(text)
+        except lark.exceptions.UnexpectedInput as exc:
+            diags.append(_first_syntax_error(exc, text, path))
+    return sorted(diags, key=Diagnostic.sort_key)
 
 
 def _bracket_scan(text: str, limit: int = 1 << 30):
@@ -358,17 +552,43 @@ class _Builder:
         return tuple(ast.Attr(self.name(_parts(a)[0]), self.expr(_parts(a)[1]), self.span(a))
                      for a in tree.children if not hasattr(a, "type"))
 
+    def param_decl(self, tree):
+        from lark import Token
+
+        name, type_, default, range_ = None, None, None, None
+        after_in = False
+        for child in tree.children:
+            if isinstance(child, Token):
+                if child.type == "NAME":
+                    if name is None:
+                        name = child
+                    else:
+                        type_ = child
+                after_in = after_in or child.type == "IN"
+            elif after_in:
+                range_ = self.expr(child)
+            else:
+                default = self.expr(child)
+        return ast.ParamDecl(self.name(name), self.name(type_), default, range_, self.span(tree))
+
     def model_decl(self, tree):
-        (name, path), attrs = self._split(tree.children)
-        return ast.ModelDecl(self.name(name), self.string(path), attrs, self.span(tree))
+        rest, attrs = self._split(tree.children)
+        path = self.string(rest[1]) if len(rest) > 1 else None
+        return ast.ModelDecl(self.name(rest[0]), path, attrs, self.span(tree))
+
+    def file_ref(self, tok):
+        """A weights file: a string, or the name of a `path` parameter."""
+        if tok.type == "NAME":
+            return ast.Ref(self.name(tok), self.span_tok(tok))
+        return self.string(tok)
 
     def router_decl(self, tree):
         (name, model, path), attrs = self._split(tree.children)
-        return ast.RouterDecl(self.name(name), self.name(model), self.string(path), attrs, self.span(tree))
+        return ast.RouterDecl(self.name(name), self.name(model), self.file_ref(path), attrs, self.span(tree))
 
     def head_decl(self, tree):
         (name, model, path), attrs = self._split(tree.children)
-        return ast.HeadDecl(self.name(name), self.name(model), self.string(path), attrs, self.span(tree))
+        return ast.HeadDecl(self.name(name), self.name(model), self.file_ref(path), attrs, self.span(tree))
 
     def ensemble_decl(self, tree):
         rest, attrs = self._split(tree.children)

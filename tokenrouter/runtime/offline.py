@@ -63,11 +63,11 @@ class LLM:
     """A running deployment of one routing program (subservers + frontend)."""
 
     def __init__(self, program: str | ir.Program, model_paths: dict[str, str] | None = None,
-                 launch=None, timeout: float = 300.0, **launch_kwargs):
+                 launch=None, timeout: float = 300.0, params: dict[str, str] | None = None, **launch_kwargs):
         from tokenrouter.runtime.launcher import LaunchOptions
-        if isinstance(program, str):
+        if isinstance(program, str):  # model_paths and params: the --model and --set of the commands
             from tokenrouter.compiler.frontend import load_program
-            program = load_program(program, model_paths=model_paths)
+            program = load_program(program, model_paths=model_paths, params=params)
         self.program = program
         self.tokenizer = tokenizer_for(program)
         opts = launch or LaunchOptions(**launch_kwargs)

@@ -1,0 +1,202 @@
+"""A checked program in words (`tokenrouter explain`): its writers, start, handoffs with
+their conditions and actions, visit bounds, serving schedule and bound parameters.
+
+It reads only the IR, so it shows the program as it will run, with `--set` values in
+place; a number that came from a parameter is shown by the parameter's name and value
+(`tau=0.3`). `draw.py` draws the same facts as a state machine.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from tokenrouter.compiler import ir
+
+_PREC = {"or": 1, "and": 2, "not": 3, "cmp": 4, "+": 5, "-": 5, "*": 6, "/": 6}
+_ATOM = 9
+
+
+def expr_text(e, values: bool = True) -> str:
+    """An IR condition as .route-like text; with `values`, a parameter reads `tau=0.3`,
+    without, `tau`."""
+    return _expr(e, values)[0]
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def _expr(e, values: bool) -> tuple[str, int]:
+    if isinstance(e, ir.Const):
+        if e.param:
+            return (f"{e.param}={_num(e.value)}" if values else e.param), _ATOM
+        return _num(e.value), _ATOM
+    if isinstance(e, ir.Entropy):
+        return f"entropy({e.model}, {'normalized' if e.normalized else 'raw'})", _ATOM
+    if isinstance(e, ir.TopProb):
+        return f"top_prob({e.model})", _ATOM
+    if isinstance(e, ir.Margin):
+        return f"margin({e.model})", _ATOM
+    if isinstance(e, ir.RouterProb):
+        return e.router, _ATOM
+    if isinstance(e, ir.HeadLogit):
+        what = "head" if e.sigmoid else "head logit"
+        return f"{what}({e.model}: {os.path.basename(e.file)})", _ATOM
+    if isinstance(e, ir.Bernoulli):
+        return f"bernoulli({_num(e.p)}, {e.seed})", _ATOM
+    if isinstance(e, ir.VisitTokens):
+        return "visit_tokens", _ATOM
+    if isinstance(e, ir.Logic):
+        if e.op == "not":
+            text, prec = _expr(e.args[0], values)
+            return "not " + (f"({text})" if prec < _ATOM else text), _PREC["not"]
+        prec = _PREC[e.op]
+        parts = []
+        for a in e.args:
+            text, p = _expr(a, values)
+            parts.append(f"({text})" if p < prec else text)
+        return f" {e.op} ".join(parts), prec
+    prec = _PREC["cmp"] if isinstance(e, ir.Compare) else _PREC[e.op]
+    left, lp = _expr(e.left, values)
+    right, rp = _expr(e.right, values)
+    if lp < prec or (lp == prec and isinstance(e, ir.Compare)):
+        left = f"({left})"
+    if rp <= prec:
+        right = f"({right})"
+    return f"{left} {e.op} {right}", prec
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One way a request leaves a writer: a transition, or a visit bound's `then`."""
+
+    source: str
+    dest: str
+    kind: str  # "rule" | "max"
+    condition: str  # the rule's condition; for a bound, "after N tokens"
+    action: str  # keep | rewrite
+    order: int  # a rule's place among the rules out of its writer (1-based); 0 for a bound
+
+
+def edges(program: ir.Program) -> list[Edge]:
+    out = []
+    for w in program.writers():
+        for i, t in enumerate(program.transitions_from(w), 1):
+            out.append(Edge(t.source, t.dest, "rule", expr_text(t.when), t.action, i))
+        b = program.bound(w)
+        if b.max_tokens is not None and b.then:
+            n = b.max_tokens
+            out.append(Edge(w, b.then, "max", f"after {n} token{'s' if n != 1 else ''}", "keep", 0))
+    return out
+
+
+def reachable(program: ir.Program) -> list[str]:
+    """The writers a request can reach from the start, in declaration order (a model that
+    is only an ensemble's member never writes on its own)."""
+    seen, todo = {program.start}, [program.start]
+    while todo:
+        w = todo.pop()
+        nxt = [t.dest for t in program.transitions_from(w)] + [program.bound(w).then]
+        for d in nxt:
+            if d and d not in seen:
+                seen.add(d)
+                todo.append(d)
+    return [w for w in program.writers() if w in seen]
+
+
+def writer_line(program: ir.Program, name: str) -> str:
+    ens = {e.name: e for e in program.ensembles}
+    if name in ens:
+        e = ens[name]
+        members = ", ".join(f"{m} {w:g}" for m, w in zip(e.members, e.weights))
+        extra = f", top-{e.topk_union} union" if e.topk_union else ""
+        extra += f", seed {e.seed}" if e.mode == "mixture" else ""
+        return f"ensemble ({e.mode} of {members}{extra})"
+    m = program.model(name)
+    return f"model {m.path} ({m.role}, {m.dtype})"
+
+
+def _action_words(e: Edge) -> str:
+    if e.action == "rewrite":
+        return f"rewrite: the token {e.source} just wrote is dropped and {e.dest} writes that position"
+    return f"keep: the token {e.source} just wrote stays"
+
+
+def _schedule_lines(s: ir.Schedule) -> list[str]:
+    def per(pairs, fmt=str):
+        return ", ".join(f"{k} {fmt(v)}" for k, v in pairs)
+
+    lines = []
+    if s.batch:
+        lines.append(f"batch threshold: {per(s.batch)}")
+    if s.max_wait_ms:
+        lines.append(f"max wait: {per(s.max_wait_ms, lambda v: f'{v:g}ms')}")
+    if s.placement:
+        lines.append(f"placement: {per(s.placement)}")
+    if s.threads:
+        lines.append(f"threads: {per(s.threads)}")
+    if s.graph_batch_sizes:
+        lines.append(f"graph batch sizes: {', '.join(map(str, s.graph_batch_sizes))}")
+    if s.graph_tokens:
+        lines.append(f"graph tokens: {', '.join(map(str, s.graph_tokens))}")
+    return lines
+
+
+def param_value(p: ir.Param) -> str:
+    if p.type == "duration":
+        return f"{p.value:g}ms"
+    if p.type == "float":
+        return f"{p.value:g}"
+    return str(p.value)
+
+
+def param_line(p: ir.Param) -> str:
+    rng = ""
+    if p.lo is not None and p.hi is not None:
+        unit = "ms" if p.type == "duration" else ""
+        rng = f" in [{p.lo:g}{unit}, {p.hi:g}{unit}]"
+    origin = f"set by --set {p.name}={p.text}" if p.origin == "set" else "the default"
+    return f"{p.name} = {param_value(p)}  ({p.type}{rng}; {origin})"
+
+
+def describe(program: ir.Program) -> str:
+    """The program in words, one fact per line."""
+    out = [f"{program.source}", ""]
+    out.append("writers:")
+    width = max(len(w) for w in program.writers())
+    live = reachable(program)
+    member_of = {m: e.name for e in program.ensembles for m in e.members}
+    for w in program.writers():
+        mark = "  <- start" if w == program.start else ""
+        if w not in live:
+            mark = f"  (a member of {member_of[w]} only)" if w in member_of else "  (never reached)"
+        out.append(f"  {w:<{width}}  {writer_line(program, w)}{mark}")
+    out.append(f"start: {program.start} writes every request's first token")
+    out.append("")
+    es = edges(program)
+    rules = [e for e in es if e.kind == "rule"]
+    out.append("handoffs (after each token, the rules out of its writer are tried in order; the first that "
+               "holds moves the request; none: it stays):" if rules else "handoffs: none")
+    for e in rules:
+        out.append(f"  {e.order}. {e.source} -> {e.dest} when {e.condition}")
+        out.append(f"     {_action_words(e)}")
+    bounds = [b for b in program.bounds]
+    out.append("")
+    out.append("visit bounds:" if bounds else "visit bounds: none")
+    for b in bounds:
+        parts = []
+        if b.min_tokens > 1:
+            parts.append(f"writes at least {b.min_tokens} tokens before its rules are tried")
+        if b.max_tokens is not None:
+            parts.append(f"writes at most {b.max_tokens} token{'s' if b.max_tokens != 1 else ''}, then hands "
+                         f"over to {b.then} (keep)")
+        out.append(f"  {b.writer}: {'; '.join(parts) or 'no bound'}")
+    out.append("")
+    sched = _schedule_lines(program.schedule)
+    out.append("serve schedule (speed only, never the tokens):" if sched else "serve schedule: defaults")
+    out += [f"  {line}" for line in sched]
+    out.append("")
+    out.append("parameters:" if program.params else "parameters: none")
+    out += [f"  {param_line(p)}" for p in program.params]
+    return "\n".join(out) + "\n"
