@@ -151,3 +151,23 @@ def test_dispatcher_routes_as_the_program_says(models):
         large.close()
     assert ml.outputs == [greedy_ours(paths["llm"], p, 10) for p in PROMPTS]
     assert dataclasses.asdict(ml)["written_by"] == {"large": 40}
+
+
+@pytest.mark.timeout(120)
+def test_official_loop_routes_as_the_program_says(models):
+    """CITER's serving style (transformers generate steps, large model without cache) writes
+    the reference's tokens on a coin program, in static batches."""
+    from tokenrouter.bench import workload
+    from tokenrouter.bench.official import CiterOfficial
+    from tokenrouter.runtime.engine.sampler import SamplingParams
+    from tokenrouter.runtime.reference import Reference
+    paths, _ = models
+    prog = tiny.coin({"slm": paths["slm"], "llm": paths["llm"]}, 0.3, dtype="float32")
+    off = CiterOfficial(prog, threads=1)
+    m = off.measure("official", PROMPTS, workload.sampling(10), 3)
+    ref = Reference(prog, max_model_len=64)
+    want = [ref.generate(p, SamplingParams(temperature=0.0, max_tokens=10), seed=i) for i, p in enumerate(PROMPTS)]
+    assert m.outputs == [w.tokens for w in want]
+    assert m.written_by == {k: sum(w.written_by.get(k, 0) for w in want) for k in ("slm", "llm")}
+    # static batches of 3 then 1: one small-model call per position per batch
+    assert m.steps["slm"] == 2 * 10 and m.latencies_s[0] == m.latencies_s[2] != m.latencies_s[3]
