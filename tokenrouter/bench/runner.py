@@ -32,7 +32,7 @@ class BenchOptions:
     num_blocks: int | None = None
     progress: bool = True
     model_paths: dict[str, str] | None = None
-    threads: int = 1  # torch threads of lockstep and of a single-model server
+    threads: int = 1  # threads of lockstep, a single-model server, llamacpp_large and official
     out_dir: str | None = None  # where to save the measured profile
     mode: str = "process"  # "thread": subservers in this process (tests)
     steady_s: float = 0.0  # size each configuration's measurement for at least this many seconds
@@ -75,14 +75,14 @@ def _start(c: str, program, opts: BenchOptions, base, n: int, ctx: int, small: s
         return RuntimeDeployment(one, dataclasses.replace(base, threads={one.start: opts.threads}))
     if c == "official":
         from .official import CiterOfficial
-        return CiterOfficial(program, threads=cores)
+        return CiterOfficial(program, threads=opts.threads)
     if c in C.PER_LEVEL:
         from tokenrouter.runtime.loader.gguf_export import exported_gguf
 
         from .llamacpp import LlamaCppLarge, LlamaCppStandard
         if c == "llamacpp_large":
             m = program.model(large)
-            return LlamaCppLarge(exported_gguf(m.path), parallel=n, threads=cores, ctx_per_slot=ctx)
+            return LlamaCppLarge(exported_gguf(m.path), parallel=n, threads=opts.threads, ctx_per_slot=ctx)
         ggufs = {m.name: exported_gguf(m.path) for m in program.models}
         per = max(1, cores // len(program.models))
         return LlamaCppStandard(program, ggufs, parallel=n, threads={m.name: per for m in program.models},
@@ -226,7 +226,7 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
                               "threads": {"routed": "cores / local subservers (1 each on 2 cores)",
                                           "lockstep_and_single_model": opts.threads,
                                           "llamacpp_std": f"{max(1, cores // 2)} per server",
-                                          "llamacpp_large_and_official": cores}},
+                                          "llamacpp_large_and_official": opts.threads}},
                "profile": tuning.slowdown_summary(profile) if profile is not None else None,
                "elapsed_s": None, "levels": {}}
     levels_doc = {}
@@ -279,4 +279,18 @@ def host_info() -> dict[str, Any]:
             model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
     except OSError:
         pass
-    return {"cpu": model, "cores": os.cpu_count(), "load_average_at_end": _load()}
+    return {"cpu": model, "cores": os.cpu_count(), "read_gb_per_s": read_bandwidth_gb_s(),
+            "load_average_at_end": _load()}
+
+
+def read_bandwidth_gb_s(mb: int = 256, repeats: int = 3) -> float:
+    """Measured memory read bandwidth: the best of a few sums over a buffer far larger than
+    the caches (decode steps are bandwidth-bound, so this is the host figure that matters)."""
+    import numpy as np
+    a = np.ones(mb * 2**20 // 8, dtype=np.float64)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a.sum()
+        best = min(best, time.perf_counter() - t0)
+    return round(a.nbytes / best / 1e9, 2)

@@ -48,8 +48,9 @@ def configure(parser) -> None:
                         help="concurrency levels at which to also measure the large model's B over a grid")
     parser.add_argument("--profile", help="profile JSON from `tokenrouter profile` (default: measured here)")
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads of lockstep and of the single-model servers (default 1; the "
-                             "routed servers split the cores among themselves)")
+                        help="threads of lockstep, the single-model servers, llamacpp_large and official "
+                             "(default 1; the routed servers, ours and llamacpp_std's, split the cores among "
+                             "themselves)")
     parser.add_argument("--model", action="append", metavar="NAME=PATH", help="override a model's path")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -98,7 +99,7 @@ def _options(args):
 def print_report(details: dict, summary: dict) -> None:
     from tokenrouter.bench.configs import CONFIGS
     host = details.get("host") or {}
-    print(f"host: {host.get('cpu')}, {host.get('cores')} cores")
+    print(f"host: {host.get('cpu')}, {host.get('cores')} cores, read bandwidth {host.get('read_gb_per_s')} GB/s")
     for n, lv in details["levels"].items():
         print(f"\nN = {n}: {details['workload']['max_tokens']} tokens per request, B_i {lv['batch_thresholds']}, "
               f"identical routed outputs: {lv['identical_outputs']}, load average {lv.get('load_average')}")
