@@ -38,8 +38,9 @@ def route_file(pair, tmp_path_factory):
 
 
 @pytest.mark.timeout(150)
-def test_every_configuration_runs_side_by_side(route_file, tmp_path):
+def test_every_configuration_runs_side_by_side(route_file, tmp_path, monkeypatch):
     path, prof = route_file
+    monkeypatch.setenv("TOKENROUTER_CACHE", str(tmp_path / "cache"))  # the peers' GGUF exports go here
     opts = BenchOptions(file=path, concurrency=[1, 2], requests=2, max_tokens=6, rounds=1, sweep=[2],
                         profile=prof, progress=False, mode="thread", steady_s=0.05)
     details, summary = run_bench(opts)
