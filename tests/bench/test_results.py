@@ -100,3 +100,16 @@ def test_calibrated_requests():
     assert calibrated_requests(16, 8, 128, 150.0, 30, 64) == 40  # 35.2 -> whole waves of 8
     assert calibrated_requests(16, 8, 128, 10_000.0, 30, 64) == 64  # capped
     assert calibrated_requests(4, 1, 100, 10.0, 30, 64) == 4  # at least the base
+
+
+def test_gap_splits_the_time_per_model():
+    from tokenrouter.tuner.profile import Profile
+    prof = Profile.affine({"small": (10.0, 1.0), "large": (40.0, 4.0)}, colocation=0.0)
+    # small: 20 steps at mean batch 4 (80 request-steps), busy 0.5 s of a 1 s wall
+    m = meas("tokenrouter", 1.0, 80, written_by={"small": 76, "large": 4}, batch_sum={"small": 80, "large": 4},
+             steps={"small": 20, "large": 4}, phase_s={"small": {"forward": 0.5}, "large": {"forward": 0.2}})
+    g = R.gap(8, prof, m)["small"]
+    assert g["busy_share_of_wall"] == 0.5 and g["mean_batch"] == 4.0
+    assert g["measured_step_ms"] == 25.0 and g["profile_step_ms_at_mean_batch"] == pytest.approx(13.0)
+    assert g["underfill"] == pytest.approx((13.0 / 4) / (17.0 / 8))
+    assert g["step_over_profile"] == pytest.approx(25.0 / 13.0)

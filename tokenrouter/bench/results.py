@@ -120,6 +120,32 @@ def bound(concurrency: int, profile, m) -> dict[str, Any] | None:
     return {"tokens_per_s": m.tokens / cost_s if cost_s > 0 else None, "models": per}
 
 
+def gap(concurrency: int, profile, m) -> dict[str, Any] | None:
+    """Where a tokenrouter measurement's time went against the bound, per model: how much of
+    the wall it was busy (the rest it waited for requests), the mean batch it formed against
+    N (a step of b requests costs L(b)/b per request-step instead of L(N)/N: `underfill`),
+    and its measured step against the profile's at that mean batch (`step_over_profile`:
+    co-location, longer contexts, extends, the frontend's CPU use)."""
+    if profile is None or m is None or not m.batch_sum:
+        return None
+    out = {}
+    for w, req_steps in m.batch_sum.items():
+        steps = m.steps.get(w, 0)
+        if steps <= 0 or w not in profile.models:
+            continue
+        busy = sum(m.phase_s.get(w, {}).values())
+        mean_b = req_steps / steps
+        prof = profile.models[w]
+        at_b = prof.step_ms(max(1, int(round(mean_b))))
+        at_n = prof.step_ms(concurrency)
+        out[w] = {"busy_share_of_wall": busy / m.wall_s if m.wall_s > 0 else None, "mean_batch": mean_b,
+                  "measured_step_ms": 1000 * busy / steps, "profile_step_ms_at_mean_batch": at_b,
+                  "profile_step_ms_at_N": at_n,
+                  "underfill": (at_b / max(1, round(mean_b))) / (at_n / concurrency),
+                  "step_over_profile": 1000 * busy / steps / at_b}
+    return out
+
+
 def ratios(tps: dict[str, float | None]) -> dict[str, float]:
     t = tps.get("tokenrouter")
     if not t:

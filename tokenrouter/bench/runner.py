@@ -233,9 +233,11 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     for n, per in raw.items():
         cfg = {c: R.config_result(ms) for c, ms in per.items() if not c.startswith("tokenrouter@")}
         if "bound" in opts.configs and per.get("tokenrouter"):
-            b = R.bound(n, profile, R.median_round(per["tokenrouter"]))
+            med = R.median_round(per["tokenrouter"])
+            b = R.bound(n, profile, med)
             if b and b["tokens_per_s"]:
-                cfg["bound"] = {"tokens_per_s": b["tokens_per_s"], "rounds_tokens_per_s": None, "bound": b}
+                cfg["bound"] = {"tokens_per_s": b["tokens_per_s"], "rounds_tokens_per_s": None, "bound": b,
+                                "tokenrouter_gap": R.gap(n, profile, med)}
         tps = {c: v["tokens_per_s"] for c, v in cfg.items()}
         lv = {"requests": n_req[n], "batch_thresholds": tuned[n], "configs": cfg, "ratios": R.ratios(tps),
               "of_bound": R.of_bound(tps), "identical_outputs": R.identical_outputs(per),
