@@ -96,10 +96,11 @@ def test_bound_prices_every_request_step_at_the_full_batch():
 
 def test_calibrated_requests():
     from tokenrouter.bench.runner import calibrated_requests
-    assert calibrated_requests(16, 8, 128, 0.0, 30, 64) == 16  # no calibration: the base
+    assert calibrated_requests(16, 8, 128, 0.0, 0, 64) == 16  # no calibration: the base
+    assert calibrated_requests(4, 8, 128, 0.0, 0, 64) == 16  # ... at least two waves
     assert calibrated_requests(16, 8, 128, 150.0, 30, 64) == 40  # 35.2 -> whole waves of 8
     assert calibrated_requests(16, 8, 128, 10_000.0, 30, 64) == 64  # capped
-    assert calibrated_requests(4, 1, 100, 10.0, 30, 64) == 4  # at least the base
+    assert calibrated_requests(16, 8, 128, 5.0, 30, 64) == 8  # one wave of a slow configuration
 
 
 def test_gap_splits_the_time_per_model():

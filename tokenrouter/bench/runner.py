@@ -55,13 +55,16 @@ def num_blocks_for(opts: BenchOptions, prompt_len: int, block_size: int = 16) ->
 
 def calibrated_requests(base: int, concurrency: int, max_tokens: int, tokens_per_s: float, steady_s: float,
                         cap: int) -> int:
-    """Requests for one configuration's measurement: at least `base` (and two waves of N),
-    and enough for `steady_s` seconds at the calibrated speed, in whole waves, at most `cap`."""
-    n = workload.requests_for(concurrency, base)
-    if steady_s > 0 and tokens_per_s > 0:
-        n = max(n, math.ceil(steady_s * tokens_per_s / max_tokens))
+    """Requests for one configuration's measurement. Without calibration (steady_s = 0):
+    `base`, at least two waves of N. With it: enough whole waves of N for `steady_s`
+    seconds at the configuration's calibrated speed, between one wave and `cap`, so a fast
+    configuration runs long enough to reach its steady state and a slow one (whose single
+    wave already lasts that long) is not made to run for many minutes."""
+    if steady_s <= 0 or tokens_per_s <= 0:
+        return workload.requests_for(concurrency, base)
+    n = math.ceil(steady_s * tokens_per_s / max_tokens)
     n = -(-n // concurrency) * concurrency
-    return max(workload.requests_for(concurrency, base), min(n, cap))
+    return max(concurrency, min(n, cap))
 
 
 def _start(c: str, program, opts: BenchOptions, base, n: int, ctx: int, small: str, large: str):

@@ -15,7 +15,7 @@ QUICK = {"concurrency": "8", "requests": 16, "max_tokens": 128, "rounds": 2, "co
 # --long: the long-output workload (how each configuration's cost grows with context)
 LONG = {"concurrency": "8", "requests": 8, "max_tokens": 2048, "rounds": 2, "configs": "quick", "steady_s": 0.0}
 # the full run: 64 requests x 256 tokens at 1, 8, 16, 32
-FULL = {"concurrency": "1,8,16,32", "requests": 64, "max_tokens": 256, "rounds": 3, "configs": "all", "steady_s": 30.0}
+FULL = {"concurrency": "1,8,16,32", "requests": 64, "max_tokens": 256, "rounds": 3, "configs": "all", "steady_s": 0.0}
 
 
 def default_program() -> str:
@@ -28,13 +28,14 @@ def configure(parser) -> None:
     parser.add_argument("--concurrency", "-n", default=None,
                         help="comma-separated concurrency levels (default 1,8,16,32; --quick: 1,8)")
     parser.add_argument("--quick", action="store_true",
-                        help="concurrency 8, >= 16 requests x 128 tokens sized for >= 30 s per configuration and "
-                             "round, 2 rounds, the peers and tokenrouter (about 15 minutes)")
+                        help="concurrency 8, 128-token requests, each configuration sized for >= 30 s a round "
+                             "(whole waves of 8, at most 64 requests), 2 rounds, the peers and tokenrouter")
     parser.add_argument("--long", action="store_true",
                         help="the long-output workload: 2048 new tokens per request at concurrency 8, 2 rounds")
     parser.add_argument("--steady-s", type=float, default=None,
                         help="size each configuration's measurement for at least this many seconds at its own "
-                             "speed, calibrated on a short wave (default 30; 0: exactly --requests)")
+                             "speed, calibrated on a short wave, in whole waves of N (--quick: 30; otherwise 0: "
+                             "--requests for every configuration)")
     parser.add_argument("--out", default="bench-out", help="folder for summary.json, details.json and plots")
     parser.add_argument("--requests", type=int, default=None,
                         help="requests per measurement, at least 2 x concurrency (default 64)")
