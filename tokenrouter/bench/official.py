@@ -25,6 +25,18 @@ import time
 from .deploy import Measurement
 
 
+def _cache_keyword() -> str:
+    """`transformers` renamed generate's `past_key_values` to `cache` in version 5."""
+    try:
+        from transformers import __version__
+        return "cache" if int(__version__.split(".")[0]) >= 5 else "past_key_values"
+    except (ImportError, ValueError):
+        return "past_key_values"
+
+
+_CACHE_KW = _cache_keyword()
+
+
 class CiterOfficial:
     def __init__(self, program, threads: int):
         import torch
@@ -136,10 +148,13 @@ class CiterOfficial:
 
     def _generate(self, model: str, ids, mask, cache):
         """One `generate(max_new_tokens=1)`: the next-token logits of every row, and the cache."""
+        keep = model == self.small
+        kw = {_CACHE_KW: cache} if cache is not None else {}
         res = self.models[model].generate(input_ids=ids, attention_mask=mask, max_new_tokens=1, do_sample=False,
-                                          output_logits=True, return_dict_in_generate=True, past_key_values=cache,
-                                          use_cache=cache is not None or model == self.small, pad_token_id=self.pad)
-        return res.logits[0], res.past_key_values if model == self.small else None
+                                          output_logits=True, return_dict_in_generate=True, use_cache=keep,
+                                          pad_token_id=self.pad, **kw)
+        out_cache = getattr(res, "cache", None) if _CACHE_KW == "cache" else getattr(res, "past_key_values", None)
+        return res.logits[0], out_cache if keep else None
 
     def close(self) -> None:
         self.models.clear()
