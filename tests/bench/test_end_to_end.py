@@ -108,6 +108,9 @@ def test_runlengths_account_for_every_token(pair, route_file):
     (["--sweep", "4", "--concurrency", "8"], "--sweep levels [4]"),
     (["--model", "oops"], "--model takes NAME=PATH"),
     (["--profile", "/nonexistent.json"], "no such profile"),
+    (["--quick", "--long"], "choose one"),
+    (["--steady-s", "-1"], "--steady-s must be >= 0"),
+    (["--configs", "quick,fast"], "unknown configuration"),
 ])
 def test_bad_input_is_a_clear_error(argv, msg, capsys):
     assert cli.main(["bench", *argv]) == 2

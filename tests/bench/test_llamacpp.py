@@ -2,6 +2,7 @@
 loopback, with tiny random-weight models: llama.cpp loads what we export and its greedy
 tokens are ours; the per-token dispatcher routes as the program says."""
 
+import functools
 import os
 import sys
 
@@ -19,12 +20,17 @@ PROMPTS = [[5, 6, 7, 8], [40, 41, 42], [100, 3, 77, 9, 12], [200, 201]]
 STEPS = 12
 
 
-def greedy_ours(folder: str, prompt: list[int], steps: int) -> list[int]:
-    """Greedy tokens of our engine (float32), one request."""
+@functools.lru_cache(maxsize=8)
+def _engine(folder: str):
     from tokenrouter.runtime.engine.engine import Engine
     from tokenrouter.runtime.loader import load_model
     m = load_model(folder)
-    eng = Engine(m.config, m.weights, max_model_len=64, num_blocks=8)
+    return Engine(m.config, m.weights, max_model_len=64, num_blocks=8)
+
+
+def greedy_ours(folder: str, prompt: list[int], steps: int) -> list[int]:
+    """Greedy tokens of our engine (float32), one request."""
+    eng = _engine(folder)
     out, feed = [], list(prompt)
     for _ in range(steps):
         tok = int(eng.step([(0, feed)]).logits[0].argmax())
@@ -65,7 +71,7 @@ def models(tmp_path_factory):
     return paths, ggufs
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_llamacpp_loads_the_export_and_its_greedy_tokens_are_ours(models):
     import httpx
     paths, ggufs = models
@@ -118,7 +124,7 @@ def test_logits_row_spreads_the_rest_evenly():
     assert p[[0, 2, 4, 5]] == pytest.approx([0.05] * 4)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_dispatcher_routes_as_the_program_says(models):
     """llamacpp_std against the single-request reference (float32) on a coin program: the
     same tokens and the same writer counts; llamacpp_large writes what our engine writes."""
@@ -153,7 +159,7 @@ def test_dispatcher_routes_as_the_program_says(models):
     assert dataclasses.asdict(ml)["written_by"] == {"large": 40}
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_official_loop_routes_as_the_program_says(models):
     """CITER's serving style (transformers generate steps, large model without cache) writes
     the reference's tokens on a coin program, in static batches."""
