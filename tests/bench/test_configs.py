@@ -17,6 +17,8 @@ def bench_program():
 def test_parse_configs():
     assert C.parse_configs(None) == list(C.CONFIGS)
     assert C.parse_configs("naive,tokenrouter") == ["tokenrouter", "naive"]
+    assert C.parse_configs("quick") == [c for c in C.CONFIGS if c in C.QUICK]
+    assert "llamacpp_std" in C.parse_configs("quick") and "lockstep" not in C.parse_configs("quick")
     with pytest.raises(ValueError, match="unknown configuration.*fast"):
         C.parse_configs("tokenrouter,fast")
 

@@ -8,7 +8,7 @@ import pytest
 
 from tokenrouter import cli
 from tokenrouter.bench import plots, results
-from tokenrouter.bench.configs import CONFIGS
+from tokenrouter.bench.configs import CONFIGS, PEERS_ROUTED
 from tokenrouter.bench.runner import BenchOptions, run_bench
 
 ROUTE = """tokenrouter 1
@@ -38,20 +38,22 @@ def route_file(pair, tmp_path_factory):
 
 
 @pytest.mark.timeout(150)
-def test_every_configuration_runs_side_by_side(route_file, tmp_path):
+def test_every_configuration_runs_side_by_side(route_file, tmp_path, monkeypatch):
     path, prof = route_file
+    monkeypatch.setenv("TOKENROUTER_CACHE", str(tmp_path / "cache"))  # the peers' GGUF exports go here
     opts = BenchOptions(file=path, concurrency=[1, 2], requests=2, max_tokens=6, rounds=1, sweep=[2],
-                        profile=prof, progress=False, mode="thread")
+                        profile=prof, progress=False, mode="thread", steady_s=0.05)
     details, summary = run_bench(opts)
     assert list(summary) == ["1", "2"]
     for n, row in summary.items():
-        assert set(row) == set(CONFIGS) | {"B_i"}
+        assert set(row) == set(CONFIGS) | {"B_i", "of_bound"}
         assert all(row[c] > 0 for c in CONFIGS)
+        assert row["of_bound"]["tokenrouter"] == pytest.approx(row["tokenrouter"] / row["bound"])
         assert set(row["B_i"]) == {"small", "large"}
     for n, lv in details["levels"].items():
         assert lv["identical_outputs"] is True  # a schedule never changes tokens
         tr = lv["configs"]["tokenrouter"]
-        assert tr["tokens"] == lv["requests"] * 6
+        assert tr["tokens"] == lv["requests"]["tokenrouter"] * 6
         assert set(tr["written_by"]) <= {"small", "large"} and sum(tr["written_by"].values()) == tr["tokens"]
         assert lv["configs"]["large_only"]["share"] == {"large": 1.0}
         assert lv["configs"]["small_only"]["share"] == {"small": 1.0}
@@ -61,6 +63,19 @@ def test_every_configuration_runs_side_by_side(route_file, tmp_path):
         assert lv["configs"]["naive"]["batch_threshold"] == {"small": 1, "large": 1}
         assert lv["configs"]["tokenrouter"]["batch_threshold"] == lv["batch_thresholds"]
         assert lv["predicted"]["tokenrouter"]["tokens_per_s"] > 0
+        # the peers ran the same routing program on other kernels, at --parallel N
+        for peer in PEERS_ROUTED:
+            agree = lv["peer_agreement"][peer]
+            # other float32 kernels: mostly the same tokens (exactness on fixed prompts: test_llamacpp.py)
+            assert agree["requests"] == min(lv["requests"][peer], lv["requests"]["tokenrouter"]), peer
+            assert agree["tokens_before_first_difference"] > 0.5, peer
+            assert sum(lv["configs"][peer]["written_by"].values()) == lv["configs"][peer]["tokens"]
+        assert lv["configs"]["llamacpp_large"]["share"] == {"large": 1.0}
+        b = lv["configs"]["bound"]["bound"]
+        steps = {w: v["request_steps_per_token"] * tr["tokens"] for w, v in b["models"].items()}
+        assert set(steps) == {"small", "large"}
+        assert steps["small"] > 0 and steps["large"] > 0  # the runtime's step counters (read as the run ends)
+        assert lv["load_average"]["before"] is not None
     sw = details["levels"]["2"]["sweep"]
     assert [p["B"] for p in sw["points"]] == [1, 2]
     results.write_json(str(tmp_path / "details.json"), details)
@@ -93,6 +108,9 @@ def test_runlengths_account_for_every_token(pair, route_file):
     (["--sweep", "4", "--concurrency", "8"], "--sweep levels [4]"),
     (["--model", "oops"], "--model takes NAME=PATH"),
     (["--profile", "/nonexistent.json"], "no such profile"),
+    (["--quick", "--long"], "choose one"),
+    (["--steady-s", "-1"], "--steady-s must be >= 0"),
+    (["--configs", "quick,fast"], "unknown configuration"),
 ])
 def test_bad_input_is_a_clear_error(argv, msg, capsys):
     assert cli.main(["bench", *argv]) == 2

@@ -55,7 +55,7 @@ def test_summary_has_exactly_the_issue_keys_per_level(tmp_path):
           "configs": {"tokenrouter": {"tokens_per_s": 30.0}, "naive": {"tokens_per_s": 10.0}}}
     s = R.summary({8: lv, 1: dict(lv, batch_thresholds={"small": 1, "large": 1})})
     assert list(s) == ["1", "8"]
-    assert set(s["8"]) == set(CONFIGS) | {"B_i"}
+    assert set(s["8"]) == set(CONFIGS) | {"B_i", "of_bound"}
     assert s["8"]["tokenrouter"] == 30.0 and s["8"]["lockstep"] is None and s["8"]["B_i"]["large"] == 3
     R.write_json(str(tmp_path / "s.json"), s)
     assert json.loads((tmp_path / "s.json").read_text()) == s
@@ -64,3 +64,53 @@ def test_summary_has_exactly_the_issue_keys_per_level(tmp_path):
 def test_ratios():
     assert R.ratios({"tokenrouter": 30.0, "naive": 10.0, "lockstep": None}) == {"tokenrouter/naive": 3.0}
     assert R.ratios({"naive": 10.0}) == {}
+
+
+def test_agreement_counts_tokens_before_the_first_difference():
+    ours = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]]
+    theirs = [[1, 2, 3, 4], [5, 6, 0, 8]]  # ran two requests only
+    a = R.agreement(ours, theirs)
+    assert a == {"requests": 2, "identical_requests": 0.5, "tokens_before_first_difference": 6 / 8}
+    assert R.agreement([], [])["identical_requests"] is None
+
+
+def test_identical_outputs_compares_the_requests_both_ran():
+    by = {"tokenrouter": [meas("t", 1, 1, outputs=[[1], [2], [3]])], "naive": [meas("n", 1, 1, outputs=[[1], [2]])]}
+    assert R.identical_outputs(by) is True
+    by["naive"] = [meas("n", 1, 1, outputs=[[1], [4]])]
+    assert R.identical_outputs(by) is False
+
+
+def test_bound_prices_every_request_step_at_the_full_batch():
+    from tokenrouter.tuner.profile import Profile
+    prof = Profile.affine({"small": (6.0, 0.5), "large": (20.0, 2.0)}, colocation=0.0)
+    # 100 tokens: 105 request-steps on small, 5 on large, at N = 8
+    m = meas("tokenrouter", 1.0, 100, written_by={"small": 95, "large": 5}, batch_sum={"small": 105, "large": 5})
+    b = R.bound(8, prof, m)
+    cost = (105 * prof.models["small"].step_ms(8) + 5 * prof.models["large"].step_ms(8)) / 1000 / 8
+    assert b["tokens_per_s"] == pytest.approx(100 / cost)
+    assert b["models"]["small"]["request_steps_per_token"] == pytest.approx(1.05)
+    assert R.bound(8, None, m) is None
+    assert R.of_bound({"bound": 200.0, "tokenrouter": 150.0}) == {"tokenrouter": 0.75}
+
+
+def test_calibrated_requests():
+    from tokenrouter.bench.runner import calibrated_requests
+    assert calibrated_requests(16, 8, 128, 0.0, 0, 64) == 16  # no calibration: the base
+    assert calibrated_requests(4, 8, 128, 0.0, 0, 64) == 16  # ... at least two waves
+    assert calibrated_requests(16, 8, 128, 150.0, 30, 64) == 40  # 35.2 -> whole waves of 8
+    assert calibrated_requests(16, 8, 128, 10_000.0, 30, 64) == 64  # capped
+    assert calibrated_requests(16, 8, 128, 5.0, 30, 64) == 8  # one wave of a slow configuration
+
+
+def test_gap_splits_the_time_per_model():
+    from tokenrouter.tuner.profile import Profile
+    prof = Profile.affine({"small": (10.0, 1.0), "large": (40.0, 4.0)}, colocation=0.0)
+    # small: 20 steps at mean batch 4 (80 request-steps), busy 0.5 s of a 1 s wall
+    m = meas("tokenrouter", 1.0, 80, written_by={"small": 76, "large": 4}, batch_sum={"small": 80, "large": 4},
+             steps={"small": 20, "large": 4}, phase_s={"small": {"forward": 0.5}, "large": {"forward": 0.2}})
+    g = R.gap(8, prof, m)["small"]
+    assert g["busy_share_of_wall"] == 0.5 and g["mean_batch"] == 4.0
+    assert g["measured_step_ms"] == 25.0 and g["profile_step_ms_at_mean_batch"] == pytest.approx(13.0)
+    assert g["underfill"] == pytest.approx((13.0 / 4) / (17.0 / 8))
+    assert g["step_over_profile"] == pytest.approx(25.0 / 13.0)

@@ -10,7 +10,13 @@ Keys (also those of `summary.json`):
 - `lockstep`: every model stepped together in one loop (`runtime.baselines.lockstep`);
 - `naive`: independent servers plus a dispatcher that resends the context on every
   handoff (`runtime.baselines.naive`);
-- `large_only` / `small_only`: one model serving every token (the cost bounds).
+- `large_only` / `small_only`: one model serving every token (the cost bounds);
+- `llamacpp_std`: the paper's standard serving: one stock llama.cpp server per model and a
+  dispatcher routing one token at a time (`bench/llamacpp.py`);
+- `llamacpp_large`: the large model alone on one stock llama.cpp server (no routing);
+- `official`: the algorithms' own serving loop, CITER's, in `transformers` (`bench/official.py`);
+- `bound`: not a deployment but the profile's upper bound, each model fully batched at N
+  with no waiting, for the steps `tokenrouter` took (`results.bound`).
 """
 
 from __future__ import annotations
@@ -19,15 +25,26 @@ import dataclasses
 
 from tokenrouter.compiler import ir
 
-CONFIGS = ("tokenrouter", "no_delay", "no_pending", "lockstep", "naive", "large_only", "small_only")
-#: configurations that run the routing program (their outputs must agree token for token)
+CONFIGS = ("tokenrouter", "no_delay", "no_pending", "lockstep", "naive", "large_only", "small_only",
+           "llamacpp_std", "llamacpp_large", "official", "bound")
+#: configurations that run the routing program on our engine (their outputs must agree token for token)
 ROUTED = ("tokenrouter", "no_delay", "no_pending", "lockstep", "naive")
+#: peers that run the routing program on other kernels: their agreement with ours is measured
+PEERS_ROUTED = ("llamacpp_std", "official")
+#: peers started once per concurrency level (`--parallel` = N)
+PER_LEVEL = ("llamacpp_std", "llamacpp_large")
+#: computed from the profile and the tokenrouter run, not measured
+DERIVED = ("bound",)
+#: `--quick`: what fits 15 minutes with >= 30 s a configuration a round
+QUICK = ("tokenrouter", "naive", "large_only", "small_only", "llamacpp_std", "llamacpp_large", "official", "bound")
 
 
 def parse_configs(text: str | None) -> list[str]:
-    """A comma-separated subset of CONFIGS (None or "all": every one), in CONFIGS order."""
+    """A comma-separated subset of CONFIGS (None or "all": every one; "quick": QUICK), in CONFIGS order."""
     if not text or text == "all":
         return list(CONFIGS)
+    if text == "quick":
+        return [c for c in CONFIGS if c in QUICK]
     names = [x.strip() for x in text.split(",") if x.strip()]
     bad = [n for n in names if n not in CONFIGS]
     if bad:
@@ -67,6 +84,8 @@ def launch_options(name: str, program: ir.Program, base):
     from tokenrouter.runtime.baselines.naive import naive_options, no_pending_options
     if name in ("tokenrouter", "no_delay", "large_only", "small_only"):
         return base
+    if name in PER_LEVEL or name in DERIVED or name == "official":
+        return None
     if name == "no_pending":
         return no_pending_options(program, base)
     if name == "naive":

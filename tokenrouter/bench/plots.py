@@ -50,7 +50,7 @@ def plot_breakdown(details: dict[str, Any], path: str) -> str:
     n = list(details["levels"])[-1]
     bars = []
     for c, res in details["levels"][n]["configs"].items():
-        for w, b in res["step_breakdown"].items():
+        for w, b in (res.get("step_breakdown") or {}).items():
             bars.append((f"{c}\n{w}", b["phases"]))
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(bars) + 2), 4.5))
     bottom = [0.0] * len(bars)

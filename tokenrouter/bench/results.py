@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .configs import CONFIGS, ROUTED
+from .configs import CONFIGS, PEERS_ROUTED, ROUTED
 
 SUMMARY_B_KEY = "B_i"
 
@@ -55,8 +55,11 @@ def config_result(ms: list) -> dict[str, Any]:
     """One configuration at one concurrency level, over its rounds."""
     med = median_round(ms)
     lats = [x for m in ms for x in (m.latencies_s or [])]
-    return {"tokens_per_s": med.tokens_per_s, "rounds_tokens_per_s": [m.tokens_per_s for m in ms],
-            "tokens": med.tokens, "wall_s": med.wall_s,
+    rounds = [m.tokens_per_s for m in ms]
+    return {"tokens_per_s": med.tokens_per_s, "rounds_tokens_per_s": rounds,
+            "spread": {"min": min(rounds), "max": max(rounds),
+                       "max_over_min": max(rounds) / min(rounds) if min(rounds) > 0 else None},
+            "requests": len(med.outputs), "tokens": med.tokens, "wall_s": med.wall_s,
             "latency_s": {"median": percentile(lats, 50), "p99": percentile(lats, 99), "requests": len(lats)}
             if lats else None,
             "written_by": med.written_by, "share": shares(med.written_by),
@@ -68,7 +71,79 @@ def config_result(ms: list) -> dict[str, Any]:
 def identical_outputs(by_config: dict[str, list]) -> bool | None:
     """Whether every routed configuration produced the same tokens in every round."""
     outs = [m.outputs for name, ms in by_config.items() if name in ROUTED or "@" in name for m in ms]
-    return all(o == outs[0] for o in outs) if outs else None
+    if not outs:
+        return None
+    k = min(map(len, outs))  # configurations may have run different numbers of requests
+    return all(o[:k] == outs[0][:k] for o in outs)
+
+
+def agreement(reference: list[list[int]], outputs: list[list[int]]) -> dict[str, Any]:
+    """How far another engine's routed greedy outputs agree with ours, request by request
+    (on the requests both ran): the share of requests identical token for token, and the
+    share of tokens written before a request's first difference."""
+    pairs = list(zip(reference, outputs))
+    if not pairs:
+        return {"requests": 0, "identical_requests": None, "tokens_before_first_difference": None}
+    same, before, total = 0, 0, 0
+    for a, b in pairs:
+        k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        same += a == b
+        before += k
+        total += len(a)
+    return {"requests": len(pairs), "identical_requests": same / len(pairs),
+            "tokens_before_first_difference": before / total if total else None}
+
+
+def peer_agreement(by_config: dict[str, list]) -> dict[str, Any]:
+    """agreement() of each routed peer's median round with tokenrouter's (or the first of ours run)."""
+    ours = next((by_config[c] for c in ROUTED if by_config.get(c)), None)
+    if not ours:
+        return {}
+    ref = median_round(ours).outputs
+    return {c: agreement(ref, median_round(ms).outputs) for c, ms in by_config.items() if c in PEERS_ROUTED and ms}
+
+
+def bound(concurrency: int, profile, m) -> dict[str, Any] | None:
+    """The profile's upper bound for the work a tokenrouter measurement did: every
+    request-step it took on model w (its batch sizes summed) run at the full batch N with
+    no waiting, costing L_w(N) / N each (the profile's step time alone at batch N):
+    tokens/s = tokens / sum_w (request-steps_w L_w(N) / N)."""
+    if profile is None or m is None or not m.batch_sum:
+        return None
+    cost_s, per = 0.0, {}
+    for w, req_steps in m.batch_sum.items():
+        if w not in profile.models:
+            return None
+        ms = profile.models[w].step_ms(concurrency)
+        per[w] = {"request_steps_per_token": req_steps / m.tokens, "step_ms_at_N": ms}
+        cost_s += req_steps * ms / 1000.0 / concurrency
+    return {"tokens_per_s": m.tokens / cost_s if cost_s > 0 else None, "models": per}
+
+
+def gap(concurrency: int, profile, m) -> dict[str, Any] | None:
+    """Where a tokenrouter measurement's time went against the bound, per model: how much of
+    the wall it was busy (the rest it waited for requests), the mean batch it formed against
+    N (a step of b requests costs L(b)/b per request-step instead of L(N)/N: `underfill`),
+    and its measured step against the profile's at that mean batch (`step_over_profile`:
+    co-location, longer contexts, extends, the frontend's CPU use)."""
+    if profile is None or m is None or not m.batch_sum:
+        return None
+    out = {}
+    for w, req_steps in m.batch_sum.items():
+        steps = m.steps.get(w, 0)
+        if steps <= 0 or w not in profile.models:
+            continue
+        busy = sum(m.phase_s.get(w, {}).values())
+        mean_b = req_steps / steps
+        prof = profile.models[w]
+        at_b = prof.step_ms(max(1, int(round(mean_b))))
+        at_n = prof.step_ms(concurrency)
+        out[w] = {"busy_share_of_wall": busy / m.wall_s if m.wall_s > 0 else None, "mean_batch": mean_b,
+                  "measured_step_ms": 1000 * busy / steps, "profile_step_ms_at_mean_batch": at_b,
+                  "profile_step_ms_at_N": at_n,
+                  "underfill": (at_b / max(1, round(mean_b))) / (at_n / concurrency),
+                  "step_over_profile": 1000 * busy / steps / at_b}
+    return out
 
 
 def ratios(tps: dict[str, float | None]) -> dict[str, float]:
@@ -78,12 +153,19 @@ def ratios(tps: dict[str, float | None]) -> dict[str, float]:
     return {f"tokenrouter/{k}": t / v for k, v in tps.items() if k != "tokenrouter" and v}
 
 
+def of_bound(tps: dict[str, float | None]) -> dict[str, float]:
+    """Each configuration's tokens/s as a fraction of the bound."""
+    b = tps.get("bound")
+    return {k: v / b for k, v in tps.items() if k != "bound" and v and b} if b else {}
+
+
 def summary(levels: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """summary.json: per concurrency level, tokens/s under each configuration key (null
-    when not run) and the B_i used."""
+    when not run), each one's fraction of `bound` and the B_i used."""
     out = {}
     for n, lv in sorted(levels.items()):
         row = {c: (lv["configs"][c]["tokens_per_s"] if c in lv["configs"] else None) for c in CONFIGS}
+        row["of_bound"] = lv.get("of_bound") or None
         row[SUMMARY_B_KEY] = lv["batch_thresholds"]
         out[str(n)] = row
     return out

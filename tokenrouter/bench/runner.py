@@ -6,6 +6,7 @@ machine noise hits them alike; report the median round and ratios from the same 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -32,9 +33,11 @@ class BenchOptions:
     progress: bool = True
     model_paths: dict[str, str] | None = None
     params: dict[str, str] | None = None  # --set NAME=VALUE
-    threads: int = 1  # torch threads of lockstep and of a single-model server
+    threads: int = 1  # threads of lockstep, a single-model server, llamacpp_large and official
     out_dir: str | None = None  # where to save the measured profile
     mode: str = "process"  # "thread": subservers in this process (tests)
+    steady_s: float = 0.0  # size each configuration's measurement for at least this many seconds
+    max_requests_waves: int = 8  # ... but at most this many waves of N requests
 
 
 def _log(msg: str) -> None:
@@ -51,6 +54,59 @@ def num_blocks_for(opts: BenchOptions, prompt_len: int, block_size: int = 16) ->
     return opts.num_blocks or max(256, 3 * per * max(opts.concurrency))
 
 
+def calibrated_requests(base: int, concurrency: int, max_tokens: int, tokens_per_s: float, steady_s: float,
+                        cap: int) -> int:
+    """Requests for one configuration's measurement. Without calibration (steady_s = 0):
+    `base`, at least two waves of N. With it: enough whole waves of N for `steady_s`
+    seconds at the configuration's calibrated speed, between one wave and `cap`, so a fast
+    configuration runs long enough to reach its steady state and a slow one (whose single
+    wave already lasts that long) is not made to run for many minutes."""
+    if steady_s <= 0 or tokens_per_s <= 0:
+        return workload.requests_for(concurrency, base)
+    n = math.ceil(steady_s * tokens_per_s / max_tokens)
+    n = -(-n // concurrency) * concurrency
+    return max(concurrency, min(n, cap))
+
+
+def _start(c: str, program, opts: BenchOptions, base, n: int, ctx: int, small: str, large: str):
+    """A running deployment of configuration c (n: the level, for the per-level peers)."""
+    from .deploy import LockstepDeployment, RuntimeDeployment
+    cores = os.cpu_count() or 1
+    if c == "lockstep":
+        return LockstepDeployment(program, threads=opts.threads, num_blocks=base.num_blocks)
+    if c in ("large_only", "small_only"):
+        one = C.single_model(program, large if c == "large_only" else small)
+        return RuntimeDeployment(one, dataclasses.replace(base, threads={one.start: opts.threads}))
+    if c == "official":
+        from .official import CiterOfficial
+        return CiterOfficial(program, threads=opts.threads)
+    if c in C.PER_LEVEL:
+        from tokenrouter.runtime.loader.gguf_export import exported_gguf
+
+        from .llamacpp import LlamaCppLarge, LlamaCppStandard
+        if c == "llamacpp_large":
+            m = program.model(large)
+            return LlamaCppLarge(exported_gguf(m.path), parallel=n, threads=opts.threads, ctx_per_slot=ctx)
+        ggufs = {m.name: exported_gguf(m.path) for m in program.models}
+        per = max(1, cores // len(program.models))
+        return LlamaCppStandard(program, ggufs, parallel=n, threads={m.name: per for m in program.models},
+                                ctx_per_slot=ctx, vocab=_vocab(program))
+    return RuntimeDeployment(program, C.launch_options(c, program, base))
+
+
+def _vocab(program) -> int:
+    import json
+
+    from tokenrouter.runtime.loader import resolve_folder
+    sizes = set()
+    for m in program.models:
+        with open(os.path.join(resolve_folder(m.path)[1], "config.json")) as f:
+            sizes.add(int(json.load(f)["vocab_size"]))
+    if len(sizes) != 1:
+        raise ValueError(f"the models' vocabularies differ in size ({sorted(sizes)})")
+    return sizes.pop()
+
+
 def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     """Returns (details, summary)."""
     import torch
@@ -60,78 +116,103 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     from tokenrouter.runtime.launcher import LaunchOptions
     from tokenrouter.runtime.offline import tokenizer_for
 
-    from .deploy import LockstepDeployment, RuntimeDeployment
-
     program = load_program(opts.file, model_paths=opts.model_paths, params=opts.params)
     small, large = C.small_and_large(program)
     writers = C.writers(program)
     tok = tokenizer_for(program)
     levels = sorted(set(opts.concurrency))
-    n_req = {n: workload.requests_for(n, opts.requests) for n in levels}
-    ids = [tok.encode(p) for p in workload.prompts(max(n_req.values()))]
+    cap = {n: max(workload.requests_for(n, opts.requests), opts.max_requests_waves * n) for n in levels}
+    ids = [tok.encode(p) for p in workload.prompts(max(cap.values()))]
     sampling = workload.sampling(opts.max_tokens)
     cores = os.cpu_count() or 1
     t_start = time.time()
+    measured = [c for c in opts.configs if c not in C.DERIVED]
 
     auto = [w for w, v in program.schedule.batch if v == "auto"] or [w for w in writers if w != program.start]
     profile = None
-    if any(c in opts.configs for c in ("tokenrouter", "no_pending")) and auto:
+    if (any(c in opts.configs for c in ("tokenrouter", "no_pending")) and auto) or "bound" in opts.configs:
         _log("profile: " + (opts.profile or "measuring the models' step times (alone and co-located)"))
         profile = tuning.load_or_measure(program, opts.profile, max(levels), opts.profile_repeats, opts.progress,
                                          opts.file)
     if profile is not None and opts.out_dir:
         os.makedirs(opts.out_dir, exist_ok=True)
         profile.save(os.path.join(opts.out_dir, "profile.json"))
-    tuned = {n: (tuning.tuned_thresholds(program, n, profile) if profile is not None
+    tuned = {n: (tuning.tuned_thresholds(program, n, profile) if profile is not None and auto
                  else {w: 1 for w in writers}) for n in levels}
 
-    blocks = num_blocks_for(opts, max(len(x) for x in ids))
+    prompt_len = max(len(x) for x in ids)
+    blocks = num_blocks_for(opts, prompt_len)
+    ctx = prompt_len + opts.max_tokens + 16
     base = LaunchOptions(mode=opts.mode, concurrency=max(levels), num_blocks=blocks)
     deployments: dict[str, Any] = {}
+    raw: dict[int, dict[str, list]] = {}
+    n_req: dict[int, dict[str, int]] = {}
+    load: dict[int, dict[str, Any]] = {}
+
+    def batch_of(c: str, n: int):
+        if c.startswith("tokenrouter@"):
+            batch = {w: 1 for w in writers}
+            batch[large] = int(c.split("@")[1])
+            return batch
+        return C.thresholds_for(c, program, tuned[n]) if c not in C.PER_LEVEL and c != "official" else None
+
     try:
-        for c in opts.configs:
+        for c in measured:  # the deployments that live for the whole run
             key = _deployment_key(c)
-            if key in deployments:
+            if key in deployments or c in C.PER_LEVEL:
                 continue
             _log(f"starting {key} ...")
-            if c == "lockstep":
-                deployments[key] = LockstepDeployment(program, threads=opts.threads, num_blocks=blocks)
-            elif c in ("large_only", "small_only"):
-                one = C.single_model(program, large if c == "large_only" else small)
-                deployments[key] = RuntimeDeployment(one, dataclasses.replace(
-                    base, threads={one.start: opts.threads}))
-            else:
-                deployments[key] = RuntimeDeployment(program, C.launch_options(c, program, base))
+            deployments[key] = _start(c, program, opts, base, max(levels), ctx, small, large)
         if opts.sweep and "routed" not in deployments:
-            deployments["routed"] = RuntimeDeployment(program, base)
+            deployments["routed"] = _start("tokenrouter", program, opts, base, max(levels), ctx, small, large)
         for key, d in deployments.items():  # warm-up: first steps, allocator, code paths
             d.measure(key, ids[:2], workload.sampling(4), 2)
 
         plan = []
         for n in levels:
-            names = list(opts.configs)
+            names = list(measured)
             if n in opts.sweep:
                 tb = tuned[n].get(large, 1)
                 names += [f"tokenrouter@{b}" for b in tuning.sweep_candidates(n, tb)]
             plan.append((n, names))
         total = sum(len(names) for _, names in plan) * opts.rounds
         bar = tqdm(total=total, desc="bench", unit="run", disable=not opts.progress)
-        raw: dict[int, dict[str, list]] = {}
         try:
             for n, names in plan:
-                raw[n] = {c: [] for c in names}
-                for r in range(opts.rounds):
-                    k = r % len(names)
-                    for c in names[k:] + names[:k]:  # rotate the order each round
-                        bar.set_postfix_str(f"N={n} round {r + 1} {c}")
-                        if c.startswith("tokenrouter@"):
-                            batch = {w: 1 for w in writers}
-                            batch[large] = int(c.split("@")[1])
-                        else:
-                            batch = C.thresholds_for(c, program, tuned[n])
-                        m = deployments[_deployment_key(c)].measure(c, ids[:n_req[n]], sampling, n, batch)
-                        raw[n][c].append(m)
-                        bar.update()
+                level_deps = {}
+                try:
+                    for c in names:
+                        if c in C.PER_LEVEL:
+                            _log(f"starting {c} (--parallel {n}) ...")
+                            level_deps[c] = _start(c, program, opts, base, n, ctx, small, large)
+                            level_deps[c].measure(c, ids[:2], workload.sampling(4), 2)
+
+                    def dep(c):
+                        return level_deps[c] if c in level_deps else deployments[_deployment_key(c)]
+
+                    # calibration: one wave of short requests, to size each measurement for steady_s
+                    n_req[n] = {}
+                    cal_tokens = max(8, opts.max_tokens // 4)
+                    for c in names:
+                        tps = 0.0
+                        if opts.steady_s > 0:
+                            cal = dep(c).measure(c, ids[:n], workload.sampling(cal_tokens), n, batch_of(c, n))
+                            tps = cal.tokens_per_s
+                        n_req[n][c] = calibrated_requests(opts.requests, n, opts.max_tokens, tps, opts.steady_s,
+                                                          cap[n])
+                    load[n] = {"before": _load()}
+                    raw[n] = {c: [] for c in names}
+                    for r in range(opts.rounds):
+                        k = r % len(names)
+                        for c in names[k:] + names[:k]:  # rotate the order each round
+                            bar.set_postfix_str(f"N={n} round {r + 1} {c}")
+                            m = dep(c).measure(c, ids[:n_req[n][c]], sampling, n, batch_of(c, n))
+                            raw[n][c].append(m)
+                            bar.update()
+                    load[n]["after"] = _load()
+                finally:
+                    for d in level_deps.values():
+                        d.close()
         finally:
             bar.close()
     finally:
@@ -142,21 +223,30 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
                 _log(f"warning: closing a deployment failed: {exc}")
         torch.set_num_threads(cores)
 
-    details = {"program": opts.file, "small": small, "large": large, "cores": cores,
+    details = {"program": opts.file, "small": small, "large": large, "cores": cores, "host": host_info(),
                "workload": {"max_tokens": opts.max_tokens, "requests": n_req, "rounds": opts.rounds,
-                            "sampling": "greedy, stop tokens ignored"},
+                            "steady_s": opts.steady_s, "sampling": "greedy, stop tokens ignored"},
                "deployment": {"mode": opts.mode, "num_blocks": blocks,
                               "threads": {"routed": "cores / local subservers (1 each on 2 cores)",
-                                          "lockstep_and_single_model": opts.threads}},
+                                          "lockstep_and_single_model": opts.threads,
+                                          "llamacpp_std": f"{max(1, cores // 2)} per server",
+                                          "llamacpp_large_and_official": opts.threads}},
                "profile": tuning.slowdown_summary(profile) if profile is not None else None,
                "elapsed_s": None, "levels": {}}
     levels_doc = {}
     for n, per in raw.items():
         cfg = {c: R.config_result(ms) for c, ms in per.items() if not c.startswith("tokenrouter@")}
+        if "bound" in opts.configs and per.get("tokenrouter"):
+            med = R.median_round(per["tokenrouter"])
+            b = R.bound(n, profile, med)
+            if b and b["tokens_per_s"]:
+                cfg["bound"] = {"tokens_per_s": b["tokens_per_s"], "rounds_tokens_per_s": None, "bound": b,
+                                "tokenrouter_gap": R.gap(n, profile, med)}
         tps = {c: v["tokens_per_s"] for c, v in cfg.items()}
         lv = {"requests": n_req[n], "batch_thresholds": tuned[n], "configs": cfg, "ratios": R.ratios(tps),
-              "identical_outputs": R.identical_outputs(per)}
-        if profile is not None:
+              "of_bound": R.of_bound(tps), "identical_outputs": R.identical_outputs(per),
+              "peer_agreement": R.peer_agreement(per), "load_average": load.get(n)}
+        if profile is not None and auto:
             lv["predicted"] = {"tokenrouter": tuning.predict(program, profile, n, tuned[n]),
                                "no_delay": tuning.predict(program, profile, n, {w: 1 for w in writers})}
         sw = {c: ms for c, ms in per.items() if c.startswith("tokenrouter@")}
@@ -178,3 +268,35 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     details["levels"] = {str(n): lv for n, lv in levels_doc.items()}
     details["elapsed_s"] = time.time() - t_start
     return details, R.summary(levels_doc)
+
+
+def _load() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def host_info() -> dict[str, Any]:
+    """The CPU model and core count (the figures mean nothing without them)."""
+    model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "read_gb_per_s": read_bandwidth_gb_s(),
+            "load_average_at_end": _load()}
+
+
+def read_bandwidth_gb_s(mb: int = 256, repeats: int = 3) -> float:
+    """Measured memory read bandwidth: the best of a few sums over a buffer far larger than
+    the caches (decode steps are bandwidth-bound, so this is the host figure that matters)."""
+    import numpy as np
+    a = np.ones(mb * 2**20 // 8, dtype=np.float64)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a.sum()
+        best = min(best, time.perf_counter() - t0)
+    return round(a.nbytes / best / 1e9, 2)

@@ -10,7 +10,12 @@ from tokenrouter.commands._args import add_binding_args, bindings, positive_ints
 
 HELP = "benchmark this runtime against its ablations and baselines, side by side, on the same prompts"
 
-QUICK = {"concurrency": "1,8", "requests": 4, "max_tokens": 24, "rounds": 2}
+# --quick: concurrency 8, each configuration sized for >= 30 s a round, about 12-15 minutes
+QUICK = {"concurrency": "8", "requests": 16, "max_tokens": 128, "rounds": 2, "configs": "quick", "steady_s": 30.0}
+# --long: the long-output workload (how each configuration's cost grows with context)
+LONG = {"concurrency": "8", "requests": 8, "max_tokens": 2048, "rounds": 2, "configs": "quick", "steady_s": 0.0}
+# the full run: 64 requests x 256 tokens at 1, 8, 16, 32
+FULL = {"concurrency": "1,8,16,32", "requests": 64, "max_tokens": 256, "rounds": 3, "configs": "all", "steady_s": 0.0}
 
 
 def default_program() -> str:
@@ -23,20 +28,30 @@ def configure(parser) -> None:
     parser.add_argument("--concurrency", "-n", default=None,
                         help="comma-separated concurrency levels (default 1,8,16,32; --quick: 1,8)")
     parser.add_argument("--quick", action="store_true",
-                        help="concurrency 1 and 8, fewer and shorter requests, 2 rounds (routine checks)")
+                        help="concurrency 8, 128-token requests, each configuration sized for >= 30 s a round "
+                             "(whole waves of 8, at most 64 requests), 2 rounds, the peers and tokenrouter")
+    parser.add_argument("--long", action="store_true",
+                        help="the long-output workload: 2048 new tokens per request at concurrency 8, 2 rounds")
+    parser.add_argument("--steady-s", type=float, default=None,
+                        help="size each configuration's measurement for at least this many seconds at its own "
+                             "speed, calibrated on a short wave, in whole waves of N (--quick: 30; otherwise 0: "
+                             "--requests for every configuration)")
     parser.add_argument("--out", default="bench-out", help="folder for summary.json, details.json and plots")
     parser.add_argument("--requests", type=int, default=None,
-                        help="requests per measurement, at least 2 x concurrency (default 16)")
-    parser.add_argument("--max-tokens", type=int, default=None, help="tokens per request (default 64)")
+                        help="requests per measurement, at least 2 x concurrency (default 64)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="tokens per request (default 256)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds; the median is reported (default 3)")
-    parser.add_argument("--configs", default="all",
-                        help="subset: tokenrouter,no_delay,no_pending,lockstep,naive,large_only,small_only")
+    parser.add_argument("--configs", default=None,
+                        help="subset of tokenrouter,no_delay,no_pending,lockstep,naive,large_only,small_only,"
+                             "llamacpp_std,llamacpp_large,official,bound; 'all' or 'quick' (default: all; "
+                             "--quick and --long: quick)")
     parser.add_argument("--sweep", default="",
                         help="concurrency levels at which to also measure the large model's B over a grid")
     parser.add_argument("--profile", help="profile JSON from `tokenrouter profile` (default: measured here)")
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads of lockstep and of the single-model servers (default 1; the "
-                             "routed servers split the cores among themselves)")
+                        help="threads of lockstep, the single-model servers, llamacpp_large and official "
+                             "(default 1; the routed servers, ours and llamacpp_std's, split the cores among "
+                             "themselves)")
     add_binding_args(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -45,19 +60,24 @@ def _options(args):
     from tokenrouter.bench.configs import parse_configs
     from tokenrouter.bench.runner import BenchOptions
 
-    q = QUICK if args.quick else {}
+    if args.quick and args.long:
+        raise ValueError("--quick and --long are different workloads; choose one")
+    q = QUICK if args.quick else LONG if args.long else FULL
     file = args.file or default_program()
     if not os.path.isfile(file):
         raise ValueError(f"no such file: {file}")
-    levels = positive_ints(args.concurrency or q.get("concurrency", "1,8,16,32"), "--concurrency")
+    levels = positive_ints(args.concurrency or q["concurrency"], "--concurrency")
     if not levels:
         raise ValueError("--concurrency is empty")
     sweep = positive_ints(args.sweep, "--sweep") if args.sweep else []
     if set(sweep) - set(levels):
         raise ValueError(f"--sweep levels {sorted(set(sweep) - set(levels))} are not among --concurrency")
-    requests = args.requests if args.requests is not None else q.get("requests", 16)
-    max_tokens = args.max_tokens if args.max_tokens is not None else q.get("max_tokens", 64)
-    rounds = args.rounds if args.rounds is not None else q.get("rounds", 3)
+    requests = args.requests if args.requests is not None else q["requests"]
+    max_tokens = args.max_tokens if args.max_tokens is not None else q["max_tokens"]
+    rounds = args.rounds if args.rounds is not None else q["rounds"]
+    steady = args.steady_s if args.steady_s is not None else q["steady_s"]
+    if steady < 0:
+        raise ValueError("--steady-s must be >= 0")
     for v, what in ((requests, "--requests"), (max_tokens, "--max-tokens"), (rounds, "--rounds")):
         if v < 1:
             raise ValueError(f"{what} must be >= 1")
@@ -67,26 +87,38 @@ def _options(args):
     if args.profile and not os.path.isfile(args.profile):
         raise ValueError(f"no such profile: {args.profile}")
     return BenchOptions(file=file, concurrency=levels, requests=requests, max_tokens=max_tokens, rounds=rounds,
-                        configs=parse_configs(args.configs), sweep=sweep, profile=args.profile,
-                        progress=not args.no_progress, model_paths=models, params=params,
+                        configs=parse_configs(args.configs or q["configs"]), sweep=sweep, steady_s=steady, profile=args.profile,
+                        progress=not args.no_progress, model_paths=models or None, params=params,
                         threads=args.threads, out_dir=args.out)
 
 
 def print_report(details: dict, summary: dict) -> None:
     from tokenrouter.bench.configs import CONFIGS
+    host = details.get("host") or {}
+    print(f"host: {host.get('cpu')}, {host.get('cores')} cores, read bandwidth {host.get('read_gb_per_s')} GB/s")
     for n, lv in details["levels"].items():
-        print(f"\nN = {n}: {lv['requests']} requests x {details['workload']['max_tokens']} tokens, "
-              f"B_i {lv['batch_thresholds']}, identical routed outputs: {lv['identical_outputs']}")
+        print(f"\nN = {n}: {details['workload']['max_tokens']} tokens per request, B_i {lv['batch_thresholds']}, "
+              f"identical routed outputs: {lv['identical_outputs']}, load average {lv.get('load_average')}")
         for c in CONFIGS:
             r = lv["configs"].get(c)
             if not r:
                 continue
+            if c == "bound":
+                print(f"  {c:<14} {r['tokens_per_s']:8.1f} tok/s   (the profile's steps at batch {n}, no waiting)")
+                continue
             lat = r["latency_s"]
             lat_s = f"latency median {lat['median']:.2f} s, p99 {lat['p99']:.2f} s" if lat else "latency n/a"
             share = ", ".join(f"{k} {100 * v:.1f}%" for k, v in r["share"].items())
-            print(f"  {c:<12} {r['tokens_per_s']:8.1f} tok/s   {lat_s}   tokens: {share}")
+            rounds = "/".join(f"{x:.1f}" for x in r["rounds_tokens_per_s"])
+            print(f"  {c:<14} {r['tokens_per_s']:8.1f} tok/s (rounds {rounds}; {r['requests']} requests, "
+                  f"{r['wall_s']:.0f} s)   {lat_s}   tokens: {share}")
         for k, v in lv["ratios"].items():
-            print(f"  {k:<24} {v:5.2f}x")
+            print(f"  {k:<28} {v:5.2f}x")
+        for k, v in (lv.get("of_bound") or {}).items():
+            print(f"  {k:<14} {v:5.2f} of bound")
+        for k, v in (lv.get("peer_agreement") or {}).items():
+            print(f"  {k} agrees with ours: {100 * (v['identical_requests'] or 0):.0f}% of requests identical, "
+                  f"{100 * (v['tokens_before_first_difference'] or 0):.0f}% of tokens before the first difference")
         for c, p in (lv.get("predicted") or {}).items():
             if p and "tokens_per_s" in p and c in lv["configs"]:
                 meas = lv["configs"][c]["tokens_per_s"]

@@ -1,0 +1,179 @@
+"""The GGUF export and the llama.cpp peers, against a real llama.cpp server (xllamacpp) on
+loopback, with tiny random-weight models: llama.cpp loads what we export and its greedy
+tokens are ours; the per-token dispatcher routes as the program says."""
+
+import functools
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("xllamacpp")
+
+from tokenrouter.bench.llamacpp import LlamaCppLarge, LlamaCppServer, LlamaCppStandard, logits_row  # noqa: E402
+from tokenrouter.runtime.loader.gguf_export import export_gguf, pre_tokenizer_name  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "runtime"))
+import tiny  # noqa: E402
+
+PROMPTS = [[5, 6, 7, 8], [40, 41, 42], [100, 3, 77, 9, 12], [200, 201]]
+STEPS = 12
+
+
+@functools.lru_cache(maxsize=8)
+def _engine(folder: str):
+    from tokenrouter.runtime.engine.engine import Engine
+    from tokenrouter.runtime.loader import load_model
+    m = load_model(folder)
+    return Engine(m.config, m.weights, max_model_len=64, num_blocks=8)
+
+
+def greedy_ours(folder: str, prompt: list[int], steps: int) -> list[int]:
+    """Greedy tokens of our engine (float32), one request."""
+    eng = _engine(folder)
+    out, feed = [], list(prompt)
+    for _ in range(steps):
+        tok = int(eng.step([(0, feed)]).logits[0].argmax())
+        out.append(tok)
+        feed = [tok]
+    eng.free(0)
+    return out
+
+
+def smol_vocab_model(folder: str) -> str:
+    """A tiny Llama-family model with SmolLM2's real tokenizer (merges, the "smollm"
+    pre-tokenizer, the chat template), read from the embedded GGUF's metadata only."""
+    import torch
+    from gguf import GGUFReader
+
+    from tokenrouter.runtime.loader.bench_pair import random_weights
+    from tokenrouter.runtime.loader.gguf_loader import read_metadata
+    from tokenrouter.runtime.loader.gguf_tokenizer import tokenizer_from_gguf
+    from tokenrouter.runtime.loader.hf import write_folder
+    from tokenrouter.runtime.loader.registry import embedded_gguf
+    tok = tokenizer_from_gguf(read_metadata(GGUFReader(embedded_gguf())))
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 32,
+           "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 8, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 256,
+           "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu"}
+    w = {k: (v * 40 if v.dim() == 2 else v) for k, v in random_weights(cfg, 5).items()}  # peaked rows
+    write_folder(folder, cfg, {k: v.to(torch.float32) for k, v in w.items()}, tok)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gguf")
+    paths = tiny.make_pair(str(root))  # slm: llama (q/k permuted), llm: qwen2 (biases)
+    paths["qwen3"] = tiny.write_model(str(root / "qwen3"), layers=2, hidden=32, seed=3, family="qwen3")
+    paths["smol"] = smol_vocab_model(str(root / "smol"))
+    ggufs = {k: export_gguf(v, str(root / f"{k}.gguf")) for k, v in paths.items()}
+    return paths, ggufs
+
+
+@pytest.mark.timeout(240)
+def test_llamacpp_loads_the_export_and_its_greedy_tokens_are_ours(models):
+    import httpx
+    paths, ggufs = models
+    for kind in ("slm", "llm", "qwen3", "smol"):
+        srv = LlamaCppServer(ggufs[kind], parallel=1, threads=1, ctx_per_slot=64)
+        try:
+            with httpx.Client(base_url=srv.url, timeout=30) as c:
+                for p in PROMPTS:
+                    body = {"prompt": p, "n_predict": STEPS, "temperature": 0.0, "return_tokens": True,
+                            "ignore_eos": False, "cache_prompt": False}
+                    theirs = c.post("/completion", json=body).json()["tokens"]
+                    assert theirs == greedy_ours(paths[kind], p, STEPS)[:len(theirs)], kind
+                    assert len(theirs) >= 1
+        finally:
+            srv.close()
+        assert srv.proc.poll() is not None  # the server process is gone
+
+
+def test_export_round_trips_through_our_gguf_reader(models):
+    import torch
+
+    from tokenrouter.runtime.loader import load_model
+    from tokenrouter.runtime.loader.gguf_loader import read_gguf
+    paths, ggufs = models
+    cfg, weights, tok = read_gguf(ggufs["smol"])
+    ours = load_model(paths["smol"])
+    assert set(weights) == set(ours.weights)
+    for n, w in ours.weights.items():
+        assert torch.equal(weights[n], w), n  # q/k permuted and back: bit-exact
+    text = "<|im_start|>user\nHello, 2026 worlds!<|im_end|>"
+    assert tok.encode(text) == ours.tokenizer.encode(text)
+    assert tok.chat_template == ours.tokenizer.chat_template and tok.eos_token_ids == ours.tokenizer.eos_token_ids
+
+
+def test_pre_tokenizer_names():
+    assert pre_tokenizer_name({"pre_tokenizer": {"type": "ByteLevel", "use_regex": True}}) == "gpt-2"
+    smol = {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
+                                                  {"type": "ByteLevel", "use_regex": True}]}
+    assert pre_tokenizer_name({"pre_tokenizer": smol}) == "smollm"
+    from tokenrouter.runtime.loader import UnsupportedArchitecture
+    with pytest.raises(UnsupportedArchitecture, match="no llama.cpp name"):
+        pre_tokenizer_name({"pre_tokenizer": {"type": "Whitespace"}})
+
+
+def test_logits_row_spreads_the_rest_evenly():
+    import numpy as np
+    row = logits_row([{"id": 3, "logprob": np.log(0.5)}, {"id": 1, "logprob": np.log(0.3)}], 6)
+    p = np.exp(row)
+    assert p.sum() == pytest.approx(1.0) and p.argmax() == 3
+    assert p[[0, 2, 4, 5]] == pytest.approx([0.05] * 4)
+
+
+@pytest.mark.timeout(240)
+def test_dispatcher_routes_as_the_program_says(models):
+    """llamacpp_std against the single-request reference (float32) on a coin program: the
+    same tokens and the same writer counts; llamacpp_large writes what our engine writes."""
+    import dataclasses
+
+    from tokenrouter.bench import workload
+    from tokenrouter.runtime.engine.sampler import SamplingParams
+    from tokenrouter.runtime.reference import Reference
+    paths, ggufs = models
+    prog = tiny.coin({"slm": paths["slm"], "llm": paths["llm"]}, 0.3, dtype="float32")
+    sampling = workload.sampling(10)
+    std = LlamaCppStandard(prog, {"slm": ggufs["slm"], "llm": ggufs["llm"]}, parallel=2,
+                           threads={"slm": 1, "llm": 1}, ctx_per_slot=64, vocab=259)
+    try:
+        m = std.measure("llamacpp_std", PROMPTS, sampling, 2)
+    finally:
+        std.close()
+    ref = Reference(prog, max_model_len=64)
+    params = SamplingParams(temperature=0.0, max_tokens=10)
+    want = [ref.generate(p, params, seed=i) for i, p in enumerate(PROMPTS)]
+    assert m.outputs == [w.tokens for w in want]
+    assert m.written_by == {k: sum(w.written_by.get(k, 0) for w in want) for k in ("slm", "llm")}
+    assert m.written_by["llm"] > 0 and m.tokens == 10 * len(PROMPTS)
+    # one call per step: the small model's rewritten tokens cost it a call each
+    assert m.steps["llm"] == m.written_by["llm"] and m.steps["slm"] > m.written_by["slm"]
+    large = LlamaCppLarge(ggufs["llm"], parallel=2, threads=1, ctx_per_slot=64)
+    try:
+        ml = large.measure("llamacpp_large", PROMPTS, sampling, 2)
+    finally:
+        large.close()
+    assert ml.outputs == [greedy_ours(paths["llm"], p, 10) for p in PROMPTS]
+    assert dataclasses.asdict(ml)["written_by"] == {"large": 40}
+
+
+@pytest.mark.timeout(240)
+def test_official_loop_routes_as_the_program_says(models):
+    """CITER's serving style (transformers generate steps, large model without cache) writes
+    the reference's tokens on a coin program, in static batches."""
+    from tokenrouter.bench import workload
+    from tokenrouter.bench.official import CiterOfficial
+    from tokenrouter.runtime.engine.sampler import SamplingParams
+    from tokenrouter.runtime.reference import Reference
+    paths, _ = models
+    prog = tiny.coin({"slm": paths["slm"], "llm": paths["llm"]}, 0.3, dtype="float32")
+    off = CiterOfficial(prog, threads=1)
+    m = off.measure("official", PROMPTS, workload.sampling(10), 3)
+    ref = Reference(prog, max_model_len=64)
+    want = [ref.generate(p, SamplingParams(temperature=0.0, max_tokens=10), seed=i) for i, p in enumerate(PROMPTS)]
+    assert m.outputs == [w.tokens for w in want]
+    assert m.written_by == {k: sum(w.written_by.get(k, 0) for w in want) for k in ("slm", "llm")}
+    # static batches of 3 then 1: one small-model call per position per batch
+    assert m.steps["slm"] == 2 * 10 and m.latencies_s[0] == m.latencies_s[2] != m.latencies_s[3]

@@ -1,0 +1,274 @@
+"""Stock llama.cpp servers as benchmark peers: what a user deploys instead of tokenrouter.
+
+`LlamaCppServer` runs upstream llama.cpp's HTTP server (the `xllamacpp` wheel, the `bench`
+extra) in a child process on a loopback port, one GGUF model, `--parallel` slots with
+continuous batching. Two peers are built on it:
+
+- `LlamaCppLarge` (`llamacpp_large`): the large model alone on one server, each request one
+  `/completion` call at the same concurrency: what a user runs who does not route at all.
+- `LlamaCppStandard` (`llamacpp_std`): the paper's "standard serving": one stock server per
+  model and an external dispatcher (asyncio, one keep-alive `httpx` client per server) that
+  sends each request one token at a time (`n_predict 1`, `cache_prompt`, the request's slot)
+  to the model that currently writes, and applies the routing program to what comes back:
+  the program's own IR interpreter (`compiler.interpreter`, the oracle the runtime is tested
+  against) reads each token's distribution, rebuilt from the server's top-20 probabilities
+  (`n_probs`) with the remaining mass spread evenly over the other tokens, so coins are exact
+  and entropy rules are approximated only in the tail. It never looks ahead: the decision for
+  a position is made from that position's output alone, and the request then moves to the
+  other server when the program says so. Each slot's KV stays on its server between calls,
+  so a returning request re-processes only the tokens the other model wrote meanwhile.
+
+The GGUF files come from `runtime.loader.gguf_export` (float32, the weights our engine runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+from .deploy import Measurement
+
+TOP_N = 20  # probabilities a dispatcher asks for (the full row costs ~0.6 s a token to serialise)
+
+
+class LlamaCppServer:
+    """One llama.cpp server process (xllamacpp) on 127.0.0.1, stopped by `close`."""
+
+    def __init__(self, gguf: str, parallel: int, threads: int, ctx_per_slot: int, timeout: float = 120.0):
+        try:
+            import xllamacpp  # noqa: F401
+        except ImportError:
+            raise RuntimeError("the llama.cpp peers need the `bench` extra: pip install 'tokenrouter[bench]' "
+                               "(or pip install xllamacpp)") from None
+        self.gguf, self.parallel, self.threads = gguf, parallel, threads
+        cmd = [sys.executable, "-m", "tokenrouter.bench.llamacpp_server", gguf, "--parallel", str(parallel),
+               "--threads", str(threads), "--ctx", str(parallel * ctx_per_slot)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, env=dict(os.environ))
+        self.url = self._wait_ready(timeout)
+
+    def _wait_ready(self, timeout: float) -> str:
+        import selectors
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not sel.select(timeout=0.5):
+                if self.proc.poll() is not None:
+                    break
+                continue
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("READY "):
+                return line.split(" ", 1)[1].strip()
+            if line.startswith("ERROR "):
+                self.close()
+                raise RuntimeError(f"llama.cpp server for {self.gguf}: {line[6:].strip()}")
+        self.close()
+        raise RuntimeError(f"llama.cpp server for {self.gguf} did not start within {timeout:.0f} s")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()  # the child exits when its stdin closes
+                self.proc.wait(timeout=10)
+            except (subprocess.TimeoutExpired, OSError):
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def completion_body(tokens: list[int], slot: int, n_predict: int, n_probs: int) -> dict[str, Any]:
+    """A greedy `/completion` request on token ids, reusing the slot's cached prefix."""
+    return {"prompt": tokens, "n_predict": n_predict, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
+            "min_p": 0.0, "repeat_penalty": 1.0, "cache_prompt": True, "id_slot": slot, "n_probs": n_probs,
+            "return_tokens": True, "stream": False}
+
+
+def logits_row(top: list[dict[str, Any]], vocab: int):
+    """A float64 log-probability row rebuilt from the top-N entries (`id`, `logprob`): the
+    mass they leave is spread evenly over the other ids (so argmax, top probabilities and
+    margins are exact; entropy is approximated only in the tail)."""
+    import numpy as np
+    row = np.empty(vocab, dtype=np.float64)
+    ids = np.array([t["id"] for t in top], dtype=np.int64)
+    lp = np.array([t["logprob"] for t in top], dtype=np.float64)
+    rest = max(0.0, 1.0 - float(np.exp(lp).sum()))
+    others = vocab - len(ids)
+    row.fill(np.log(rest / others) if rest > 0 and others > 0 else -np.inf)
+    row[ids] = lp
+    return row
+
+
+class _Loop:
+    """A private asyncio loop in a thread, for the synchronous `measure` interface."""
+
+    def __init__(self):
+        import threading
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def call(self, coro, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+
+
+class _Slots:
+    """Slot ids 0..N-1 handed to requests in flight (the same id on every server)."""
+
+    def __init__(self, n: int):
+        self.free = asyncio.Queue()
+        for i in range(n):
+            self.free.put_nowait(i)
+
+
+class LlamaCppLarge:
+    """`llamacpp_large`: one server, each request a single `/completion` of max_tokens."""
+
+    def __init__(self, gguf: str, parallel: int, threads: int, ctx_per_slot: int):
+        self.server = LlamaCppServer(gguf, parallel, threads, ctx_per_slot)
+        self.name = "large"
+        self._loop = _Loop()
+
+    def measure(self, name: str, prompts, sampling, concurrency: int, batch=None) -> Measurement:
+        return self._loop.call(self._run(name, prompts, sampling, concurrency))
+
+    async def _run(self, name, prompts, sampling, concurrency):
+        import httpx
+        slots = _Slots(min(concurrency, self.server.parallel))
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        async with httpx.AsyncClient(base_url=self.server.url, limits=limits, timeout=600.0) as client:
+            async def one(p):
+                slot = await slots.free.get()
+                try:
+                    t0 = time.perf_counter()
+                    r = await client.post("/completion", json=dict(completion_body(
+                        list(p), slot, sampling["max_tokens"], 0), ignore_eos=not sampling["stop_token_ids"]))
+                    r.raise_for_status()
+                    return r.json()["tokens"], time.perf_counter() - t0
+                finally:
+                    slots.free.put_nowait(slot)
+
+            t0 = time.perf_counter()
+            outs = await asyncio.gather(*(one(p) for p in prompts))
+            wall = time.perf_counter() - t0
+        toks = [t for t, _ in outs]
+        return Measurement(name, concurrency, wall, sum(map(len, toks)), [lat for _, lat in outs],
+                           {self.name: sum(map(len, toks))}, toks, threads={self.name: self.server.threads})
+
+    def close(self):
+        self._loop.stop()
+        self.server.close()
+
+
+class LlamaCppStandard:
+    """`llamacpp_std`: one server per model and a per-token dispatcher running the program."""
+
+    def __init__(self, program, ggufs: dict[str, str], parallel: int, threads: dict[str, int], ctx_per_slot: int,
+                 vocab: int):
+        from tokenrouter.compiler.compiled import default_base_dir
+        from tokenrouter.compiler.interpreter import Interpreter
+        from tokenrouter.runtime.reference import needs_of
+        if program.ensembles:
+            raise ValueError("llamacpp_std cannot serve an ensemble: llama.cpp returns no full distribution")
+        for m in program.models:
+            needs = needs_of(program, m.name)
+            if needs.hidden_layers or needs.token_embedding:
+                raise ValueError(f"llamacpp_std cannot run this program: {m.name}'s routing reads hidden states, "
+                                 "which a stock llama.cpp server does not return")
+        self.program = program
+        self.vocab = vocab
+        self.interp = Interpreter(program, default_base_dir(program))
+        self.servers: dict[str, LlamaCppServer] = {}
+        try:
+            for m in program.models:
+                self.servers[m.name] = LlamaCppServer(ggufs[m.name], parallel, threads[m.name], ctx_per_slot)
+        except Exception:
+            self.close()
+            raise
+        self._loop = _Loop()
+        self.blind_steps = 0  # steps whose distribution the server did not return (counted, see _request)
+
+    def measure(self, name: str, prompts, sampling, concurrency: int, batch=None) -> Measurement:
+        return self._loop.call(self._run(name, prompts, sampling, concurrency))
+
+    async def _run(self, name, prompts, sampling, concurrency):
+        import httpx
+        slots = _Slots(min(concurrency, min(s.parallel for s in self.servers.values())))
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        clients = {m: httpx.AsyncClient(base_url=s.url, limits=limits, timeout=600.0) for m, s in self.servers.items()}
+        calls = {m: 0 for m in self.servers}
+        busy = {m: 0.0 for m in self.servers}
+        try:
+            async def one(i, p):
+                slot = await slots.free.get()
+                try:
+                    t0 = time.perf_counter()
+                    out = await self._request(clients, calls, busy, list(p), sampling, slot, seed=i)
+                    return out, time.perf_counter() - t0
+                finally:
+                    slots.free.put_nowait(slot)
+
+            t0 = time.perf_counter()
+            outs = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+            wall = time.perf_counter() - t0
+        finally:
+            for c in clients.values():
+                await c.aclose()
+        written: dict[str, int] = {}
+        for (toks, wb), _ in outs:
+            for k, v in wb.items():
+                written[k] = written.get(k, 0) + v
+        m = Measurement(name, concurrency, wall, sum(len(t) for (t, _), _ in outs), [lat for _, lat in outs],
+                        written, [t for (t, _), _ in outs], threads={w: s.threads for w, s in self.servers.items()})
+        m.steps = dict(calls)  # one HTTP call per request-step
+        m.phase_s = {w: {"http_call": busy[w]} for w in self.servers}
+        return m
+
+    async def _request(self, clients, calls, busy, prompt, sampling, slot, seed):
+        from tokenrouter.compiler.interpreter import RequestStep
+        tokens = list(prompt)
+        out: list[int] = []
+        written: dict[str, int] = {}
+        writer, visit = self.program.start, 0
+        while len(out) < sampling["max_tokens"]:
+            t0 = time.perf_counter()
+            r = await clients[writer].post("/completion", json=completion_body(tokens, slot, 1, TOP_N))
+            busy[writer] += time.perf_counter() - t0
+            calls[writer] += 1
+            r.raise_for_status()
+            body = r.json()
+            tok = int(body["tokens"][0])
+            probs = body.get("completion_probabilities")
+            if probs:
+                top = probs[0]["top_logprobs"]
+            else:  # the server holds back the probabilities of a token that ends mid-UTF-8
+                top = [{"id": tok, "logprob": 0.0}]
+                self.blind_steps += 1
+            step = RequestStep(logits=logits_row(top, self.vocab), sampled=tok,
+                               visit_tokens=visit + 1, position=len(out), request_seed=seed)
+            d = self.interp.route(writer, step)
+            if d.keep:
+                tokens.append(tok)
+                out.append(tok)
+                written[writer] = written.get(writer, 0) + 1
+                visit += 1
+                if tok in sampling["stop_token_ids"]:
+                    break
+            if d.dest != writer:
+                writer, visit = d.dest, 0
+        return out, written
+
+    def close(self):
+        if hasattr(self, "_loop"):
+            self._loop.stop()
+        for s in self.servers.values():
+            s.close()
