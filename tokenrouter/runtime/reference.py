@@ -32,6 +32,7 @@ class ReferenceOutput:
     written_by: dict[str, int] = field(default_factory=dict)
     handoffs: int = 0
     error: str | None = None
+    writers: list[str] = field(default_factory=list)  # the writer of each output token
 
 
 def _walk(e: Any):
@@ -143,6 +144,7 @@ class Reference:
                 tokens.append(tok)
                 out.tokens.append(tok)
                 out.written_by[writer] = out.written_by.get(writer, 0) + 1
+                out.writers.append(writer)
                 visit += 1
                 seen_at_len = set()
                 if tok in stop:

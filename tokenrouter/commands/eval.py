@@ -1,0 +1,63 @@
+"""`tokenrouter eval`: the small model alone, the large model alone and the routed program on
+a task set, per-prompt diffs, an optional parameter sweep (the cost/quality frontier), and a
+static report page. See docs/eval.md."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "is routing worth it? score a program against its small and large model alone"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="the .route program")
+    parser.add_argument("--out", required=True, help="folder for summary.json, report.html and frontier.png")
+    parser.add_argument("--prompts", action="append", default=None, metavar="P.jsonl",
+                        help="task file (JSONL; repeatable); default: the shipped task set")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="bind a parameter of the program (repeatable)")
+    parser.add_argument("--sweep", default=None, metavar="NAME=LO:HI:N",
+                        help="also run the program at N evenly spaced values of parameter NAME")
+    parser.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="most tokens per answer (default 32)")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    parser.add_argument("--small", default=None, help="the small model's name (default: by role, else the start writer)")
+    parser.add_argument("--large", default=None, help="the large model's name (default: by role, else the other model)")
+    parser.add_argument("--no-chat", action="store_true", help="send prompts as raw text, not in the chat template")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads per subserver")
+
+
+def parse_set(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            raise ValueError(f"--set expects NAME=VALUE, got {item!r}")
+        out[name.strip()] = value
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from tokenrouter.eval.configs import EvalError
+    from tokenrouter.eval.evaluate import evaluate
+    from tokenrouter.runtime.frontend import RuntimeUnavailable
+    from tokenrouter.runtime.launcher import LaunchOptions
+    from tokenrouter.runtime.loader import LoadError
+
+    try:
+        if args.limit is not None and args.limit < 1:
+            raise EvalError(f"--limit must be >= 1, got {args.limit}")
+        launch = LaunchOptions()
+        if args.threads:
+            from tokenrouter.compiler.frontend import check_file
+            prog, _ = check_file(args.file)
+            launch.threads = {w: args.threads for w in (prog.writers() if prog else ())}
+        evaluate(args.file, args.out, prompts=args.prompts, params=parse_set(args.set), sweep=args.sweep,
+                 concurrency=args.concurrency, max_tokens=args.max_tokens, limit=args.limit,
+                 small=args.small, large=args.large, chat=not args.no_chat, launch=launch,
+                 log=lambda m: print(m, file=sys.stderr))
+        return 0
+    except (EvalError, LoadError, RuntimeUnavailable, ValueError) as exc:
+        print(f"tokenrouter eval: error: {exc}", file=sys.stderr)
+        return 1
