@@ -78,6 +78,8 @@ def test_the_shipped_task_set_loads_and_every_answer_matches_itself():
     tasks = load_tasks(SHIPPED_TASKS)
     assert len(tasks) >= 200 and all(x.answer for x in tasks)
     assert len({x.id for x in tasks}) == len(tasks)
-    for x in tasks:  # the answer itself is right (regexes: none ship), an unrelated output is wrong
-        assert x.match != "regex" and is_correct(x, x.answer), x
+    assert len({x.prompt for x in tasks}) == len(tasks)
+    for x in tasks:  # the answer itself is right, an unrelated output is wrong
+        if x.match != "regex":
+            assert is_correct(x, x.answer) and is_correct(x, f"The answer is {x.answer}."), x
         assert is_correct(x, "zzz qqq") is False, x
