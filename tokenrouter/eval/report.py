@@ -65,11 +65,19 @@ def writer_colours(summary: dict[str, Any]) -> dict[str, str]:
     return {w: PALETTE[i % len(PALETTE)] for i, w in enumerate(order)}
 
 
+_CONTROL = {c: chr(0x2400 + c) for c in range(32) if chr(c) not in "\n\t"} | {0x7F: "\u2421"}
+
+
+def visible(text: str) -> str:
+    """Control characters (which HTML would drop or rewrite) as their Unicode control pictures."""
+    return text.translate(_CONTROL)
+
+
 def _tokens(pieces, writers, colours) -> str:
     out = []
     for piece, w in zip(pieces, writers):
         out.append(f'<span class="tok" data-writer="{html.escape(w)}" style="background:{colours.get(w, "#eee")}" '
-                   f'title="{html.escape(w)}">{html.escape(piece)}</span>')
+                   f'title="{html.escape(w)}">{html.escape(visible(piece))}</span>')
     return "".join(out)
 
 
