@@ -42,17 +42,20 @@ def task_file(tmp_path, n=10):
     return str(p)
 
 
-def run_eval(tmp_path, pair, cond, **kw):
+def run_eval(tmp_path, pair, cond, concurrency=4, **kw):
     out = tmp_path / "out"
     s = evaluate(program_file(tmp_path, pair, cond), str(out), prompts=[task_file(tmp_path)], max_tokens=12,
-                 concurrency=4, launch=LAUNCH, use_tqdm=False, log=lambda m: None, chat=False, **kw)
+                 concurrency=concurrency, launch=LAUNCH, use_tqdm=False, log=lambda m: None, chat=False, **kw)
     assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(s))
     assert (out / "report.html").is_file() and (out / "frontier.png").read_bytes()[:4] == b"\x89PNG"
     return s
 
 
 def test_routed_program_diff_and_records(tmp_path, pair):
-    s = run_eval(tmp_path, pair, "entropy(slm, normalized) > 0.3")
+    s = run_eval(tmp_path, pair, "entropy(slm, normalized) > 0.3", concurrency=[4, 1])
+    for c in s["configs"].values():  # timed at both, the same tokens at both
+        assert set(c["tokens_per_s_at"]) == {"4", "1"} and c["same_tokens_at_every_concurrency"] is True
+        assert c["tokens_per_s"] == c["tokens_per_s_at"]["4"]
     recs = s["prompts"]
     assert len(recs) == 11 and s["meta"]["n_answered"] == 10
     for key, base in (("vs_large", "large"), ("vs_small", "small")):
@@ -126,6 +129,27 @@ def test_small_and_large_come_from_roles_or_the_start_writer(pair):
         small_and_large(p, large="big")
     a = alone(p, "llm")
     assert a.start == "llm" and [m.name for m in a.models] == ["llm"] and not a.transitions
+
+
+def test_limit_spreads_the_subset_over_the_file():
+    from tokenrouter.eval.evaluate import spread
+    assert spread(list(range(10)), 5) == [0, 2, 4, 6, 8] and spread([1, 2], 5) == [1, 2]
+    assert spread(list(range(242)), 60)[-1] > 230
+
+
+def test_the_command_reports_bad_input_and_exits_1(tmp_path, pair):
+    import subprocess
+    import sys
+    prog = program_file(tmp_path, pair, "entropy(slm, normalized) > 0.3")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json}\n")
+    for extra, message in ((["--prompts", str(bad)], "bad.jsonl:1: not a JSON object"),
+                           (["--sweep", "tau=1:2"], "--sweep expects NAME=LO:HI:N"),
+                           (["--concurrency", "0"], "--concurrency must be >= 1")):
+        r = subprocess.run([sys.executable, "-m", "tokenrouter.cli", "eval", prog, "--out", str(tmp_path / "o"), *extra],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and f"tokenrouter eval: error: " in r.stderr and message in r.stderr, r.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_sweep_specs():

@@ -19,9 +19,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="bind a parameter of the program (repeatable)")
     parser.add_argument("--sweep", default=None, metavar="NAME=LO:HI:N",
                         help="also run the program at N evenly spaced values of parameter NAME")
-    parser.add_argument("--concurrency", type=int, default=8, help="requests in flight (default 8)")
+    parser.add_argument("--concurrency", default="8", metavar="C[,C...]",
+                        help="requests in flight (default 8); several (1,8): each configuration is timed at "
+                             "each, the first is the headline figure")
     parser.add_argument("--max-tokens", type=int, default=32, help="most tokens per answer (default 32)")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="only N prompts, spread evenly over the task files (a quicker, proportional subset)")
     parser.add_argument("--small", default=None, help="the small model's name (default: by role, else the start writer)")
     parser.add_argument("--large", default=None, help="the large model's name (default: by role, else the other model)")
     parser.add_argument("--no-chat", action="store_true", help="send prompts as raw text, not in the chat template")
@@ -45,16 +48,19 @@ def run(args: argparse.Namespace) -> int:
     from tokenrouter.runtime.launcher import LaunchOptions
     from tokenrouter.runtime.loader import LoadError
 
+    from tokenrouter.commands._args import positive_ints
     try:
-        if args.limit is not None and args.limit < 1:
-            raise EvalError(f"--limit must be >= 1, got {args.limit}")
+        positive_ints(args.concurrency, "--concurrency")  # a clear error for a bad list
+        concurrency = [int(x) for x in args.concurrency.split(",") if x.strip()]
+        if len(set(concurrency)) != len(concurrency):
+            raise EvalError("--concurrency values must be distinct")
         launch = LaunchOptions()
         if args.threads:
             from tokenrouter.compiler.frontend import check_file
             prog, _ = check_file(args.file)
             launch.threads = {w: args.threads for w in (prog.writers() if prog else ())}
         evaluate(args.file, args.out, prompts=args.prompts, params=parse_set(args.set), sweep=args.sweep,
-                 concurrency=args.concurrency, max_tokens=args.max_tokens, limit=args.limit,
+                 concurrency=concurrency, max_tokens=args.max_tokens, limit=args.limit,
                  small=args.small, large=args.large, chat=not args.no_chat, launch=launch,
                  log=lambda m: print(m, file=sys.stderr))
         return 0

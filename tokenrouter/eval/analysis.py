@@ -70,7 +70,8 @@ def score(tasks: Sequence[Task], run, large_run, large: str) -> dict[str, Any]:
             "correct": sum(answered), "answered": len(answered),
             "exact_match_with_large": exact / len(tasks) if tasks else None,
             "large_share": by_large / total if total else 0.0,
-            "tokens": total, "tokens_per_s": run.tokens_per_s, "wall_s": run.wall_s}
+            "tokens": total, "tokens_per_s": run.tokens_per_s, "wall_s": run.wall_s,
+            "tokens_per_s_at": {str(c): r for c, r in run.rates.items()}, "same_tokens_at_every_concurrency": run.consistent}
 
 
 def _output(tokenizer, task: Task, o) -> dict[str, Any]:

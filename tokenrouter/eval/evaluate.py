@@ -59,6 +59,14 @@ def load(path: str, params: dict[str, str] | None, model_paths: dict[str, str] |
         raise EvalError(str(exc)) from None
 
 
+def spread(items: list, n: int) -> list:
+    """`n` items evenly spaced over `items` (all of them when there are not more), in order:
+    a subset that keeps every category of a task file in proportion."""
+    if n >= len(items):
+        return list(items)
+    return [items[(i * len(items)) // n] for i in range(n)]
+
+
 def host_info() -> dict[str, str]:
     cpu = platform.processor() or platform.machine()
     try:
@@ -74,11 +82,15 @@ def host_info() -> dict[str, str]:
 
 
 def evaluate(path: str, out: str, prompts: Sequence[str] | None = None, params: dict[str, str] | None = None,
-             sweep: str | None = None, concurrency: int = 8, max_tokens: int = 32, limit: int | None = None,
+             sweep: str | None = None, concurrency: int | Sequence[int] = 8, max_tokens: int = 32,
+             limit: int | None = None,
              small: str | None = None, large: str | None = None, chat: bool = True, launch=None,
              model_paths: dict[str, str] | None = None, use_tqdm: bool = True, log=print) -> dict[str, Any]:
-    """Run the evaluation and write its report into `out`; returns the summary."""
-    if concurrency < 1:
+    """Run the evaluation and write its report into `out`; returns the summary. With several
+    concurrencies every configuration is timed at each (the first is the headline figure);
+    `limit` keeps that many prompts spread evenly over the task files."""
+    concurrency = [concurrency] if isinstance(concurrency, int) else list(concurrency)
+    if not concurrency or min(concurrency) < 1:
         raise EvalError(f"--concurrency must be >= 1, got {concurrency}")
     if max_tokens < 1:
         raise EvalError(f"--max-tokens must be >= 1, got {max_tokens}")
@@ -87,7 +99,9 @@ def evaluate(path: str, out: str, prompts: Sequence[str] | None = None, params: 
     except TaskError as exc:
         raise EvalError(str(exc)) from None
     if limit is not None:
-        tasks = tasks[:limit]
+        if limit < 1:
+            raise EvalError(f"--limit must be >= 1, got {limit}")
+        tasks = spread(tasks, limit)
     params = dict(params or {})
     program = load(path, params, model_paths)
     sweep_name, sweep_vals = parse_sweep(sweep) if sweep else (None, [])
@@ -118,7 +132,7 @@ def evaluate(path: str, out: str, prompts: Sequence[str] | None = None, params: 
         "program": os.fspath(path), "small": names[0], "large": names[1], "writers": list(program.writers()),
         "params": params, "prompts": [os.fspath(p) for p in (prompts or [SHIPPED_TASKS])],
         "n_prompts": len(tasks), "n_answered": sum(t.answer is not None for t in tasks),
-        "max_tokens": max_tokens, "concurrency": concurrency, "greedy": True, "chat_template": chat,
+        "max_tokens": max_tokens, "concurrency": concurrency[0], "concurrencies": concurrency, "greedy": True, "chat_template": chat,
         "seconds": round(time.time() - t0, 1), "host": host_info(),
         "threads_note": "subservers divide the host's cores among themselves (see the launcher)"}
     summary = {k: summary[k] for k in ("meta", "configs", "diff", "sweep", "prompts")}

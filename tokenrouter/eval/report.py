@@ -112,11 +112,14 @@ def render_html(summary: dict[str, Any], png: bytes) -> str:
     meta, cfg = summary["meta"], summary["configs"]
     colours = writer_colours(summary)
     e = html.escape
+    extra = meta.get("concurrencies", [meta["concurrency"]])[1:]
     rows = "".join(
         f'<tr data-config="{k}"><td>{LABELS[k]}</td><td class="num">{_fmt(cfg[k]["accuracy"], True)}</td>'
         f'<td class="num">{_fmt(cfg[k]["exact_match_with_large"], True)}</td>'
-        f'<td class="num">{_fmt(cfg[k]["large_share"], True)}</td><td class="num">{_fmt(cfg[k]["tokens_per_s"])}</td></tr>'
+        f'<td class="num">{_fmt(cfg[k]["large_share"], True)}</td><td class="num">{_fmt(cfg[k]["tokens_per_s"])}</td>'
+        + "".join(f'<td class="num">{_fmt(cfg[k]["tokens_per_s_at"].get(str(c)))}</td>' for c in extra) + "</tr>"
         for k in ("small", "large", "routed"))
+    extra_heads = "".join(f"<th>tokens/s at concurrency {c}</th>" for c in extra)
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>tokenrouter eval: {e(meta['program'])}</title><style>{CSS}</style></head><body>",
@@ -126,7 +129,7 @@ def render_html(summary: dict[str, Any], png: bytes) -> str:
         f"tokens each, concurrency {meta['concurrency']}; parameters {e(str(meta['params'] or 'defaults'))}; "
         f"host {e(meta['host']['cpu'])}, load {e(meta['host']['load'])}</p>",
         "<h2>Summary</h2><table id='summary'><tr><th>configuration</th><th>accuracy</th>"
-        f"<th>exact match with large</th><th>large share</th><th>tokens/s</th></tr>{rows}</table>",
+        f"<th>exact match with large</th><th>large share</th><th>tokens/s</th>{extra_heads}</tr>{rows}</table>",
         "<h2>Per-prompt diff</h2><div class='diffs'>",
         _diff_table("vs_large", "large alone", summary["diff"]["vs_large"]),
         _diff_table("vs_small", "small alone", summary["diff"]["vs_small"]), "</div>",

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tokenrouter.compiler import ir
 from tokenrouter.eval.configs import EvalError
@@ -21,11 +21,15 @@ from tokenrouter.eval.tasks import Task
 
 @dataclass
 class ConfigRun:
-    """The outputs of one configuration (in prompt order) and its throughput."""
+    """The outputs of one configuration (in prompt order) and its throughput: `wall_s` at the
+    first concurrency, `rates` tokens/s at each concurrency run, `consistent` whether every
+    concurrency produced the same tokens (greedy decoding must)."""
 
     label: str
     outputs: list  # list[RequestOutput]
     wall_s: float
+    rates: dict = field(default_factory=dict)
+    consistent: bool = True
 
     @property
     def tokens(self) -> int:
@@ -72,22 +76,27 @@ def check_fit(tasks: list[Task], ids: list[list[int]], limit: int) -> None:
 
 
 def run_program(program: ir.Program, label: str, ids: list[list[int]], tasks: list[Task], max_tokens: int,
-                concurrency: int, launch=None, use_tqdm: bool = True) -> ConfigRun:
-    """Serve `program`, generate greedily for every prompt, stop; raises EvalError if any
+                concurrency: list[int], launch=None, use_tqdm: bool = True) -> ConfigRun:
+    """Serve `program`, generate greedily for every prompt at each concurrency in turn (one
+    deployment, so the rates see the same start-up and load), stop. Raises EvalError if any
     request failed (nothing is reported from a partial run)."""
     from tokenrouter.runtime.engine.sampler import SamplingParams
     from tokenrouter.runtime.launcher import LaunchOptions
     from tokenrouter.runtime.offline import LLM
 
-    opts = launch or LaunchOptions()
-    opts = dataclasses.replace(opts, concurrency=concurrency)
+    opts = dataclasses.replace(launch or LaunchOptions(), concurrency=max(concurrency))
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    runs = []
     with LLM(program, launch=opts) as llm:
         llm.generate([ids[0]], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)  # warm-up
-        t0 = time.perf_counter()
-        outs = llm.generate(ids, params, concurrency=concurrency, use_tqdm=use_tqdm, desc=label)
-        wall = time.perf_counter() - t0
-    for t, o in zip(tasks, outs):
-        if o.finish_reason == "error":
-            raise EvalError(f"{label}: prompt {t.id!r} failed: {o.error}")
-    return ConfigRun(label, outs, wall)
+        for c in concurrency:
+            t0 = time.perf_counter()
+            outs = llm.generate(ids, params, concurrency=c, use_tqdm=use_tqdm, desc=f"{label}, concurrency {c}")
+            runs.append((c, outs, time.perf_counter() - t0))
+            for t, o in zip(tasks, outs):
+                if o.finish_reason == "error":
+                    raise EvalError(f"{label}: prompt {t.id!r} failed: {o.error}")
+    first = runs[0][1]
+    rates = {c: sum(len(o.token_ids) for o in outs) / wall if wall > 0 else 0.0 for c, outs, wall in runs}
+    consistent = all([o.token_ids for o in outs] == [o.token_ids for o in first] for _, outs, _ in runs)
+    return ConfigRun(label, first, runs[0][2], rates, consistent)
