@@ -134,8 +134,9 @@ def test_load_program_checks_layers_and_tokenizers(tmp_path, tiny_pair):
     with pytest.raises(RouteError) as err:
         load_program(EXAMPLES / "rstitch.route", model_paths={**tiny_pair, "llm": str(tmp_path / "none")})
     assert "E308" in str(err.value)
-    with pytest.raises(ValueError, match="does not declare"):
+    with pytest.raises(RouteError) as err:
         load_program(EXAMPLES / "rstitch.route", model_paths={"nope": "x"})
+    assert "E707" in str(err.value) and "no model 'nope'" in str(err.value)
 
 
 def test_paths_resolve_relative_to_the_route_file(tmp_path):

@@ -19,9 +19,16 @@ UPDATE = os.environ.get("TOKENROUTER_UPDATE_GOLDEN") == "1"
 NOT_IN_GOLDENS = {"E006", "E308", "E309"}
 
 
+def extra_args(program: Path) -> list[str]:
+    """A golden whose first line is `# check: ARGS` is checked with those arguments (the
+    deployment's --set and --model)."""
+    first = program.read_bytes().split(b"\n", 1)[0].decode("utf-8", "replace")
+    return first[len("# check:"):].split() if first.startswith("# check:") else []
+
+
 def run_check(program: Path, capsys, monkeypatch) -> str:
     monkeypatch.chdir(GOLDEN)  # relative paths in the output, the same on every machine
-    status = main(["check", program.name])
+    status = main(["check", program.name, *extra_args(program)])
     captured = capsys.readouterr()
     assert captured.out == ""
     return captured.err + f"exit status: {status}\n"

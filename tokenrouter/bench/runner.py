@@ -31,6 +31,7 @@ class BenchOptions:
     num_blocks: int | None = None
     progress: bool = True
     model_paths: dict[str, str] | None = None
+    params: dict[str, str] | None = None  # --set NAME=VALUE
     threads: int = 1  # torch threads of lockstep and of a single-model server
     out_dir: str | None = None  # where to save the measured profile
     mode: str = "process"  # "thread": subservers in this process (tests)
@@ -61,7 +62,7 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
 
     from .deploy import LockstepDeployment, RuntimeDeployment
 
-    program = load_program(opts.file, model_paths=opts.model_paths)
+    program = load_program(opts.file, model_paths=opts.model_paths, params=opts.params)
     small, large = C.small_and_large(program)
     writers = C.writers(program)
     tok = tokenizer_for(program)

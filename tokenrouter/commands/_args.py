@@ -23,3 +23,45 @@ def report_unreadable(files: list[str], command: str) -> bool:
         why = "is a directory" if os.path.isdir(f) else "no such file"
         print(f"tokenrouter {command}: error: cannot read '{f}': {why}", file=sys.stderr)
     return bool(bad)
+
+
+# ------------------------------------------------ deployment bindings (--set, --model)
+
+def add_binding_args(parser, model_help: str | None = None) -> None:
+    """`--set NAME=VALUE` and `--model NAME=PATH`, both repeatable: the same two flags on
+    every command that loads a .route program. Read them back with `bindings(args)`."""
+    parser.add_argument("--set", dest="set_params", action="append", default=None, metavar="NAME=VALUE",
+                        help="set a parameter of the program (repeatable); the value is checked against "
+                             "the parameter's declared type and range")
+    parser.add_argument("--model", dest="model_bindings", action="append", default=None, metavar="NAME=PATH",
+                        help=model_help or "bind a model to a checkpoint folder, .gguf file or built-in name "
+                                           "(repeatable); required for a model declared without a path")
+
+
+def pairs(values, flag: str, form: str = "NAME=VALUE") -> dict[str, str]:
+    """['a=1', 'b=x=y'] -> {'a': '1', 'b': 'x=y'}; ValueError names the flag and the bad item
+    (no '=', an empty name, a name given twice)."""
+    out: dict[str, str] = {}
+    for item in values or ():
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ValueError(f"{flag} takes {form}, got {item!r}")
+        if not name.isidentifier():
+            raise ValueError(f"{flag} {item!r}: {name!r} is not a name")
+        if name in out:
+            raise ValueError(f"{flag} {name} is given twice ({name}={out[name]} and {item})")
+        out[name] = value
+    return out
+
+
+def bindings(args) -> tuple[dict[str, str] | None, dict[str, str] | None]:
+    """(params, model_paths) from `add_binding_args`' flags, each None when not given, ready
+    for `frontend.check_file` / `load_program`. ValueError on a malformed item (a usage
+    error: exit 2); the values themselves are checked against the program by the checker."""
+    params = pairs(getattr(args, "set_params", None), "--set")
+    models = pairs(getattr(args, "model_bindings", None), "--model", "NAME=PATH")
+    for name, path in models.items():
+        if not path.strip():
+            raise ValueError(f"--model {name}= needs a path")
+    return params or None, models or None

@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from tokenrouter.commands._args import positive_ints
+from tokenrouter.commands._args import add_binding_args, bindings, positive_ints
 
 HELP = "benchmark this runtime against its ablations and baselines, side by side, on the same prompts"
 
@@ -37,7 +37,7 @@ def configure(parser) -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of lockstep and of the single-model servers (default 1; the "
                              "routed servers split the cores among themselves)")
-    parser.add_argument("--model", action="append", metavar="NAME=PATH", help="override a model's path")
+    add_binding_args(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -61,19 +61,14 @@ def _options(args):
     for v, what in ((requests, "--requests"), (max_tokens, "--max-tokens"), (rounds, "--rounds")):
         if v < 1:
             raise ValueError(f"{what} must be >= 1")
-    models = {}
-    for item in args.model or []:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise ValueError(f"--model takes NAME=PATH, got {item!r}")
-        models[name] = path
+    params, models = bindings(args)
     if args.threads < 1:
         raise ValueError("--threads must be >= 1")
     if args.profile and not os.path.isfile(args.profile):
         raise ValueError(f"no such profile: {args.profile}")
     return BenchOptions(file=file, concurrency=levels, requests=requests, max_tokens=max_tokens, rounds=rounds,
                         configs=parse_configs(args.configs), sweep=sweep, profile=args.profile,
-                        progress=not args.no_progress, model_paths=models or None,
+                        progress=not args.no_progress, model_paths=models, params=params,
                         threads=args.threads, out_dir=args.out)
 
 

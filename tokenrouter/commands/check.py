@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tokenrouter.commands._args import report_unreadable
+from tokenrouter.commands._args import add_binding_args, bindings, report_unreadable
 
 HELP = "check .route files and report every error and warning"
 
@@ -16,17 +16,23 @@ HELP = "check .route files and report every error and warning"
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help=".route files to check")
     parser.add_argument("--emit", choices=["ir"], help="print the checked program's IR (JSON) on stdout")
+    add_binding_args(parser)
 
 
 def run(args) -> int:
     from tokenrouter.compiler.frontend import check_file
     from tokenrouter.dsl.diagnostics import render
 
+    try:
+        params, model_paths = bindings(args)
+    except ValueError as exc:
+        print(f"tokenrouter check: error: {exc}", file=sys.stderr)
+        return 2
     if report_unreadable(args.files, "check"):
         return 2
     status = 0
     for path in args.files:
-        program, diags = check_file(path)
+        program, diags = check_file(path, model_paths=model_paths, params=params)
         source = _text(path)
         for d in diags:
             print(render(d, source), file=sys.stderr)

@@ -21,6 +21,8 @@ import json
 import os
 import sys
 
+from tokenrouter.commands._args import add_binding_args, bindings
+
 HELP = "compile a .route file into its router module and serving plan"
 PLAN_VERSION = 1
 
@@ -31,6 +33,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--emit", choices=["python", "ir", "plan"], help="print this on stdout instead")
     parser.add_argument("--resolve", action="store_true",
                         help="resolve the models (checkpoint, GGUF or built-in) to fill in input widths")
+    add_binding_args(parser)
 
 
 def run(args) -> int:
@@ -43,7 +46,16 @@ def run(args) -> int:
     if not args.output and not args.emit:
         print("tokenrouter compile: error: give -o DIR or --emit python|ir|plan", file=sys.stderr)
         return 2
-    program = _load(args.file, args.resolve)
+    try:
+        params, model_paths = bindings(args)
+    except ValueError as exc:
+        print(f"tokenrouter compile: error: {exc}", file=sys.stderr)
+        return 2
+    if args.file.endswith(".json") and (params or model_paths):
+        print("tokenrouter compile: error: an IR file is already bound; --set and --model apply to a .route file",
+              file=sys.stderr)
+        return 2
+    program = _load(args.file, args.resolve, params, model_paths)
     if program is None:
         return 1
     try:
@@ -80,7 +92,7 @@ def _write(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _load(path: str, resolve: bool):
+def _load(path: str, resolve: bool, params=None, model_paths=None):
     """The checked program, or None after printing why not."""
     from tokenrouter.compiler import ir
 
@@ -94,11 +106,11 @@ def _load(path: str, resolve: bool):
     from tokenrouter.compiler.frontend import RouteError, check_file, load_program
     if resolve:
         try:
-            return load_program(path)
+            return load_program(path, model_paths=model_paths, params=params)
         except RouteError as exc:
             print(str(exc), file=sys.stderr)
             return None
-    program, diags = check_file(path)
+    program, diags = check_file(path, model_paths=model_paths, params=params)
     if diags:
         from tokenrouter.dsl.diagnostics import render
         try:

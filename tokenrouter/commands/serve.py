@@ -11,6 +11,8 @@ import argparse
 import os
 import sys
 
+from tokenrouter.commands._args import add_binding_args, bindings
+
 HELP = "serve a .route program over an OpenAI-compatible HTTP API"
 
 
@@ -31,8 +33,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="the .route program")
     parser.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    parser.add_argument("--model", action="append", metavar="NAME=PATH",
-                        help="replace a model's path (checkpoint folder, .gguf or built-in name)")
+    add_binding_args(parser)
     parser.add_argument("--served-model-name", default=None,
                         help="the model id clients use (default: the file's name without .route)")
     parser.add_argument("--concurrency", type=int, default=8,
@@ -78,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     from tokenrouter.compiler.frontend import RouteError, load_program
     try:
         opts = _options(args)  # cheap checks first: no model is loaded yet
-        program = load_program(args.file, model_paths=_pairs(args.model, "--model") or None)
+        params, model_paths = bindings(args)
+        program = load_program(args.file, model_paths=model_paths, params=params)
         for w in [*opts.batch, *opts.max_wait_ms, *opts.threads, *opts.remote]:
             if w not in program.writers():
                 raise ValueError(f"{w!r} is not a writer of {args.file} ({', '.join(program.writers())})")

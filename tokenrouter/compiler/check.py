@@ -1,7 +1,8 @@
 """Name resolution and semantic checks of a parsed .route file, as a sequence of passes.
 
-Passes: version header; declarations (duplicates, kinds); models, routers, heads and
-ensembles (attributes, paths, weights); the route block (start, transitions with their
+Passes: version header; declarations (duplicates, kinds); parameters (bound to their
+`--set` values or defaults, then substituted where they are used, check_params.py);
+models (with their `--model` bindings), routers, heads and ensembles (attributes, paths, weights); the route block (start, transitions with their
 conditions, visit bounds); whole-program analysis (reachability, shadowed rules, ping-pong,
 unused declarations); the serve block. Every problem is reported (in source order, once
 sorted), and the result is a `Checked` program in IR terms that `lower.py` assembles into
@@ -19,11 +20,13 @@ from tokenrouter.compiler import ir
 from tokenrouter.compiler.builtins import (ACTIVATIONS, BUILTIN_MODELS, DTYPES, ENSEMBLE_MODES,
                                            LANGUAGE_VERSION, ROLES, ROUTER_INPUTS, SERVE_KEYS,
                                            looks_like_path)
+from tokenrouter.compiler import check_params
 from tokenrouter.compiler.check_expr import ExprChecker
 from tokenrouter.dsl import ast
 from tokenrouter.dsl.diagnostics import Diagnostic, Note, did_you_mean, sort_diagnostics, words
 
-KIND_WORDS = {"model": "a model", "router": "a router", "head": "a head", "ensemble": "an ensemble"}
+KIND_WORDS = {"model": "a model", "router": "a router", "head": "a head", "ensemble": "an ensemble",
+              "param": "a parameter"}
 
 
 @dataclass
@@ -56,6 +59,7 @@ class Checked:
     ensembles: list[ir.Ensemble] = field(default_factory=list)
     routers: list[ir.RouterNet] = field(default_factory=list)
     schedule: ir.Schedule = field(default_factory=ir.Schedule)
+    params: list[ir.Param] = field(default_factory=list)
 
 
 def resolve_path(text: str, base_dir: str) -> str:
@@ -63,9 +67,13 @@ def resolve_path(text: str, base_dir: str) -> str:
     return os.path.normpath(os.path.join(base_dir, os.path.expanduser(text)))
 
 
-def check(file: ast.File, base_dir: str | None = None) -> tuple[Checked | None, list[Diagnostic]]:
-    """All semantic checks; (Checked or None when there is an error, sorted diagnostics)."""
-    checker = _Checker(file, base_dir if base_dir is not None else os.path.dirname(os.path.abspath(file.path)))
+def check(file: ast.File, base_dir: str | None = None, params: dict[str, str] | None = None,
+          model_paths: dict[str, str] | None = None) -> tuple[Checked | None, list[Diagnostic]]:
+    """All semantic checks; (Checked or None when there is an error, sorted diagnostics).
+    `params` are `--set` values (NAME -> text), `model_paths` `--model` bindings (NAME ->
+    path or built-in name; a relative path is relative to the working directory)."""
+    checker = _Checker(file, base_dir if base_dir is not None else os.path.dirname(os.path.abspath(file.path)),
+                       dict(params or {}), dict(model_paths or {}))
     checked = checker.run()
     diags = sort_diagnostics(checker.diags)
     return (None if any(d.is_error for d in diags) else checked), diags
@@ -81,9 +89,22 @@ def _word(node) -> str | None:
     return node.name.text if isinstance(node, ast.Ref) else None
 
 
+def bound_model_path(text: str) -> str:
+    """A `--model` binding: a built-in name as it is, a path made absolute against the
+    working directory."""
+    if text in BUILTIN_MODELS and not os.path.exists(text):
+        return text
+    return os.path.abspath(os.path.expanduser(text))
+
+
 class _Checker:
-    def __init__(self, file: ast.File, base_dir: str):
+    def __init__(self, file: ast.File, base_dir: str, params: dict[str, str] | None = None,
+                 model_paths: dict[str, str] | None = None):
         self.file, self.base_dir = file, base_dir
+        self.given_params = params or {}
+        self.model_paths = model_paths or {}
+        self.bound: dict[str, check_params.Bound] = {}
+        self.subst = check_params.Substitution({})
         self.diags: list[Diagnostic] = []
         self.symbols: dict[str, Symbol] = {}
         self.used: set[str] = set()
@@ -92,11 +113,14 @@ class _Checker:
         self.out = Checked(file.path, base_dir, LANGUAGE_VERSION)
 
     def err(self, code, message, span, hint=None, notes=()):
-        self.diags.append(Diagnostic(code, message, span, hint, tuple(notes)))
+        note = self.subst.note(span) if span is not None else None
+        notes = tuple(notes) + ((note,) if note else ())
+        self.diags.append(Diagnostic(code, message, span, hint, notes))
 
     def run(self) -> Checked:
         self.header()
         self.declare()
+        self.params()
         for item in self.file.items:
             handler = {ast.ModelDecl: self.model, ast.RouterDecl: self.router, ast.HeadDecl: self.head,
                        ast.EnsembleDecl: self.ensemble}.get(type(item))
@@ -111,15 +135,19 @@ class _Checker:
                      hint=f"a program has one '{what}' block; merge them",
                      notes=[Note("first declared here", _head_span(first, what))])
         if routes:
-            self.route(routes[0])
+            self.route(self.subst.route(routes[0]))
         else:
             end = self.file.header.span if self.file.header else ir.Span(self.file.path, 1, 1, 1, 2)
             self.err("E407", "the program has no 'route' block", end,
                      hint="add: route { start MODEL }")
         self.analyse()
         if serves:
-            self.serve(serves[0])
+            self.serve(self.subst.serve(serves[0]))
+        self.used |= self.subst.used
         self.unused()
+        check_params.unknown_settings(self.given_params, self.bound, self.symbols, self.err)
+        self.unknown_bindings()
+        self.out.params = [check_params.to_ir(b) for b in self.bound.values() if b.ok]
         return self.out
 
     # ------------------------------------------------------------------ header
@@ -146,7 +174,7 @@ class _Checker:
     # ------------------------------------------------------------ declarations
     def declare(self):
         kinds = {ast.ModelDecl: "model", ast.RouterDecl: "router", ast.HeadDecl: "head",
-                 ast.EnsembleDecl: "ensemble"}
+                 ast.EnsembleDecl: "ensemble", ast.ParamDecl: "param"}
         for item in self.file.items:
             kind = kinds.get(type(item))
             if kind is None:
@@ -155,10 +183,32 @@ class _Checker:
             if name in self.symbols:
                 first = self.symbols[name]
                 self.err("E101", f"'{name}' is declared twice", item.name.span,
-                         hint="give each model, router, head and ensemble its own name",
+                         hint="give each model, router, head, ensemble and parameter its own name",
                          notes=[Note(f"first declared here (as {KIND_WORDS[first.kind]})", first.span)])
                 continue
             self.symbols[name] = Symbol(kind, name, item.name.span, decl=item)
+
+    # -------------------------------------------------------------- parameters
+    def params(self):
+        decls = [i for i in self.file.items if isinstance(i, ast.ParamDecl) and self._is_first(i)]
+        self.bound = check_params.bind(decls, self.given_params, self.base_dir, self.err)
+        for name, b in self.bound.items():
+            self.symbols[name].ok = b.ok
+        self.subst = check_params.Substitution(self.bound)
+
+    def unknown_bindings(self):
+        """`--model NAME=PATH` for a name that is not a declared model."""
+        models = [n for n, s in self.symbols.items() if s.kind == "model"]
+        for name, path in self.model_paths.items():
+            sym = self.symbols.get(name)
+            if sym is not None and sym.kind == "model":
+                continue
+            guess = did_you_mean(name, models)
+            hint = (f"'{name}' is {KIND_WORDS[sym.kind]}, not a model" + (
+                f"; set it with --set {name}=VALUE" if sym.kind == "param" else "") if sym is not None else
+                f"did you mean '{guess}'?" if guess else
+                f"the models are {words(models, 'and')}" if models else "the program declares no models")
+            self.err("E707", f"--model {name}={path}: the program has no model '{name}'", None, hint=hint)
 
     def _is_first(self, item) -> bool:
         sym = self.symbols.get(item.name.text)
@@ -221,6 +271,16 @@ class _Checker:
         attrs = self.attrs(item.attrs, {"role": "", "dtype": ""}, f"model '{item.name.text}'")
         role = self.choice(attrs["role"], ROLES, "role") if "role" in attrs else None
         dtype = self.choice(attrs["dtype"], DTYPES, "dtype") if "dtype" in attrs else "float32"
+        name = item.name.text
+        if name in self.model_paths:  # bound by the deployment: the binding wins
+            sym.model_path, sym.role, sym.dtype = bound_model_path(self.model_paths[name]), role, dtype or "float32"
+            return
+        if item.path is None:
+            self.err("E706", f"model '{name}' has no path and is not bound", item.name.span,
+                     hint=f"bind it: --model {name}=PATH (a checkpoint folder, a .gguf file or one of "
+                          f"{words(BUILTIN_MODELS)}), or give it one: model {name} = \"PATH\"")
+            sym.ok = False
+            return
         text = item.path.value
         if looks_like_path(text):
             path = resolve_path(text, self.base_dir)
@@ -265,6 +325,12 @@ class _Checker:
             sym.ok = False
             return None
         sym.model = item.model.text
+        if isinstance(item.path, ast.Ref):
+            sym.file = self.file_param(item.path, what)
+            if sym.file is None:
+                sym.ok = False
+                return None
+            return sym
         if not item.path.value.strip():
             self.err("E203", f"the {what}'s weights file is empty", item.path.span,
                      hint='name a safetensors file, e.g. "weights/router.safetensors"')
@@ -272,6 +338,51 @@ class _Checker:
             return None
         sym.file = resolve_path(item.path.value, self.base_dir)
         return sym
+
+    def value_ok(self, node, words_ok: tuple[str, ...] = ()) -> bool:
+        """False (after reporting an undefined name once) when `node` is a name that is
+        not a bound parameter: a misspelt parameter, or one whose value was invalid
+        (already reported, so the use stays quiet)."""
+        if not isinstance(node, ast.Ref) or node.name.text in words_ok:
+            return True
+        name = node.name.text
+        sym = self.symbols.get(name)
+        if sym is not None and sym.kind == "param":
+            return False  # not substituted: its value is invalid and was reported
+        if sym is not None:
+            return True  # the value check says what is wrong with a model name here
+        if name not in self.reported_undefined:
+            self.reported_undefined.add(name)
+            guess = did_you_mean(name, list(self.bound))
+            self.err("E102", f"undefined name '{name}'", node.span,
+                     hint=f"did you mean '{guess}'?" if guess else
+                     "a value here is a literal or the name of a parameter (param NAME: TYPE = ...)")
+        return False
+
+    def file_param(self, ref: ast.Ref, what: str) -> str | None:
+        """A weights file given by a `path` parameter: its bound (absolute) path."""
+        name = ref.name.text
+        sym = self.symbols.get(name)
+        if sym is None:
+            guess = did_you_mean(name, [n for n, b in self.bound.items() if b.type == "path"])
+            self.err("E102", f"undefined parameter '{name}'", ref.span,
+                     hint=f"did you mean '{guess}'?" if guess else
+                     f'the {what}\'s weights file is a string ("weights/x.safetensors") or a path parameter: '
+                     f'param {name}: path = "..."')
+            return None
+        self.used.add(name)
+        if sym.kind != "param":
+            self.err("E103", f"the {what}'s weights file must be a string or a path parameter, but '{name}' is "
+                     f"{KIND_WORDS[sym.kind]}", ref.span, notes=[Note("declared here", sym.span)])
+            return None
+        b = self.bound[name]
+        if not b.ok:
+            return None
+        if b.type != "path":
+            self.err("E304", f"the {what}'s weights file must be a path parameter, but '{name}' is a {b.type}",
+                     ref.span, notes=[Note("declared here", b.decl.span)])
+            return None
+        return b.value
 
     def router(self, item: ast.RouterDecl):
         sym = self._reader(item, "router")
@@ -511,12 +622,14 @@ class _Checker:
         if "min" in found:
             lo = _as_int(found["min"].value, 1)
             if lo is None:
-                self.err("E406", "min is a whole number of tokens >= 1", found["min"].value.span)
+                if self.value_ok(found["min"].value):
+                    self.err("E406", "min is a whole number of tokens >= 1", found["min"].value.span)
                 ok = False
         if "max" in found:
             hi = _as_int(found["max"].value, 1)
             if hi is None:
-                self.err("E406", "max is a whole number of tokens >= 1", found["max"].value.span)
+                if self.value_ok(found["max"].value):
+                    self.err("E406", "max is a whole number of tokens >= 1", found["max"].value.span)
                 ok = False
         if "then" in found:
             tsym = self.writer(found["then"].value, "the writer after 'max'")
@@ -660,6 +773,8 @@ class _Checker:
                          notes=[Note("first set here", seen[ident].key.span)])
                 continue
             seen[ident] = entry
+            if not self.value_ok(entry.value, ("auto",)):
+                continue
             value = self.serve_value(key, entry.value)
             if value is None:
                 continue
@@ -725,8 +840,10 @@ class _Checker:
                 continue
             how = {"model": "as a writer, ensemble member or router input",
                    "router": "in any condition", "head": "in any condition",
-                   "ensemble": "as a writer"}[sym.kind]
-            self.err("W002", f"{sym.kind} '{sym.name}' is declared but never used {how}", sym.span)
+                   "ensemble": "as a writer",
+                   "param": "in any rule, visit bound, serve setting or weights file"}[sym.kind]
+            kind = "parameter" if sym.kind == "param" else sym.kind
+            self.err("W002", f"{kind} '{sym.name}' is declared but never used {how}", sym.span)
 
 
 _FEATURE_WORDS = {"entropy/normalized": "normalized entropy", "entropy/raw": "raw entropy",

@@ -117,7 +117,8 @@ class ExprChecker:
     # -- dispatch
     def expr(self, node) -> Val:
         if isinstance(node, ast.Num):
-            return Val("num", ir.Const(float(node.value), node.span), node.value, node.value, const=float(node.value))
+            return Val("num", ir.Const(float(node.value), node.span, param=node.param), node.value, node.value,
+                       const=float(node.value))
         if isinstance(node, (ast.Str, ast.Duration, ast.ListLit)):
             what = {ast.Str: "a string", ast.Duration: "a duration", ast.ListLit: "a list"}[type(node)]
             self.err("E304", f"{what} cannot be part of a condition", node.span,
@@ -148,13 +149,15 @@ class ExprChecker:
             if name in self.reported:
                 return BAD
             self.reported.add(name)
-            cands = [n for n, s in self.symbols.items() if s.kind in ("router", "head")] + [VISIT_TOKENS]
+            cands = [n for n, s in self.symbols.items() if s.kind in ("router", "head", "param")] + [VISIT_TOKENS]
             guess = did_you_mean(name, cands)
             self.err("E102", f"undefined name '{name}'", span,
                      hint=f"did you mean '{guess}'?" if guess else
                      "a condition uses features (entropy(...), top_prob(...), ...), routers, heads and visit_tokens")
             return BAD
         self.used.add(name)
+        if sym.kind == "param":
+            return BAD  # a parameter left in place has an invalid value, already reported
         if sym.kind in ("model", "ensemble"):
             self.err("E103", f"'{name}' is {'a model' if sym.kind == 'model' else 'an ensemble'}, not a value", span,
                      hint=f"read one of its features, e.g. entropy({name}, normalized) > 0.3"

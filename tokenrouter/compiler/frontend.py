@@ -2,12 +2,22 @@
 
     from tokenrouter.compiler.frontend import check_file, load_program, RouteError
     program, diagnostics = check_file(path)        # Program | None, errors and warnings in source order
-    program = load_program(path, model_paths=None)  # raises RouteError (str() = rendered diagnostics)
+    program = load_program(path, model_paths=None, params=None)  # raises RouteError (str() = rendered diagnostics)
 
 `check_file` parses and checks without loading any model (router input widths of models
 that are not checkpoint folders stay 0). `load_program` also resolves the models: input
-widths, layer ranges, a shared tokenizer. `model_paths` ({"slm": "/tmp/x"}) replaces model
-paths after checking, so tests can point the examples at tiny models.
+widths, layer ranges, a shared tokenizer.
+
+Both take the deployment's bindings, as the commands' `--model` and `--set` give them:
+- `model_paths` ({"slm": "/tmp/x"}) binds models to paths (a checkpoint folder, a .gguf
+  file or a built-in name; relative paths are relative to the working directory). It
+  replaces a declared path, and is required for a model declared by role only
+  (`model llm { role = large }`). A name that is not a declared model is an error (E707).
+- `params` ({"tau": "0.3"}) sets parameters: NAME -> the value's text, parsed and checked
+  against the declared type and range (E702, E703); a name that is not a declared
+  parameter is an error (E704). `Program.params` records each bound value and whether it
+  is the default or was set.
+`commands/_args.py` parses the command-line form of both.
 """
 
 from __future__ import annotations
@@ -33,21 +43,21 @@ class RouteError(Exception):
 
 
 def check_source(text: str, path: str = "<input>", base_dir: str | None = None,
-                 model_paths: dict[str, str] | None = None,
-                 full: bool = False) -> tuple[ir.Program | None, list[Diagnostic]]:
+                 model_paths: dict[str, str] | None = None, full: bool = False,
+                 params: dict[str, str] | None = None) -> tuple[ir.Program | None, list[Diagnostic]]:
     """Parse, check and lower `text`; paths in it are relative to `base_dir` (default: the
     folder of `path`)."""
     tree, diags = parse_source(text, path)
-    return _finish(tree, diags, path, base_dir, model_paths, full)
+    return _finish(tree, diags, path, base_dir, model_paths, full, params)
 
 
-def _finish(tree, diags, path, base_dir, model_paths, full):
+def _finish(tree, diags, path, base_dir, model_paths, full, params):
     if tree is None:
         return None, diags
-    checked, diags = check(tree, base_dir)
+    checked, diags = check(tree, base_dir, params=params, model_paths=model_paths)
     if checked is None:
         return None, diags
-    program, more = lower(checked, model_paths, full)
+    program, more = lower(checked, None, full)  # the checker has applied model_paths
     return program, sort_diagnostics(diags + more)
 
 
@@ -60,25 +70,26 @@ def _read(path) -> tuple[bytes | None, list[Diagnostic]]:
         return None, [Diagnostic("E004", f"cannot read {path}: {reason}", None)]
 
 
-def check_file(path, model_paths: dict[str, str] | None = None,
-               full: bool = False) -> tuple[ir.Program | None, list[Diagnostic]]:
+def check_file(path, model_paths: dict[str, str] | None = None, full: bool = False,
+               params: dict[str, str] | None = None) -> tuple[ir.Program | None, list[Diagnostic]]:
     """Program (or None on any error) and every diagnostic, in source order."""
     path = os.fspath(path)
     data, diags = _read(path)
     if data is None:
         return None, diags
     tree, diags, _ = parse_bytes(data, path)
-    return _finish(tree, diags, path, None, model_paths, full)
+    return _finish(tree, diags, path, None, model_paths, full, params)
 
 
-def load_program(path, model_paths: dict[str, str] | None = None) -> ir.Program:
+def load_program(path, model_paths: dict[str, str] | None = None,
+                 params: dict[str, str] | None = None) -> ir.Program:
     """The checked program, models resolved; raises RouteError on any error."""
     path = os.fspath(path)
     data, diags = _read(path)
     if data is None:
         raise RouteError(diags)
     tree, diags, text = parse_bytes(data, path)
-    program, diags = _finish(tree, diags, path, None, model_paths, True)
+    program, diags = _finish(tree, diags, path, None, model_paths, True, params)
     if program is None:
         raise RouteError([d for d in diags], text)
     return program

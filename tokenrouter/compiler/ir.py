@@ -43,9 +43,14 @@ class Span:
 
 @dataclass(frozen=True)
 class Const:
+    """A number. `param` names the parameter it came from, if any (`x > tau`): the value
+    is already bound, so nothing that runs a program needs it; it is there for people
+    (`tokenrouter explain`) and does not take part in equality."""
+
     value: float
     span: Span | None = None
     kind: Literal["const"] = "const"
+    param: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -277,6 +282,24 @@ class Schedule:
 
 
 @dataclass(frozen=True)
+class Param:
+    """A parameter of the program and the value it was checked with. `value` is a float
+    (`float`), an int (`int`), milliseconds (`duration`), an absolute path (`path`) or the
+    text (`string`); `origin` says whether it is the declaration's default or was given on
+    the command line (`--set NAME=VALUE`), and `text` is the value as written there.
+    `lo`/`hi` are the declared range (None: unbounded)."""
+
+    name: str
+    type: Literal["float", "int", "duration", "path", "string"]
+    value: Union[float, int, str]
+    origin: Literal["default", "set"]
+    text: str
+    lo: float | None = None
+    hi: float | None = None
+    span: Span | None = None
+
+
+@dataclass(frozen=True)
 class Program:
     source: str
     language_version: int
@@ -287,6 +310,7 @@ class Program:
     ensembles: tuple[Ensemble, ...] = ()
     routers: tuple[RouterNet, ...] = ()
     schedule: Schedule = field(default_factory=Schedule)
+    params: tuple[Param, ...] = ()  # bound values, already substituted where they are used
     ir_version: int = IR_VERSION
 
     # -- convenience, all derived
@@ -298,6 +322,9 @@ class Program:
 
     def transitions_from(self, writer: str) -> tuple[Transition, ...]:
         return tuple(t for t in self.transitions if t.source == writer)
+
+    def param(self, name: str) -> Param:
+        return next(p for p in self.params if p.name == name)
 
     def bound(self, writer: str) -> VisitBound:
         return next((b for b in self.bounds if b.writer == writer), VisitBound(writer))

@@ -51,13 +51,15 @@ def lower(checked: Checked, model_paths: dict[str, str] | None = None,
     """(Program, diagnostics); the program is None when a model cannot be read (full mode)."""
     diags: list[Diagnostic] = []
     models = list(checked.models)
-    if model_paths:
+    if model_paths:  # the front end binds models while checking; this is for callers of lower() alone
+        from tokenrouter.compiler.check import bound_model_path
+
         names = {m.name for m in models}
         unknown = sorted(set(model_paths) - names)
         if unknown:
             raise ValueError(f"model_paths names models the program does not declare: {', '.join(unknown)} "
                              f"(declared: {', '.join(sorted(names))})")
-        models = [dataclasses.replace(m, path=os.path.abspath(os.path.expanduser(model_paths[m.name])))
+        models = [dataclasses.replace(m, path=bound_model_path(model_paths[m.name]))
                   if m.name in model_paths else m for m in models]
     by_name = {m.name: m for m in models}
 
@@ -104,7 +106,8 @@ def lower(checked: Checked, model_paths: dict[str, str] | None = None,
     program = ir.Program(
         source=checked.path, language_version=checked.language_version, models=tuple(models),
         start=checked.start, transitions=tuple(checked.transitions), bounds=tuple(checked.bounds),
-        ensembles=tuple(checked.ensembles), routers=tuple(routers), schedule=checked.schedule)
+        ensembles=tuple(checked.ensembles), routers=tuple(routers), schedule=checked.schedule,
+        params=tuple(checked.params))
     return program, diags
 
 

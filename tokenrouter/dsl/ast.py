@@ -33,6 +33,7 @@ class Num:
     is_int: bool
     text: str = field(default="", compare=False)
     span: Span | None = _span()
+    param: str | None = field(default=None, compare=False)  # set by the checker where a parameter was bound
 
 
 @dataclass(frozen=True)
@@ -113,9 +114,21 @@ class Header:
 
 
 @dataclass(frozen=True)
+class ParamDecl:
+    """`param NAME: TYPE [= DEFAULT] [in [LO, HI]]`: a value the deployment may override
+    with `--set NAME=VALUE`. Without a default it must be set."""
+
+    name: Name
+    type: Name  # float | int | duration | path | string (checked, not parsed)
+    default: Expr | None = None
+    range: Expr | None = None  # a two-item list literal, checked
+    span: Span | None = _span()
+
+
+@dataclass(frozen=True)
 class ModelDecl:
     name: Name
-    path: Str
+    path: Str | None  # None: declared by role only; a deployment binds it (--model NAME=PATH)
     attrs: tuple[Attr, ...] = ()
     span: Span | None = _span()
 
@@ -124,7 +137,7 @@ class ModelDecl:
 class RouterDecl:
     name: Name
     model: Name
-    path: Str
+    path: Str | Ref  # a file, or a `path` parameter that names one
     attrs: tuple[Attr, ...] = ()
     span: Span | None = _span()
 
@@ -133,7 +146,7 @@ class RouterDecl:
 class HeadDecl:
     name: Name
     model: Name
-    path: Str
+    path: Str | Ref
     attrs: tuple[Attr, ...] = ()
     span: Span | None = _span()
 
@@ -199,7 +212,7 @@ class ServeBlock:
     span: Span | None = _span()
 
 
-Item = Union[ModelDecl, RouterDecl, HeadDecl, EnsembleDecl, RouteBlock, ServeBlock]
+Item = Union[ParamDecl, ModelDecl, RouterDecl, HeadDecl, EnsembleDecl, RouteBlock, ServeBlock]
 
 
 @dataclass(frozen=True)

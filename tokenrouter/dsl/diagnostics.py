@@ -15,7 +15,8 @@ from tokenrouter.compiler.ir import Span
 Severity = Literal["error", "warning"]
 
 # code -> (severity, short title). E0xx syntax and input, E1xx names, E2xx attributes,
-# E3xx expressions and features, E4xx routing, E5xx ensembles, E6xx serving, W models.
+# E3xx expressions and features, E4xx routing, E5xx ensembles, E6xx serving, E7xx parameters
+# and bindings, W models.
 CODES: dict[str, tuple[Severity, str]] = {
     "E001": ("error", "syntax error: unexpected token"),
     "E002": ("error", "syntax error: unexpected character"),
@@ -54,6 +55,14 @@ CODES: dict[str, tuple[Severity, str]] = {
     "E601": ("error", "unknown serving key"),
     "E602": ("error", "invalid serving value"),
     "E603": ("error", "duplicate serving setting"),
+    "E701": ("error", "invalid parameter declaration"),
+    "E702": ("error", "parameter value of the wrong type"),
+    "E703": ("error", "parameter value outside its range"),
+    "E704": ("error", "--set names an undeclared parameter"),
+    "E705": ("error", "parameter without a value"),
+    "E706": ("error", "model without a path or binding"),
+    "E707": ("error", "--model names an undeclared model"),
+    "E708": ("error", "invalid parameter range"),
     "W001": ("warning", "ping-pong: overlapping switch-up and switch-back thresholds"),
     "W002": ("warning", "declared but never used"),
     "W003": ("warning", "model path does not exist"),

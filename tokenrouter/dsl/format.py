@@ -118,8 +118,14 @@ def _lines(tree: ast.File) -> list[_Line]:
         h = tree.header
         out.append(_Line(0, f"tokenrouter {h.version.text}", h.span.line, h.span.end_line))
     for item in tree.items:
-        if isinstance(item, ast.ModelDecl):
-            out += _attr_block(f"model {item.name.text} = {expr(item.path)}", item, item.attrs, 0)
+        if isinstance(item, ast.ParamDecl):
+            text = f"param {item.name.text}: {item.type.text}"
+            text += f" = {expr(item.default)}" if item.default is not None else ""
+            text += f" in {expr(item.range)}" if item.range is not None else ""
+            out.append(_Line(0, text, item.span.line, item.span.end_line))
+        elif isinstance(item, ast.ModelDecl):
+            path = f" = {expr(item.path)}" if item.path is not None else ""
+            out += _attr_block(f"model {item.name.text}{path}", item, item.attrs, 0)
         elif isinstance(item, ast.RouterDecl):
             out += _attr_block(f"router {item.name.text} on {item.model.text} = {expr(item.path)}",
                                item, item.attrs, 0)

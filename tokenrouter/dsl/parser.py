@@ -354,17 +354,43 @@ class _Builder:
         return tuple(ast.Attr(self.name(_parts(a)[0]), self.expr(_parts(a)[1]), self.span(a))
                      for a in tree.children if not hasattr(a, "type"))
 
+    def param_decl(self, tree):
+        from lark import Token
+
+        name, type_, default, range_ = None, None, None, None
+        after_in = False
+        for child in tree.children:
+            if isinstance(child, Token):
+                if child.type == "NAME":
+                    if name is None:
+                        name = child
+                    else:
+                        type_ = child
+                after_in = after_in or child.type == "IN"
+            elif after_in:
+                range_ = self.expr(child)
+            else:
+                default = self.expr(child)
+        return ast.ParamDecl(self.name(name), self.name(type_), default, range_, self.span(tree))
+
     def model_decl(self, tree):
-        (name, path), attrs = self._split(tree.children)
-        return ast.ModelDecl(self.name(name), self.string(path), attrs, self.span(tree))
+        rest, attrs = self._split(tree.children)
+        path = self.string(rest[1]) if len(rest) > 1 else None
+        return ast.ModelDecl(self.name(rest[0]), path, attrs, self.span(tree))
+
+    def file_ref(self, tok):
+        """A weights file: a string, or the name of a `path` parameter."""
+        if tok.type == "NAME":
+            return ast.Ref(self.name(tok), self.span_tok(tok))
+        return self.string(tok)
 
     def router_decl(self, tree):
         (name, model, path), attrs = self._split(tree.children)
-        return ast.RouterDecl(self.name(name), self.name(model), self.string(path), attrs, self.span(tree))
+        return ast.RouterDecl(self.name(name), self.name(model), self.file_ref(path), attrs, self.span(tree))
 
     def head_decl(self, tree):
         (name, model, path), attrs = self._split(tree.children)
-        return ast.HeadDecl(self.name(name), self.name(model), self.string(path), attrs, self.span(tree))
+        return ast.HeadDecl(self.name(name), self.name(model), self.file_ref(path), attrs, self.span(tree))
 
     def ensemble_decl(self, tree):
         rest, attrs = self._split(tree.children)
