@@ -16,12 +16,13 @@ from tokenrouter.runtime.reference import Reference
 
 LAUNCH = LaunchOptions(mode="thread", num_blocks=96)
 ROUTE = """tokenrouter 1
+param tau: float = 0.3 in [0, 1]
 model slm = "{slm}" {{ role = small  dtype = float64 }}
 model llm = "{llm}" {{ role = large  dtype = float64 }}
 route {{
   start slm
   slm -> llm when {cond} rewrite
-  llm -> slm when entropy(llm, normalized) <= 0.3 keep
+  llm -> slm when entropy(llm, normalized) <= tau keep
 }}
 """
 
@@ -170,8 +171,27 @@ def _fails_cleanly(tmp_path, pair, match, **kw):
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".eval-")]
 
 
+def test_a_sweep_runs_from_small_alone_to_large_alone(tmp_path, pair):
+    """tau = 1: the small model never hands off; tau = 0: it always does and the large model
+    never hands back. The sweep's end points are then the two models alone."""
+    s = run_eval(tmp_path, pair, "entropy(slm, normalized) > tau", sweep="tau=0:1:3", params={"tau": "0.5"})
+    sw = s["sweep"]
+    assert sw["param"] == "tau" and sw["values"] == [0.0, 0.5, 1.0] and len(sw["points"]) == 3
+    assert s["meta"]["bound_params"]["tau"]["value"] == 0.5
+    lo, mid, hi = sw["points"]
+    assert lo["large_share"] == 1 and lo["exact_match_with_large"] == 1
+    assert lo["accuracy"] == s["configs"]["large"]["accuracy"]
+    assert hi["large_share"] == 0 and hi["accuracy"] == s["configs"]["small"]["accuracy"]
+    assert mid["large_share"] == s["configs"]["routed"]["large_share"]  # the routed run is tau = 0.5 too
+    assert sw["small"] == s["configs"]["small"] and sw["large"] == s["configs"]["large"]
+
+
 def test_an_unknown_sweep_parameter_is_an_error_and_writes_nothing(tmp_path, pair):
     _fails_cleanly(tmp_path, pair, "nosuch", sweep="nosuch=0:1:3")
+
+
+def test_a_sweep_value_out_of_range_is_an_error_and_writes_nothing(tmp_path, pair):
+    _fails_cleanly(tmp_path, pair, "tau", sweep="tau=0.5:1.5:3")
 
 
 def test_a_malformed_task_file_is_an_error_and_writes_nothing(tmp_path, pair):

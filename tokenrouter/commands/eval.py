@@ -11,12 +11,13 @@ HELP = "is routing worth it? score a program against its small and large model a
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from tokenrouter.commands._args import add_binding_args
+
     parser.add_argument("file", help="the .route program")
     parser.add_argument("--out", required=True, help="folder for summary.json, report.html and frontier.png")
     parser.add_argument("--prompts", action="append", default=None, metavar="P.jsonl",
                         help="task file (JSONL; repeatable); default: the shipped task set")
-    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                        help="bind a parameter of the program (repeatable)")
+    add_binding_args(parser)
     parser.add_argument("--sweep", default=None, metavar="NAME=LO:HI:N",
                         help="also run the program at N evenly spaced values of parameter NAME")
     parser.add_argument("--concurrency", default="8", metavar="C[,C...]",
@@ -31,16 +32,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="CPU threads per subserver")
 
 
-def parse_set(items: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in items:
-        name, eq, value = item.partition("=")
-        if not eq or not name.strip():
-            raise ValueError(f"--set expects NAME=VALUE, got {item!r}")
-        out[name.strip()] = value
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     from tokenrouter.eval.configs import EvalError
     from tokenrouter.eval.evaluate import evaluate
@@ -48,8 +39,9 @@ def run(args: argparse.Namespace) -> int:
     from tokenrouter.runtime.launcher import LaunchOptions
     from tokenrouter.runtime.loader import LoadError
 
-    from tokenrouter.commands._args import positive_ints
+    from tokenrouter.commands._args import bindings, positive_ints
     try:
+        params, model_paths = bindings(args)
         positive_ints(args.concurrency, "--concurrency")  # a clear error for a bad list
         concurrency = [int(x) for x in args.concurrency.split(",") if x.strip()]
         if len(set(concurrency)) != len(concurrency):
@@ -57,9 +49,9 @@ def run(args: argparse.Namespace) -> int:
         launch = LaunchOptions()
         if args.threads:
             from tokenrouter.compiler.frontend import check_file
-            prog, _ = check_file(args.file)
+            prog, _ = check_file(args.file, model_paths=model_paths, params=params)
             launch.threads = {w: args.threads for w in (prog.writers() if prog else ())}
-        evaluate(args.file, args.out, prompts=args.prompts, params=parse_set(args.set), sweep=args.sweep,
+        evaluate(args.file, args.out, prompts=args.prompts, params=params, model_paths=model_paths, sweep=args.sweep,
                  concurrency=concurrency, max_tokens=args.max_tokens, limit=args.limit,
                  small=args.small, large=args.large, chat=not args.no_chat, launch=launch,
                  log=lambda m: print(m, file=sys.stderr))

@@ -11,7 +11,6 @@ raises `EvalError` and leaves `out` as it was (no partial report).
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import platform
@@ -45,14 +44,8 @@ def parse_sweep(text: str) -> tuple[str, list[float]]:
 def load(path: str, params: dict[str, str] | None, model_paths: dict[str, str] | None = None):
     """The checked program with parameters bound; errors become EvalError."""
     from tokenrouter.compiler.frontend import RouteError, load_program
-    kw: dict[str, Any] = {"model_paths": model_paths}
-    if params:
-        if "params" not in inspect.signature(load_program).parameters:
-            raise EvalError(f"cannot set {', '.join(sorted(params))}: this version of tokenrouter has no "
-                            "spec parameters")
-        kw["params"] = dict(params)
     try:
-        return load_program(path, **kw)
+        return load_program(path, model_paths=model_paths, params=dict(params or {}) or None)
     except RouteError as exc:
         raise EvalError(str(exc)) from None
     except ValueError as exc:  # unknown model_paths names, parameter binding errors
@@ -130,7 +123,8 @@ def evaluate(path: str, out: str, prompts: Sequence[str] | None = None, params: 
         "small": summary["configs"]["small"], "large": summary["configs"]["large"]}
     summary["meta"] = {
         "program": os.fspath(path), "small": names[0], "large": names[1], "writers": list(program.writers()),
-        "params": params, "prompts": [os.fspath(p) for p in (prompts or [SHIPPED_TASKS])],
+        "params": params, "bound_params": {p.name: {"value": p.value, "origin": p.origin} for p in program.params},
+        "prompts": [os.fspath(p) for p in (prompts or [SHIPPED_TASKS])],
         "n_prompts": len(tasks), "n_answered": sum(t.answer is not None for t in tasks),
         "max_tokens": max_tokens, "concurrency": concurrency[0], "concurrencies": concurrency, "greedy": True, "chat_template": chat,
         "seconds": round(time.time() - t0, 1), "host": host_info(),
