@@ -51,10 +51,12 @@ def run(args: argparse.Namespace) -> int:
             from tokenrouter.compiler.frontend import check_file
             prog, _ = check_file(args.file, model_paths=model_paths, params=params)
             launch.threads = {w: args.threads for w in (prog.writers() if prog else ())}
-        evaluate(args.file, args.out, prompts=args.prompts, params=params, model_paths=model_paths, sweep=args.sweep,
+        summary = evaluate(args.file, args.out, prompts=args.prompts, params=params, model_paths=model_paths, sweep=args.sweep,
                  concurrency=concurrency, max_tokens=args.max_tokens, limit=args.limit,
                  small=args.small, large=args.large, chat=not args.no_chat, launch=launch,
                  log=lambda m: print(m, file=sys.stderr))
+        from tokenrouter.eval.tables import markdown
+        print(markdown(summary))
         return 0
     except (EvalError, LoadError, RuntimeUnavailable, ValueError) as exc:
         print(f"tokenrouter eval: error: {exc}", file=sys.stderr)
