@@ -204,3 +204,24 @@ def test_a_prompt_longer_than_the_context_is_an_error_and_writes_nothing(tmp_pat
     long = tmp_path / "long.jsonl"
     long.write_text(json.dumps({"id": "short", "prompt": "hi"}) + "\n" + json.dumps({"id": "huge", "prompt": "y" * 600}) + "\n")
     _fails_cleanly(tmp_path, pair, r"prompt 'huge' has 600 tokens; the models' context holds 512", prompts=[str(long)])
+
+
+def test_reuse_takes_the_baselines_only_when_they_are_the_same_computation(tmp_path, pair):
+    first = run_eval(tmp_path, pair, "entropy(slm, normalized) > 0.3")
+    (tmp_path / "out").rename(tmp_path / "first")
+    again = run_eval(tmp_path, pair, "entropy(slm, normalized) > 0.6", reuse=str(tmp_path / "first"))
+    assert set(again["meta"]["reused"]) == {"small", "large"}
+    for key in ("small", "large"):
+        assert [r[key]["token_ids"] for r in again["prompts"]] == [r[key]["token_ids"] for r in first["prompts"]]
+        assert again["configs"][key]["accuracy"] == first["configs"][key]["accuracy"]
+    # a small model declared differently (float32) is another computation: run afresh
+    path = tmp_path / "f32.route"
+    path.write_text(ROUTE.format(slm=pair["slm"], llm=pair["llm"], cond="entropy(slm, normalized) > 0.3")
+                    .replace("role = small  dtype = float64", "role = small  dtype = float32"))
+    s = evaluate(str(path), str(tmp_path / "o3"), prompts=[task_file(tmp_path)], max_tokens=12, concurrency=4,
+                 launch=LAUNCH, use_tqdm=False, log=lambda m: None, chat=False, reuse=str(tmp_path / "first"))
+    assert set(s["meta"]["reused"]) == {"large"}
+    # other prompts: nothing reused
+    s = evaluate(str(path), str(tmp_path / "o4"), prompts=[task_file(tmp_path, n=4)], max_tokens=12, concurrency=4,
+                 launch=LAUNCH, use_tqdm=False, log=lambda m: None, chat=False, reuse=str(tmp_path / "first"))
+    assert s["meta"]["reused"] == {}

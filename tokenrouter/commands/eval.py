@@ -29,6 +29,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--small", default=None, help="the small model's name (default: by role, else the start writer)")
     parser.add_argument("--large", default=None, help="the large model's name (default: by role, else the other model)")
     parser.add_argument("--no-chat", action="store_true", help="send prompts as raw text, not in the chat template")
+    parser.add_argument("--reuse", default=None, metavar="DIR",
+                        help="take small alone / large alone from an earlier eval's DIR when they are the same "
+                             "computation (same model declaration, prompts, max tokens, concurrencies)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads per subserver")
 
 
@@ -53,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             launch.threads = {w: args.threads for w in (prog.writers() if prog else ())}
         summary = evaluate(args.file, args.out, prompts=args.prompts, params=params, model_paths=model_paths, sweep=args.sweep,
                  concurrency=concurrency, max_tokens=args.max_tokens, limit=args.limit,
-                 small=args.small, large=args.large, chat=not args.no_chat, launch=launch,
+                 small=args.small, large=args.large, chat=not args.no_chat, launch=launch, reuse=args.reuse,
                  log=lambda m: print(m, file=sys.stderr))
         from tokenrouter.eval.tables import markdown
         print(markdown(summary))

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 from tokenrouter.eval.analysis import score, summarize
 from tokenrouter.eval.configs import EvalError, alone, small_and_large
+from tokenrouter.eval.reuse import declaration
 from tokenrouter.eval.run import check_fit, context_length, encode_prompts, run_program
 from tokenrouter.eval.tasks import SHIPPED_TASKS, TaskError, load_all
 
@@ -78,7 +79,8 @@ def evaluate(path: str, out: str, prompts: Sequence[str] | None = None, params: 
              sweep: str | None = None, concurrency: int | Sequence[int] = 8, max_tokens: int = 32,
              limit: int | None = None,
              small: str | None = None, large: str | None = None, chat: bool = True, launch=None,
-             model_paths: dict[str, str] | None = None, use_tqdm: bool = True, log=print) -> dict[str, Any]:
+             model_paths: dict[str, str] | None = None, use_tqdm: bool = True, log=print,
+             reuse: str | None = None) -> dict[str, Any]:
     """Run the evaluation and write its report into `out`; returns the summary. With several
     concurrencies every configuration is timed at each (the first is the headline figure);
     `limit` keeps that many prompts spread evenly over the task files."""
@@ -109,9 +111,14 @@ def evaluate(path: str, out: str, prompts: Sequence[str] | None = None, params: 
     def run(prog, label):
         return run_program(prog, label, ids, tasks, max_tokens, concurrency, launch, use_tqdm)
 
+    reused = {}
+    if reuse:
+        from tokenrouter.eval.reuse import load_baselines
+        reused = load_baselines(reuse, program, names, tasks, max_tokens, chat, concurrency)
+        log(f"reusing {', '.join(sorted(reused)) or 'nothing'} from {reuse}")
     t0 = time.time()
-    small_run = run(alone(program, names[0]), f"small alone ({names[0]})")
-    large_run = run(alone(program, names[1]), f"large alone ({names[1]})")
+    small_run = reused.get("small") or run(alone(program, names[0]), f"small alone ({names[0]})")
+    large_run = reused.get("large") or run(alone(program, names[1]), f"large alone ({names[1]})")
     routed_run = run(program, "routed")
     points = []
     for v, prog in zip(sweep_vals, sweep_programs):
@@ -123,6 +130,8 @@ def evaluate(path: str, out: str, prompts: Sequence[str] | None = None, params: 
         "small": summary["configs"]["small"], "large": summary["configs"]["large"]}
     summary["meta"] = {
         "program": os.fspath(path), "small": names[0], "large": names[1], "writers": list(program.writers()),
+        "models": {m.name: declaration(m) for m in program.models}, "model_paths": model_paths or {},
+        "reused": {k: os.path.abspath(reuse) for k in reused},
         "params": params, "bound_params": {p.name: {"value": p.value, "origin": p.origin} for p in program.params},
         "prompts": [os.fspath(p) for p in (prompts or [SHIPPED_TASKS])],
         "n_prompts": len(tasks), "n_answered": sum(t.answer is not None for t in tasks),
