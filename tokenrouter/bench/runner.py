@@ -31,6 +31,7 @@ class BenchOptions:
     num_blocks: int | None = None
     progress: bool = True
     model_paths: dict[str, str] | None = None
+    quant: list[str] | None = None  # `--quant Q` / `NAME=Q` items (commands/_args.with_quant)
     threads: int = 1  # torch threads of lockstep and of a single-model server
     out_dir: str | None = None  # where to save the measured profile
     mode: str = "process"  # "thread": subservers in this process (tests)
@@ -61,7 +62,8 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
 
     from .deploy import LockstepDeployment, RuntimeDeployment
 
-    program = load_program(opts.file, model_paths=opts.model_paths)
+    from tokenrouter.commands._args import with_quant
+    program = with_quant(load_program(opts.file, model_paths=opts.model_paths), opts.quant)
     small, large = C.small_and_large(program)
     writers = C.writers(program)
     tok = tokenizer_for(program)

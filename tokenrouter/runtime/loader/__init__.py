@@ -30,7 +30,7 @@ from .errors import (LoadError, MissingFile, ShapeMismatch, UnsupportedArchitect
 from .registry import BUILTIN_MODELS, BuiltinModel
 from .tokenizer import Tokenizer
 
-__all__ = ["load_model", "resolve_folder", "LoadedModel", "Tokenizer", "BUILTIN_MODELS", "BuiltinModel",
+__all__ = ["load_model", "quant_kwargs", "resolve_folder", "LoadedModel", "Tokenizer", "BUILTIN_MODELS", "BuiltinModel",
            "LoadError", "MissingFile", "ShapeMismatch", "UnsupportedArchitecture", "UnsupportedQuantization"]
 
 
@@ -126,3 +126,13 @@ def load_model(path_or_name: str, dtype=None, quant: str = "none") -> LoadedMode
     config, weights, tokenizer, raw = read_folder(folder, dtype or torch.float32)
     return LoadedModel(name=name, config=config, weights=weights, tokenizer=tokenizer,
                        folder=folder, raw_config=raw, quant=quant)
+
+
+def quant_kwargs(model: Any, quant: str) -> dict[str, Any]:
+    """Engine keyword arguments that hold `model` (a `LoadedModel`, or any object with config and
+    weights) in format `quant`, with its kernel plan cached when the model has a known source."""
+    if quant == "none":
+        return {}
+    if isinstance(model, LoadedModel):
+        return model.engine_kwargs(quant)
+    return {"quant": quant}
