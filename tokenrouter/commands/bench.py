@@ -39,6 +39,8 @@ def configure(parser) -> None:
                              "routed servers split the cores among themselves)")
     add_binding_args(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--quant", action="append", metavar="Q|NAME=Q",
+                        help="override the models' weight format (all, or one model): none, native, int4, int8")
 
 
 def _options(args):
@@ -69,7 +71,7 @@ def _options(args):
     return BenchOptions(file=file, concurrency=levels, requests=requests, max_tokens=max_tokens, rounds=rounds,
                         configs=parse_configs(args.configs), sweep=sweep, profile=args.profile,
                         progress=not args.no_progress, model_paths=models, params=params,
-                        threads=args.threads, out_dir=args.out)
+                        threads=args.threads, out_dir=args.out, quant=args.quant)
 
 
 def print_report(details: dict, summary: dict) -> None:
