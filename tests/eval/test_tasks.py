@@ -68,6 +68,12 @@ def test_malformed_task_lines_name_the_file_and_line(tmp_path, line, message):
         load_tasks(path)
 
 
+def test_the_fitting_prompts_format_loads_as_prompts_without_answers(tmp_path):
+    path = _write(tmp_path, ['{"id": "question-005", "kind": "question", "prompt": "Why do cats purr?"}'])
+    (t,) = load_tasks(path)
+    assert t.id == "question-005" and t.category == "question" and t.answer is None
+
+
 def test_comments_blank_lines_and_default_ids(tmp_path):
     path = _write(tmp_path, ["# header", "", '{"prompt": "one"}', '{"prompt": "two", "answer": "2", "match": "number"}'])
     tasks = load_tasks(path)

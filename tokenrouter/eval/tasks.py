@@ -5,7 +5,8 @@ One JSON object per line:
     {"id": "arith-001", "prompt": "What is 7 + 5? Reply with the number only.",
      "answer": "12", "match": "number", "category": "arithmetic"}
 
-`prompt` is required; `id` defaults to the file's stem and line number. A task without
+`prompt` is required; `id` defaults to the file's stem and line number; `kind` (the field
+the fitting prompts in data/prompts/ use) stands for `category`. A task without
 `answer` still counts for agreement with the large model, not for accuracy. Match rules
 (all case-insensitive; "first line" is the output's first non-empty line):
 
@@ -31,7 +32,7 @@ from typing import Iterable
 MATCH_RULES = ("exact", "number", "regex")
 SHIPPED_TASKS = os.path.join(os.path.dirname(__file__), "tasks.jsonl")
 _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?")
-_KNOWN_FIELDS = {"id", "prompt", "answer", "match", "category"}
+_KNOWN_FIELDS = {"id", "prompt", "answer", "match", "category", "kind"}  # kind: the fitting prompts' category
 
 
 class TaskError(ValueError):
@@ -85,7 +86,7 @@ def _task(obj, where: str, default_id: str) -> Task:
     prompt = obj.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise TaskError(f"{where}: 'prompt' must be a non-empty string")
-    for key in ("id", "answer", "category"):
+    for key in ("id", "answer", "category", "kind"):
         if key in obj and not isinstance(obj[key], str):
             raise TaskError(f"{where}: {key!r} must be a string, got {json.dumps(obj[key])}")
     match = obj.get("match", "exact")
@@ -105,7 +106,7 @@ def _task(obj, where: str, default_id: str) -> Task:
             except re.error as exc:
                 raise TaskError(f"{where}: answer is not a valid regular expression: {exc}") from None
     return Task(id=obj.get("id", default_id), prompt=prompt, answer=answer, match=match,
-                category=obj.get("category"))
+                category=obj.get("category", obj.get("kind")))
 
 
 def load_all(paths: Iterable[str]) -> list[Task]:
