@@ -40,7 +40,8 @@ print(f"\nQ: {question}\n\nrouted ({legend([small, large], tty)}):\n{coloured(pi
 print("tokens written by each model:", reply.model_extra.get("tokens_by_model"))
 model = program.model(large)
 alone = subprocess.run([sys.executable, "-m", "tokenrouter.cli", "generate", "--chat", question, "-m", model.path,
-                        "--max-tokens", "64", "--dtype", model.dtype], capture_output=True, text=True)
+                        "--max-tokens", "64", "--dtype", model.dtype, "--quant", model.quant],
+                       capture_output=True, text=True)
 print(f"\nthe large model alone ({large}, greedy):\n{alone.stdout.strip() or alone.stderr.strip()}\n")
 metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
 print("".join(line + "\n" for line in metrics.splitlines()
