@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: serve examples/demo.route on the embedded default pair, ask it one
-# question through the official OpenAI client, show who wrote which tokens and the
-# handoff counters from /metrics, then stop the server.
+# question through the official OpenAI client (greedy), show the answer with each token
+# coloured by the model that wrote it (on a terminal; [model:text] otherwise), the large
+# model's own greedy answer beside it, and the handoff counters from /metrics; then stop.
 #   usage: scripts/demo.sh ["your question"]   (PORT=8000 by default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,14 +20,29 @@ for _ in $(seq 1 600); do
   sleep 0.5
 done
 .venv/bin/python - "$PORT" "$QUESTION" <<'PY'
-import sys, urllib.request
+import subprocess, sys, urllib.request
 from openai import OpenAI
+from tokenrouter.compiler.frontend import load_program
+from tokenrouter.eval.analysis import token_pieces
+from tokenrouter.eval.configs import small_and_large
+from tokenrouter.eval.show import coloured, legend
+from tokenrouter.runtime.offline import tokenizer_for
 port, question = sys.argv[1], sys.argv[2]
 client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
-reply = client.chat.completions.create(model="demo", max_tokens=64,
+reply = client.chat.completions.create(model="demo", max_tokens=64, temperature=0,
                                        messages=[{"role": "user", "content": question}])
-print(f"\nQ: {question}\nA: {reply.choices[0].message.content}\n")
+choice = reply.choices[0].model_extra
+program = load_program("examples/demo.route")
+small, large = small_and_large(program)
+tty = sys.stdout.isatty()
+pieces = token_pieces(tokenizer_for(program), choice["token_ids"])
+print(f"\nQ: {question}\n\nrouted ({legend([small, large], tty)}):\n{coloured(pieces, choice['token_writers'], [small, large], tty)}\n")
 print("tokens written by each model:", reply.model_extra.get("tokens_by_model"))
+model = program.model(large)
+alone = subprocess.run([sys.executable, "-m", "tokenrouter.cli", "generate", "--chat", question, "-m", model.path,
+                        "--max-tokens", "64", "--dtype", model.dtype, "--quant", model.quant],
+                       capture_output=True, text=True)
+print(f"\nthe large model alone ({large}, greedy):\n{alone.stdout.strip() or alone.stderr.strip()}\n")
 metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
 print("".join(line + "\n" for line in metrics.splitlines()
               if line.startswith(("tokenrouter_handoffs_out_total", "tokenrouter_tokens_written_total"))))

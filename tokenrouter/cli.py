@@ -24,6 +24,7 @@ COMMANDS = {
     "profile": "profile",
     "tune": "tune",
     "bench": "bench",
+    "eval": "eval",
 }
 
 

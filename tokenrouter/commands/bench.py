@@ -54,6 +54,8 @@ def configure(parser) -> None:
                              "themselves)")
     add_binding_args(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--quant", action="append", metavar="Q|NAME=Q",
+                        help="override the models' weight format (all, or one model): none, native, int4, int8")
 
 
 def _options(args):
@@ -89,7 +91,7 @@ def _options(args):
     return BenchOptions(file=file, concurrency=levels, requests=requests, max_tokens=max_tokens, rounds=rounds,
                         configs=parse_configs(args.configs or q["configs"]), sweep=sweep, steady_s=steady, profile=args.profile,
                         progress=not args.no_progress, model_paths=models or None, params=params,
-                        threads=args.threads, out_dir=args.out)
+                        threads=args.threads, out_dir=args.out, quant=args.quant)
 
 
 def print_report(details: dict, summary: dict) -> None:

@@ -11,6 +11,8 @@ import argparse
 import sys
 from typing import Iterator
 
+from ._args import QUANT_HELP
+
 HELP = "generate a completion with one model (greedy by default)"
 
 
@@ -28,6 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system", default=None, help="system message for --chat")
     parser.add_argument("--dtype", choices=("float32", "float64", "bfloat16", "float16"), default="float32")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--quant", choices=("none", "native", "int4", "int8"), default="none", help=QUANT_HELP)
 
 
 def stream_tokens(engine, prompt_ids: list[int], params, stop_ids, seq_id: object = 0) -> Iterator[int]:
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 seed=args.seed, max_tokens=args.max_tokens)
         dtype = getattr(torch, args.dtype)
-        model = load_model(args.model, dtype=dtype)
+        model = load_model(args.model, dtype=dtype, quant=args.quant)
         tok = model.tokenizer
         prompt = _prompt_ids(tok, args)
         if not prompt:
@@ -79,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             raise LoadError(f"the prompt has {len(prompt)} tokens; the model takes at most "
                             f"{model.config.max_position_embeddings - 1}")
         engine = Engine(model.config, model.weights, dtype=dtype, max_model_len=max_len,
-                        num_blocks=-(-max_len // 16), block_size=16)
+                        num_blocks=-(-max_len // 16), block_size=16, **model.engine_kwargs())
         out: list[int] = []
         printed = ""
         for token in stream_tokens(engine, prompt, params, tok.eos_token_ids):

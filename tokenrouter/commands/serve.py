@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from tokenrouter.commands._args import add_binding_args, bindings
+from tokenrouter.commands._args import QUANT_HELP, add_binding_args, bindings, with_quant
 
 HELP = "serve a .route program over an OpenAI-compatible HTTP API"
 
@@ -55,6 +55,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--subserver", metavar="WRITER", default=None,
                         help="run only this writer's subserver (needs --bind for every endpoint)")
     parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--quant", action="append", metavar="Q|NAME=Q",
+                        help="override the models' weight format (all, or one model): " + QUANT_HELP)
     net = parser.add_argument_group("liveness and hosts")
     net.add_argument("--heartbeat-timeout", type=float, default=3.0, metavar="S",
                      help="a subserver silent this long is down: its requests fail (default 3 s)")
@@ -102,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         opts = _options(args)  # cheap checks first: no model is loaded yet
         params, model_paths = bindings(args)
-        program = load_program(args.file, model_paths=model_paths, params=params)
+        program = with_quant(load_program(args.file, model_paths=model_paths, params=params), args.quant)
         for w in [*opts.batch, *opts.max_wait_ms, *opts.threads, *opts.remote]:
             if w not in program.writers():
                 raise ValueError(f"{w!r} is not a writer of {args.file} ({', '.join(program.writers())})")

@@ -13,6 +13,7 @@ BUILTIN_MODELS: tuple[str, ...] = ("smollm2-135m", "smollm2-135m-small", "bench-
 
 ROLES = ("small", "large", "member")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
+QUANTS = ("none", "native", "int4", "int8")  # weight formats (runtime/engine/quant.py)
 ACTIVATIONS = ("relu", "gelu", "silu", "tanh")
 ENSEMBLE_MODES = ("average", "mixture")
 

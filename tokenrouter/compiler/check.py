@@ -18,7 +18,7 @@ from typing import Any
 
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.builtins import (ACTIVATIONS, BUILTIN_MODELS, DTYPES, ENSEMBLE_MODES,
-                                           LANGUAGE_VERSION, ROLES, ROUTER_INPUTS, SERVE_KEYS,
+                                           LANGUAGE_VERSION, QUANTS, ROLES, ROUTER_INPUTS, SERVE_KEYS,
                                            looks_like_path)
 from tokenrouter.compiler import check_params
 from tokenrouter.compiler.check_expr import ExprChecker
@@ -43,6 +43,7 @@ class Symbol:
     model_path: str | None = None  # model: resolved path or built-in name
     role: str | None = None
     dtype: str = "float32"
+    quant: str = "none"
 
 
 @dataclass
@@ -268,12 +269,14 @@ class _Checker:
         if not self._is_first(item):
             return
         sym = self.symbols[item.name.text]
-        attrs = self.attrs(item.attrs, {"role": "", "dtype": ""}, f"model '{item.name.text}'")
+        attrs = self.attrs(item.attrs, {"role": "", "dtype": "", "quant": ""}, f"model '{item.name.text}'")
         role = self.choice(attrs["role"], ROLES, "role") if "role" in attrs else None
         dtype = self.choice(attrs["dtype"], DTYPES, "dtype") if "dtype" in attrs else "float32"
+        quant = self.choice(attrs["quant"], QUANTS, "quant") if "quant" in attrs else "none"
         name = item.name.text
         if name in self.model_paths:  # bound by the deployment: the binding wins
             sym.model_path, sym.role, sym.dtype = bound_model_path(self.model_paths[name]), role, dtype or "float32"
+            sym.quant = quant or "none"
             return
         if item.path is None:
             self.err("E706", f"model '{name}' has no path and is not bound", item.name.span,
@@ -297,7 +300,7 @@ class _Checker:
                      + "a checkpoint folder or .gguf file needs a path such as './" + text + "'")
             sym.ok = False
             return
-        sym.model_path, sym.role, sym.dtype = path, role, dtype or "float32"
+        sym.model_path, sym.role, sym.dtype, sym.quant = path, role, dtype or "float32", quant or "none"
 
     def _emit_models(self, writer_models: set[str], start: str | None, member_models: set[str]):
         """Default roles: models only used in ensembles are members, the start model is
@@ -313,7 +316,8 @@ class _Checker:
                     role = "small"
                 else:
                     role = "large"
-            self.out.models.append(ir.Model(sym.name, sym.model_path, role, sym.dtype, sym.decl.span))
+            self.out.models.append(ir.Model(sym.name, sym.model_path, role, sym.dtype, sym.decl.span,
+                                            quant=sym.quant))
 
     # ----------------------------------------------------------------- routers
     def _reader(self, item, what: str) -> Symbol | None:

@@ -223,6 +223,8 @@ class Model:
     role: Literal["small", "large", "member"] = "small"
     dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
     span: Span | None = None
+    # weight format: none (float) | native (a GGUF's own blocks) | int4 | int8 (quantised on load)
+    quant: Literal["none", "native", "int4", "int8"] = "none"
 
 
 @dataclass(frozen=True)

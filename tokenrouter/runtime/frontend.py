@@ -85,9 +85,10 @@ class Liveness:
 
 @dataclass
 class Delta:
-    """Tokens newly committed for a request, in order."""
+    """Tokens newly committed for a request, in order, and the writer of each."""
 
     tokens: list[int]
+    writers: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -103,7 +104,7 @@ class _Live:
     rid: str
     blocks: int
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    buf: dict[int, int] = field(default_factory=dict)
+    buf: dict[int, tuple[int, str]] = field(default_factory=dict)  # position -> (token, writer)
     next: int = 0
     done: wire.Done | None = None
     ended: bool = False
@@ -383,7 +384,7 @@ class Frontend:
                 live = self.reqs.get(rid)
                 if live is None or live.ended:
                     continue
-                live.buf[pos] = tok
+                live.buf[pos] = (tok, msg.writer)
             for rid in {i[0] for i in msg.items}:
                 live = self.reqs.get(rid)
                 if live is not None:
@@ -427,12 +428,14 @@ class Frontend:
                     fut.set_result(None)
 
     def _flush(self, live: _Live) -> None:
-        run = []
+        run, by = [], []
         while live.next in live.buf:
-            run.append(live.buf.pop(live.next))
+            tok, writer = live.buf.pop(live.next)
+            run.append(tok)
+            by.append(writer)
             live.next += 1
         if run:
-            live.queue.put_nowait(Delta(run))
+            live.queue.put_nowait(Delta(run, by))
         d = live.done
         if d is not None and live.next >= d.n_out:
             self._end(live, Final(d.reason, d.n_out, d.written_by, d.error))

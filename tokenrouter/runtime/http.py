@@ -392,12 +392,14 @@ class Server:
                         deadline: float | None):
         watcher = asyncio.create_task(self._watch_disconnect(request, rid))
         out: list[int] = []
+        writers: list[str] = []
         final: Final | None = None
         try:
             async with asyncio.timeout(None if deadline is None else max(0.0, deadline - time.monotonic())):
                 async for ev in gen:
                     if isinstance(ev, Delta):
                         out += ev.tokens
+                        writers += ev.writers
                     else:
                         final = ev
         except TimeoutError:
@@ -413,7 +415,8 @@ class Server:
             return _error(500, f"the request failed: {final.error}", "server_error")
         text_ids = [t for t in out if t not in stop_ids]
         text = self.tok.decode(text_ids, skip_special_tokens=True)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": final.reason, "token_ids": out}
+        choice: dict[str, Any] = {"index": 0, "finish_reason": final.reason, "token_ids": out,
+                                  "token_writers": writers}
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:

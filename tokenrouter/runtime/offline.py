@@ -32,6 +32,7 @@ class RequestOutput:
     finish_reason: str  # stop | length | abort | error
     tokens_by_model: dict[str, int] = field(default_factory=dict)
     error: str | None = None
+    token_writers: list[str] = field(default_factory=list)  # the writer of each of token_ids
 
 
 def tokenizer_for(program: ir.Program):
@@ -87,8 +88,8 @@ class LLM:
 
     # ---------------------------------------------------------------- generate
     def generate(self, prompts: Sequence[str | list[int]] | str, params=None, *, concurrency: int | None = None,
-                 use_tqdm: bool = True, ignore_eos: bool = False, seeds: Sequence[int] | None = None
-                 ) -> list[RequestOutput]:
+                 use_tqdm: bool = True, ignore_eos: bool = False, seeds: Sequence[int] | None = None,
+                 desc: str = "generate") -> list[RequestOutput]:
         """Generate for every prompt (text or token ids); outputs in prompt order.
         `concurrency` caps the requests in flight (default: all, as KV capacity allows)."""
         from tokenrouter.runtime.engine.sampler import SamplingParams
@@ -97,24 +98,26 @@ class LLM:
         params = params or SamplingParams(max_tokens=64)
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         sampling = sampling_dict(params, self.tokenizer, ignore_eos)
-        return self._call(self._run(list(prompts), ids, sampling, concurrency, use_tqdm, seeds))
+        return self._call(self._run(list(prompts), ids, sampling, concurrency, use_tqdm, seeds, desc))
 
-    async def _run(self, prompts, ids, sampling, concurrency, use_tqdm, seeds) -> list[RequestOutput]:
+    async def _run(self, prompts, ids, sampling, concurrency, use_tqdm, seeds, desc) -> list[RequestOutput]:
         from tqdm.auto import tqdm
 
         from tokenrouter.runtime.frontend import Delta
         sem = asyncio.Semaphore(concurrency or len(ids) or 1)
-        bar = tqdm(total=len(ids), desc="generate", unit="req", disable=not use_tqdm)
+        bar = tqdm(total=len(ids), desc=desc, unit="req", disable=not use_tqdm)
         stop = set(sampling["stop_token_ids"])
 
         async def one(i: int) -> RequestOutput:
             async with sem:
                 toks: list[int] = []
+                writers: list[str] = []
                 final = None
                 try:
                     async for ev in self.frontend.generate(ids[i], sampling, seed=(seeds[i] if seeds else 0)):
                         if isinstance(ev, Delta):
                             toks += ev.tokens
+                            writers += ev.writers
                         else:
                             final = ev
                 except ValueError as exc:
@@ -124,7 +127,7 @@ class LLM:
                 bar.update(1)
                 text = self.tokenizer.decode([t for t in toks if t not in stop], skip_special_tokens=True)
                 return RequestOutput(prompts[i] if isinstance(prompts[i], str) else None, ids[i], toks, text,
-                                     final.reason, dict(final.written_by), final.error)
+                                     final.reason, dict(final.written_by), final.error, writers)
 
         try:
             return list(await asyncio.gather(*(one(i) for i in range(len(ids)))))

@@ -32,6 +32,7 @@ class ReferenceOutput:
     written_by: dict[str, int] = field(default_factory=dict)
     handoffs: int = 0
     error: str | None = None
+    writers: list[str] = field(default_factory=list)  # the writer of each output token
 
 
 def _walk(e: Any):
@@ -70,7 +71,7 @@ class Reference:
         from tokenrouter.compiler.compiled import default_base_dir
         from tokenrouter.compiler.interpreter import Interpreter
         from tokenrouter.runtime.engine.engine import Engine
-        from tokenrouter.runtime.loader import load_model
+        from tokenrouter.runtime.loader import load_model, quant_kwargs
 
         self.torch = torch
         self.program = program
@@ -78,11 +79,11 @@ class Reference:
         self.engines = {}
         for m in program.models:
             dtype = getattr(torch, m.dtype)
-            lm = (models or {}).get(m.name) or load_model(m.path, dtype=dtype)
+            lm = (models or {}).get(m.name) or load_model(m.path, dtype=dtype, quant=m.quant)
             length = max_model_len or lm.config.max_position_embeddings
             # one sequence at a time: room for one full-length sequence is enough
             kw = {"device": "cpu", "dtype": dtype, "block_size": block_size, "max_model_len": length,
-                  "num_blocks": -(-length // block_size) + 1}
+                  "num_blocks": -(-length // block_size) + 1, **quant_kwargs(lm, m.quant)}
             self.engines[m.name] = Engine(lm.config, lm.weights, **kw)
         self.ensembles = {e.name: e for e in program.ensembles}
         self._seq = 0
@@ -143,6 +144,7 @@ class Reference:
                 tokens.append(tok)
                 out.tokens.append(tok)
                 out.written_by[writer] = out.written_by.get(writer, 0) + 1
+                out.writers.append(writer)
                 visit += 1
                 seen_at_len = set()
                 if tok in stop:

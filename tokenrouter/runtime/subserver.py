@@ -115,7 +115,7 @@ class Subserver:
         self._ensemble_members = {e.name: e.members for e in self.program.ensembles}
 
         from tokenrouter.compiler.compiled import load_routers
-        from tokenrouter.runtime.loader import load_model
+        from tokenrouter.runtime.loader import load_model, quant_kwargs
 
         dtype = getattr(torch, self.program.model(self.members[0]).dtype)
         self.router = load_routers(self.program, device=spec.device, dtype=dtype,
@@ -124,8 +124,9 @@ class Subserver:
         self.engines = {}
         for name in self.members:
             mdt = getattr(torch, self.program.model(name).dtype)
-            m = (models or {}).get(name) or load_model(self.program.model(name).path, dtype=mdt)
-            kw = {"device": spec.device, "dtype": mdt, "block_size": spec.block_size}
+            pm = self.program.model(name)
+            m = (models or {}).get(name) or load_model(pm.path, dtype=mdt, quant=pm.quant)
+            kw = {"device": spec.device, "dtype": mdt, "block_size": spec.block_size, **quant_kwargs(m, pm.quant)}
             if spec.num_blocks is not None:
                 kw["num_blocks"] = spec.num_blocks
             if spec.max_model_len is not None:

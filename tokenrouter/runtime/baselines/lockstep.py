@@ -41,7 +41,7 @@ class Lockstep:
         from tokenrouter.compiler.compiled import load_routers
         from tokenrouter.runtime.engine.engine import Engine
         from tokenrouter.runtime.engine.sampler import sample
-        from tokenrouter.runtime.loader import load_model
+        from tokenrouter.runtime.loader import load_model, quant_kwargs
 
         if threads:
             torch.set_num_threads(threads)
@@ -54,8 +54,8 @@ class Lockstep:
         self.engines = {}
         for m in program.models:
             md = getattr(torch, m.dtype)
-            lm = (models or {}).get(m.name) or load_model(m.path, dtype=md)
-            kw = {"dtype": md, "block_size": block_size}
+            lm = (models or {}).get(m.name) or load_model(m.path, dtype=md, quant=m.quant)
+            kw = {"dtype": md, "block_size": block_size, **quant_kwargs(lm, m.quant)}
             if num_blocks:
                 kw["num_blocks"] = num_blocks
             self.engines[m.name] = Engine(lm.config, lm.weights, **kw)

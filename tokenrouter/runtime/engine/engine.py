@@ -36,6 +36,12 @@ Threads are the caller's choice (`torch.set_num_threads`); measured on the share
 machine, two threads per engine collapse when the cores are oversubscribed (two subservers,
 or other work), so one thread per engine is the robust setting there.
 
+Quantised weights (`quant="native" | "int4" | "int8"`, see `quant.py`): the decoder's
+matrices run on int4/int8 kernels with `act_dtype` activations (bfloat16 by default) where
+that is faster, float32 where not, per shape and row count as measured on this host
+(`kernels.py`; `kernel_plan` forces a kernel name or a plan, `plan_cache` is where a
+measured plan is kept). `head_quant` is the LM head's format in those modes.
+
 `num_blocks=None` sizes the cache to a 1 GiB budget (at least one `max_model_len`
 sequence); `max_model_len=None` uses the model's `max_position_embeddings`.
 """
@@ -82,7 +88,9 @@ class Engine:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], *, device="cpu",
                  dtype: torch.dtype = torch.float32, block_size: int = 16, num_blocks: int | None = None,
                  max_model_len: int | None = None, prefix_reuse: bool = False,
-                 max_batched_tokens: int = 2048, cuda_graphs: bool | str = True):
+                 max_batched_tokens: int = 2048, cuda_graphs: bool | str = True, quant: str = "none",
+                 act_dtype: torch.dtype = torch.bfloat16, head_quant: str = "int8",
+                 kernel_plan: dict | str | None = None, plan_cache: str | None = None):
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype
@@ -91,7 +99,13 @@ class Engine:
         self.max_batched_tokens = max_batched_tokens
         if num_blocks is None:
             num_blocks = default_num_blocks(config, block_size, dtype, self.max_model_len)
-        self.model = Model(config, weights, device=self.device, dtype=dtype, max_len=self.max_model_len)
+        self.model = Model(config, weights, device=self.device, dtype=dtype, max_len=self.max_model_len,
+                           quant=quant, act_dtype=act_dtype, head_quant=head_quant)
+        self.quant = quant
+        self.kernel_plans: dict = {}
+        if quant != "none":
+            from .kernels import choose
+            self.kernel_plans = choose(self.model.linears(), kernel_plan, plan_cache)
         # "eager": the graphs' padded static-shape steps without capturing, on any device (tests)
         use_graphs = cuda_graphs == "eager" or (cuda_graphs is True and self.device.type == "cuda")
         # with graphs, one extra block past the allocator's range is the padding rows' scratch

@@ -49,7 +49,10 @@ class LinearWeight:
 def linear(x: torch.Tensor, lw: LinearWeight, b: torch.Tensor | None = None,
            residual: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ w.T + b (+ residual) for x [T, in], w [out, in], choosing the faster CPU layout.
-    With oneDNN the residual add is fused into the matrix multiply."""
+    With oneDNN the residual add is fused into the matrix multiply. A quantised model's
+    matrices (`kernels.PlannedLinear`) run their own measured plan."""
+    if type(lw) is not LinearWeight:
+        return lw(x, b, residual)
     t = x.shape[0]
     if lw.packed is not None and t >= _PACKED_ROWS:
         if residual is not None:

@@ -19,6 +19,7 @@ from .attention import AttnMeta, paged_attention
 from .config import ModelConfig
 from .kv_cache import KVCache
 from .layers import LinearWeight, Rotary, interleave, linear, rms_norm, silu_mul
+from .quant import QUANTS, QuantError, QuantTensor, int4_shape_problem, quantize_int4, quantize_int8
 
 
 class WeightError(ValueError):
@@ -38,11 +39,41 @@ class _Layer:
     down: LinearWeight
 
 
+def _fuse(parts: list, rows_fn=None):
+    """torch.cat of float matrices, `QuantTensor.cat` of quantised ones; a fused matrix of mixed
+    formats is held as float."""
+    if all(isinstance(p, QuantTensor) for p in parts):
+        try:
+            return QuantTensor.cat(parts)
+        except QuantError:
+            pass
+    return torch.cat([p.dequantize() if isinstance(p, QuantTensor) else p for p in parts])
+
+
+def _rows(w, fn):
+    return w.map_rows(fn) if isinstance(w, QuantTensor) else fn(w)
+
+
 class Model:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], *,
-                 device: torch.device | str, dtype: torch.dtype, max_len: int):
+                 device: torch.device | str, dtype: torch.dtype, max_len: int, quant: str = "none",
+                 act_dtype: torch.dtype = torch.bfloat16, head_quant: str = "int8"):
+        """`quant` (see quant.py): "none" holds float weights (any `QuantTensor` dequantised);
+        "native" keeps `QuantTensor`s as they come (float tensors stay float); "int4"/"int8"
+        quantise the decoder's matrices on load. In the quantised formats the LM head is held
+        as `head_quant` ("int8" per row, "int4", or "none" = float32), unless it comes as
+        int4-runnable codes, which it keeps."""
         c = config
+        if quant not in QUANTS:
+            raise ValueError(f"quant must be one of {', '.join(QUANTS)}, not {quant!r}")
+        if head_quant not in ("none", "int4", "int8"):
+            raise ValueError(f"head_quant must be none, int4 or int8, not {head_quant!r}")
+        if quant != "none" and torch.device(device).type != "cpu":
+            raise QuantError(f"quant={quant} runs on CPU only (torch's int4/int8 weight kernels used here are "
+                             "CPU kernels); use quant=none on {device}")
         self.config = c
+        self.quant = quant
+        self.dtype = dtype
         self.nh, self.kvh, self.hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         if self.nh % self.kvh:
             raise WeightError(f"{self.nh} attention heads do not divide into {self.kvh} KV heads")
@@ -57,12 +88,46 @@ class Model:
                 raise WeightError(f"missing weight {name!r}")
             if tuple(w.shape) != shape:
                 raise WeightError(f"weight {name!r} has shape {tuple(w.shape)}, expected {shape}")
+            if isinstance(w, QuantTensor):
+                return w if quant == "native" or (len(shape) == 2 and quant != "none") else \
+                    w.dequantize(dtype=dtype).to(device)
             return w.to(device=device, dtype=dtype)
 
-        self.embed_tokens = get("model.embed_tokens.weight", (c.vocab_size, h))
+        def mat(w, name: str):
+            """A decoder matrix in this model's format."""
+            if quant == "none":
+                return LinearWeight(w)
+            from .kernels import PlannedLinear
+            if quant == "int4" and not (isinstance(w, QuantTensor) and w.fmt == "q4"):
+                w = quantize_int4(w.dequantize() if isinstance(w, QuantTensor) else w, name)
+            elif quant == "int8" and not (isinstance(w, QuantTensor) and w.fmt == "q8" and w.group == w.shape[1]):
+                w = quantize_int8(w.dequantize() if isinstance(w, QuantTensor) else w, name)
+            return PlannedLinear(w, act_dtype)
+
+        embed = get("model.embed_tokens.weight", (c.vocab_size, h))
         self.norm = get("model.norm.weight", (h,))
         head = get("lm_head.weight", (c.vocab_size, h), optional=c.tie_word_embeddings)
-        self.lm_head = LinearWeight(self.embed_tokens if head is None else head)
+        self.embed_q: QuantTensor | None = None  # the embedding as codes (rows dequantised on lookup)
+        if quant == "none":
+            self.embed_tokens = embed
+            self.lm_head = LinearWeight(embed if head is None else head)
+        else:
+            src = embed if head is None else head
+            if isinstance(src, QuantTensor) and src.fmt == "q4" and int4_shape_problem(*src.shape, src.group) is None:
+                head_w = src  # int4-runnable codes: run them as they are
+            elif head_quant == "int4":
+                head_w = quantize_int4(src.dequantize() if isinstance(src, QuantTensor) else src, "lm_head.weight")
+            elif head_quant == "int8":
+                head_w = quantize_int8(src.dequantize() if isinstance(src, QuantTensor) else src)
+            else:
+                head_w = src.dequantize() if isinstance(src, QuantTensor) else src
+            from .kernels import PlannedLinear
+            self.lm_head = PlannedLinear(head_w, act_dtype)
+            if isinstance(embed, QuantTensor):
+                self.embed_q = embed
+            elif head is None and isinstance(head_w, QuantTensor):
+                self.embed_q = head_w  # tied: the embedding is the head's codes, held once
+            self.embed_tokens = None if self.embed_q is not None else embed
         self.layers: list[_Layer] = []
         for i in range(c.num_hidden_layers):
             p = f"model.layers.{i}."
@@ -72,20 +137,21 @@ class Model:
             vb = get(a + "v_proj.bias", (kv_out,), optional=qb is None)
             if qb is not None:
                 qb, kb = interleave(qb, self.nh), interleave(kb, self.kvh)
+            nh, kvh = self.nh, self.kvh
             self.layers.append(_Layer(
                 ln1=get(p + "input_layernorm.weight", (h,)),
-                qkv=LinearWeight(torch.cat([interleave(get(a + "q_proj.weight", (q_out, h)), self.nh),
-                                            interleave(get(a + "k_proj.weight", (kv_out, h)), self.kvh),
-                                            get(a + "v_proj.weight", (kv_out, h))])),
+                qkv=mat(_fuse([_rows(get(a + "q_proj.weight", (q_out, h)), lambda t: interleave(t, nh)),
+                               _rows(get(a + "k_proj.weight", (kv_out, h)), lambda t: interleave(t, kvh)),
+                               get(a + "v_proj.weight", (kv_out, h))]), a + "q_proj+k_proj+v_proj.weight"),
                 qkv_bias=None if qb is None else torch.cat([qb, kb, vb]),
                 qk_norm=self._qk_norm(get(a + "q_norm.weight", (self.hd,), optional=not c.qk_norm),
                                       get(a + "k_norm.weight", (self.hd,), optional=not c.qk_norm)),
-                o=LinearWeight(get(a + "o_proj.weight", (h, q_out))),
+                o=mat(get(a + "o_proj.weight", (h, q_out)), a + "o_proj.weight"),
                 o_bias=get(a + "o_proj.bias", (h,), optional=True),
                 ln2=get(p + "post_attention_layernorm.weight", (h,)),
-                gate_up=LinearWeight(torch.cat([get(p + "mlp.gate_proj.weight", (inter, h)),
-                                                get(p + "mlp.up_proj.weight", (inter, h))])),
-                down=LinearWeight(get(p + "mlp.down_proj.weight", (h, inter))),
+                gate_up=mat(_fuse([get(p + "mlp.gate_proj.weight", (inter, h)),
+                                   get(p + "mlp.up_proj.weight", (inter, h))]), p + "mlp.gate_proj+up_proj.weight"),
+                down=mat(get(p + "mlp.down_proj.weight", (h, inter)), p + "mlp.down_proj.weight"),
             ))
         scaling = dict(c.rope_scaling) if c.rope_scaling else None
         self.rotary = Rotary(self.hd, c.rope_theta, scaling, max_len, device, dtype)
@@ -96,7 +162,15 @@ class Model:
             return None
         return torch.cat([interleave(qn, 1).expand(self.nh, -1), interleave(kn, 1).expand(self.kvh, -1)])
 
+    def linears(self) -> list:
+        """The quantised model's matrices (`kernels.PlannedLinear`), for the kernel choice."""
+        if self.quant == "none":
+            return []
+        return [self.lm_head] + [m for ly in self.layers for m in (ly.qkv, ly.o, ly.gate_up, ly.down)]
+
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        if self.embed_q is not None:
+            return self.embed_q.dequantize(token_ids, self.dtype)
         return self.embed_tokens[token_ids]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -115,7 +189,7 @@ class Model:
         eps = c.rms_norm_eps
         want = set(hidden_layers)
         hidden: dict[int, torch.Tensor] = {}
-        h = self.embed_tokens[token_ids]
+        h = self.embed(token_ids)
         if 0 in want:
             hidden[0] = h[last_rows]
         cis = self.rotary.tables(positions)

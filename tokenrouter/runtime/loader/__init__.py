@@ -2,6 +2,8 @@
 
     from tokenrouter.runtime.loader import load_model, Tokenizer, BUILTIN_MODELS, LoadError
     m = load_model("smollm2-135m")          # or a folder, or a .gguf file; dtype=torch.float32
+    m = load_model("smollm2-135m", quant="native")   # a GGUF's own Q4_0/Q4_1/Q8_0 blocks
+    Engine(m.config, m.weights, **m.engine_kwargs())  # the format and its cached kernel plan
     m.name, m.config (ModelConfig), m.weights (dict[str, Tensor], Hugging Face names), m.tokenizer
     tok = m.tokenizer
     tok.encode(text) -> list[int]; tok.decode(ids) -> str
@@ -11,8 +13,10 @@
 `m.weights` holds exactly the tensors the engine reads, shape-checked against the config; with
 tied embeddings there is no `lm_head.weight` (use `model.embed_tokens.weight`). GGUF files and
 built-in models are converted once and cached as checkpoint folders under `$TOKENROUTER_CACHE`
-(default `~/.cache/tokenrouter`); later loads read safetensors only. Every failure is a
-`LoadError` with a message meant for the user.
+(default `~/.cache/tokenrouter`); later loads read safetensors only. With `quant="native"`
+the matrices come as `QuantTensor`s read straight from the GGUF file's blocks (no cache
+entry needed); `quant="int4" | "int8"` loads floats, which the engine quantises. Every
+failure is a `LoadError` with a message meant for the user.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from .errors import (LoadError, MissingFile, ShapeMismatch, UnsupportedArchitect
 from .registry import BUILTIN_MODELS, BuiltinModel
 from .tokenizer import Tokenizer
 
-__all__ = ["load_model", "resolve_folder", "LoadedModel", "Tokenizer", "BUILTIN_MODELS", "BuiltinModel",
+__all__ = ["load_model", "quant_kwargs", "resolve_folder", "LoadedModel", "Tokenizer", "BUILTIN_MODELS", "BuiltinModel",
            "LoadError", "MissingFile", "ShapeMismatch", "UnsupportedArchitecture", "UnsupportedQuantization"]
 
 
@@ -38,9 +42,30 @@ class LoadedModel:
     tokenizer: Tokenizer
     folder: str  # the checkpoint folder the weights were read from (a cache entry for GGUF/built-ins)
     raw_config: dict[str, Any] = field(default_factory=dict)
+    quant: str = "none"
+    source: str = ""  # the GGUF file of a native load
 
     def num_parameters(self) -> int:
         return sum(w.numel() for w in self.weights.values())
+
+    def model_id(self) -> str:
+        """What identifies these weights for a cached kernel plan."""
+        import json
+
+        from .cache import file_key
+        return json.dumps(file_key(self.source) if self.source else {"folder": os.path.realpath(self.folder)},
+                          sort_keys=True)
+
+    def engine_kwargs(self, quant: str | None = None, threads: int | None = None) -> dict[str, Any]:
+        """Engine keyword arguments for this model's format: `quant` and where its measured
+        kernel plan is cached."""
+        quant = quant or self.quant
+        if quant == "none":
+            return {}
+        import torch
+
+        from ..engine.kernels import plan_path
+        return {"quant": quant, "plan_cache": plan_path(self.model_id(), quant, torch.bfloat16, threads)}
 
 
 def resolve_folder(path_or_name: str) -> tuple[str, str]:
@@ -60,12 +85,54 @@ def resolve_folder(path_or_name: str) -> tuple[str, str]:
                       f"name ({', '.join(BUILTIN_MODELS)})")
 
 
-def load_model(path_or_name: str, dtype=None) -> LoadedModel:
+def native_gguf(path_or_name: str) -> str:
+    """The GGUF file whose blocks `quant=native` runs: the file itself or a built-in model's source."""
+    if path_or_name in BUILTIN_MODELS:
+        _, key, _ = BUILTIN_MODELS[path_or_name].entry()
+        if key.get("kind") == "gguf":
+            return key["path"]
+        raise LoadError(f"quant=native runs a GGUF file's own blocks, but {path_or_name!r} is a float "
+                        "checkpoint; use quant=int4 or quant=int8 to quantise it on load")
+    path = os.path.expanduser(path_or_name)
+    if os.path.isfile(path) and path.lower().endswith(".gguf"):
+        return path
+    if os.path.exists(path):
+        raise LoadError(f"quant=native runs a GGUF file's own blocks, but {path_or_name!r} is not a .gguf "
+                        "file; use quant=int4 or quant=int8 to quantise it on load")
+    resolve_folder(path_or_name)  # raises the usual MissingFile
+    raise MissingFile(path_or_name)
+
+
+def load_model(path_or_name: str, dtype=None, quant: str = "none") -> LoadedModel:
     """Load a model; see the module docstring."""
     import torch
 
-    from .hf import read_folder
+    from ..engine.quant import QUANTS
+    from .hf import check_weights, parse_config, read_folder
+    if quant not in QUANTS:
+        raise LoadError(f"quant must be one of {', '.join(QUANTS)}, not {quant!r}")
+    if quant == "native":
+        from .gguf_loader import read_gguf
+        path = native_gguf(path_or_name)
+        raw, weights, tokenizer = read_gguf(path, native=True)
+        config = parse_config(raw, path)
+        weights = check_weights(config, weights, path)
+        weights = {n: (w if not isinstance(w, torch.Tensor) else w.to(dtype or torch.float32))
+                   for n, w in weights.items()}
+        name = path_or_name if path_or_name in BUILTIN_MODELS else os.path.splitext(os.path.basename(path))[0]
+        return LoadedModel(name=name, config=config, weights=weights, tokenizer=tokenizer, folder=os.path.dirname(path),
+                           raw_config=raw, quant=quant, source=os.path.realpath(path))
     name, folder = resolve_folder(path_or_name)
     config, weights, tokenizer, raw = read_folder(folder, dtype or torch.float32)
     return LoadedModel(name=name, config=config, weights=weights, tokenizer=tokenizer,
-                       folder=folder, raw_config=raw)
+                       folder=folder, raw_config=raw, quant=quant)
+
+
+def quant_kwargs(model: Any, quant: str) -> dict[str, Any]:
+    """Engine keyword arguments that hold `model` (a `LoadedModel`, or any object with config and
+    weights) in format `quant`, with its kernel plan cached when the model has a known source."""
+    if quant == "none":
+        return {}
+    if isinstance(model, LoadedModel):
+        return model.engine_kwargs(quant)
+    return {"quant": quant}

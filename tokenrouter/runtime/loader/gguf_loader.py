@@ -153,8 +153,39 @@ def _dequantize(tensor) -> np.ndarray:
             "dequantised; re-export it as F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1 or a K-quant") from None
 
 
-def read_gguf(path: str):
-    """(config dict, {hf name: float32 tensor}, Tokenizer) of a GGUF file."""
+_NATIVE = ("Q4_0", "Q4_1", "Q8_0")
+_FLOAT = ("F32", "F16", "BF16", "F64")
+
+
+def _native_tensor(tensor):
+    """A GGUF matrix as a `QuantTensor` of its own blocks (Q4_0, Q4_1, Q8_0), unpacked with numpy
+    (the blocks' layout as the gguf package's dequantiser reads it)."""
+    from ..engine.quant import QuantTensor
+    kind = tensor.tensor_type.name
+    k, n = int(tensor.shape[0]), int(tensor.shape[1])
+    g = k // 32
+    if kind in ("Q4_0", "Q4_1"):
+        size = 18 if kind == "Q4_0" else 20
+        b = np.asarray(tensor.data).reshape(n, g, size)
+        d = np.ascontiguousarray(b[..., 0:2]).view(np.float16)[..., 0].astype(np.float32)
+        off = 2 if kind == "Q4_0" else 4
+        qs = b[..., off:off + 16]
+        codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, k)
+        zero = None
+        if kind == "Q4_1":  # w = d q + m = d (q - 8) + (m + 8 d)
+            m = np.ascontiguousarray(b[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
+            zero = torch.from_numpy(m + 8.0 * d)
+        return QuantTensor("q4", torch.from_numpy(np.ascontiguousarray(codes)), torch.from_numpy(d), zero, 32, kind)
+    b = np.asarray(tensor.data).reshape(n, g, 34)  # Q8_0: w = d q
+    d = np.ascontiguousarray(b[..., 0:2]).view(np.float16)[..., 0].astype(np.float32)
+    codes = np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(n, k)
+    return QuantTensor("q8", torch.from_numpy(codes.copy()), torch.from_numpy(d), None, 32, kind)
+
+
+def read_gguf(path: str, native: bool = False):
+    """(config dict, {hf name: float32 tensor}, Tokenizer) of a GGUF file. With `native`, matrices
+    stored as Q4_0, Q4_1 or Q8_0 come as `QuantTensor`s of their own blocks instead (float
+    tensors stay float; any other block type is an `UnsupportedQuantization` naming the tensor)."""
     from gguf import GGUFReader
 
     from .gguf_tokenizer import tokenizer_from_gguf
@@ -176,6 +207,21 @@ def read_gguf(path: str):
     weights: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
         name = hf_name(t.name)
+        kind = t.tensor_type.name
+        if native and kind not in _FLOAT:
+            if kind not in _NATIVE or len(t.shape) != 2:
+                raise UnsupportedQuantization(
+                    f"GGUF tensor {t.name!r} is stored as {kind}, which quant=native cannot run as it is "
+                    f"(native block types: {', '.join(_NATIVE)}); use quant=none (dequantise to float) "
+                    "or quant=int4 / int8 (requantise on load)")
+            w = _native_tensor(t)
+            fix = lambda x: x.contiguous()  # noqa: E731
+            if permute and name.endswith("q_proj.weight"):
+                fix = lambda x: _unpermute(x, heads).contiguous()  # noqa: E731
+            elif permute and name.endswith("k_proj.weight"):
+                fix = lambda x: _unpermute(x, kv).contiguous()  # noqa: E731
+            weights[name] = w.map_rows(fix)
+            continue
         w = torch.from_numpy(np.array(_dequantize(t), dtype=np.float32))  # a writable copy
         expected = tuple(int(d) for d in reversed(t.shape))
         w = w.reshape(expected)

@@ -1,0 +1,227 @@
+"""`evaluate` end to end on tiny random models (subservers on threads): the diffs add up, a
+program that never routes equals the small model alone, one that always rewrites to the
+large model equals the large model alone, and bad input stops before anything is written."""
+
+import json
+import os
+
+import pytest
+
+import tiny
+from tokenrouter.eval.configs import EvalError, alone, small_and_large
+from tokenrouter.eval.evaluate import evaluate, parse_sweep
+from tokenrouter.runtime.engine.sampler import SamplingParams
+from tokenrouter.runtime.launcher import LaunchOptions
+from tokenrouter.runtime.reference import Reference
+
+LAUNCH = LaunchOptions(mode="thread", num_blocks=96)
+ROUTE = """tokenrouter 1
+param tau: float = 0.3 in [0, 1]
+model slm = "{slm}" {{ role = small  dtype = float64 }}
+model llm = "{llm}" {{ role = large  dtype = float64 }}
+route {{
+  start slm
+  slm -> llm when {cond} rewrite
+  llm -> slm when entropy(llm, normalized) <= tau keep
+}}
+"""
+
+
+def program_file(tmp_path, pair, cond, name="p.route"):
+    path = tmp_path / name
+    path.write_text(ROUTE.format(slm=pair["slm"], llm=pair["llm"], cond=cond))
+    return str(path)
+
+
+def task_file(tmp_path, n=10):
+    """Prompts with regex answers a random model matches sometimes, and one without an answer."""
+    lines = [json.dumps({"id": f"t{i}", "prompt": f"question {i}: " + "ab"[i % 2] * (i + 1),
+                         "answer": "[aeiou]{2}" if i % 3 else "[0-9]", "match": "regex"}) for i in range(n)]
+    lines.append(json.dumps({"id": "open", "prompt": "no answer here"}))
+    p = tmp_path / "tasks.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    return str(p)
+
+
+def run_eval(tmp_path, pair, cond, concurrency=4, **kw):
+    out = tmp_path / "out"
+    s = evaluate(program_file(tmp_path, pair, cond), str(out), prompts=[task_file(tmp_path)], max_tokens=12,
+                 concurrency=concurrency, launch=LAUNCH, use_tqdm=False, log=lambda m: None, chat=False, **kw)
+    assert json.loads((out / "summary.json").read_text()) == json.loads(json.dumps(s))
+    assert (out / "report.html").is_file() and (out / "frontier.png").read_bytes()[:4] == b"\x89PNG"
+    return s
+
+
+def test_routed_program_diff_and_records(tmp_path, pair):
+    s = run_eval(tmp_path, pair, "entropy(slm, normalized) > 0.3", concurrency=[4, 1])
+    for c in s["configs"].values():  # timed at both, the same tokens at both
+        assert set(c["tokens_per_s_at"]) == {"4", "1"} and c["same_tokens_at_every_concurrency"] is True
+        assert c["tokens_per_s"] == c["tokens_per_s_at"]["4"]
+    recs = s["prompts"]
+    assert len(recs) == 11 and s["meta"]["n_answered"] == 10
+    for key, base in (("vs_large", "large"), ("vs_small", "small")):
+        d = s["diff"][key]
+        assert sum(d[c] for c in ("both_right", "fixed", "broken", "both_wrong")) == 10
+        for r in recs:
+            if r["answer"] is None:
+                assert all(r["id"] not in ids for ids in d["prompts"].values())
+                continue
+            cell = (("both_right" if r[base]["correct"] else "fixed") if r["routed"]["correct"]
+                    else ("broken" if r[base]["correct"] else "both_wrong"))
+            assert r["id"] in d["prompts"][cell]
+    # the routed tokens and their writers are the single-request reference's
+    from tokenrouter.compiler.frontend import load_program
+    prog = load_program(program_file(tmp_path, pair, "entropy(slm, normalized) > 0.3"))
+    ref = Reference(prog)
+    from tokenrouter.runtime.offline import tokenizer_for
+    tok = tokenizer_for(prog)
+    writers = set()
+    for r in recs:
+        want = ref.generate(tok.encode(r["prompt"]), SamplingParams(max_tokens=12, stop_token_ids=(tiny.EOS,)))
+        assert r["routed"]["token_ids"] == want.tokens and r["routed"]["writers"] == want.writers
+        assert "".join(r["routed"]["pieces"]) == r["routed"]["text"]
+        div = r["first_divergence"]
+        a, b = r["routed"]["token_ids"], r["large"]["token_ids"]
+        assert (div is None) == (a == b) == r["exact_match_with_large"]
+        if div is not None:
+            assert a[:div] == b[:div] and (div == min(len(a), len(b)) or a[div] != b[div])
+        writers |= set(r["routed"]["writers"])
+    assert writers == {"slm", "llm"}, "the threshold should make both models write"
+    c = s["configs"]
+    n_llm = sum(r["routed"]["writers"].count("llm") for r in recs)
+    assert c["routed"]["large_share"] == pytest.approx(n_llm / sum(len(r["routed"]["writers"]) for r in recs))
+    assert c["small"]["large_share"] == 0 and c["large"]["large_share"] == 1
+    assert c["large"]["exact_match_with_large"] == 1
+    for k in ("small", "large", "routed"):
+        assert c[k]["accuracy"] == pytest.approx(sum(r[k]["correct"] for r in recs if r["answer"]) / 10)
+        assert c[k]["tokens_per_s"] > 0
+
+
+def test_a_program_that_never_routes_is_the_small_model_alone(tmp_path, pair):
+    s = run_eval(tmp_path, pair, "entropy(slm, normalized) > 1")  # normalized entropy is at most 1
+    for r in s["prompts"]:
+        assert r["routed"]["token_ids"] == r["small"]["token_ids"] and set(r["routed"]["writers"]) <= {"slm"}
+    d = s["diff"]["vs_small"]
+    assert d["fixed"] + d["broken"] == 0 and s["configs"]["routed"]["large_share"] == 0
+    assert s["configs"]["routed"]["accuracy"] == s["configs"]["small"]["accuracy"]
+
+
+def test_a_program_that_always_rewrites_to_large_is_the_large_model_alone(tmp_path, pair):
+    s = run_eval(tmp_path, pair, "entropy(slm, normalized) >= 0")
+    # the large model hands back only when confident; with rewrite from slm at every step it
+    # writes every token anyway (slm's tokens are all dropped)
+    for r in s["prompts"]:
+        assert r["routed"]["token_ids"] == r["large"]["token_ids"] and set(r["routed"]["writers"]) == {"llm"}
+        assert r["first_divergence"] is None
+    c = s["configs"]
+    assert c["routed"]["exact_match_with_large"] == 1 and c["routed"]["large_share"] == 1
+    d = s["diff"]["vs_large"]
+    assert d["fixed"] + d["broken"] == 0
+
+
+def test_small_and_large_come_from_roles_or_the_start_writer(pair):
+    p = tiny.rstitch(pair, 0.3)
+    assert small_and_large(p) == ("slm", "llm")
+    import dataclasses
+    norole = dataclasses.replace(p, models=tuple(dataclasses.replace(m, role="small") for m in p.models))
+    assert small_and_large(norole) == ("slm", "llm")
+    assert small_and_large(p, small="llm", large="slm") == ("llm", "slm")
+    with pytest.raises(EvalError, match="not a model of the program"):
+        small_and_large(p, large="big")
+    a = alone(p, "llm")
+    assert a.start == "llm" and [m.name for m in a.models] == ["llm"] and not a.transitions
+
+
+def test_limit_spreads_the_subset_over_the_file():
+    from tokenrouter.eval.evaluate import spread
+    assert spread(list(range(10)), 5) == [0, 2, 4, 6, 8] and spread([1, 2], 5) == [1, 2]
+    assert spread(list(range(242)), 60)[-1] > 230
+
+
+def test_the_command_reports_bad_input_and_exits_1(tmp_path, pair):
+    import subprocess
+    import sys
+    prog = program_file(tmp_path, pair, "entropy(slm, normalized) > 0.3")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json}\n")
+    for extra, message in ((["--prompts", str(bad)], "bad.jsonl:1: not a JSON object"),
+                           (["--sweep", "tau=1:2"], "--sweep expects NAME=LO:HI:N"),
+                           (["--concurrency", "0"], "--concurrency must be >= 1")):
+        r = subprocess.run([sys.executable, "-m", "tokenrouter.cli", "eval", prog, "--out", str(tmp_path / "o"), *extra],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and f"tokenrouter eval: error: " in r.stderr and message in r.stderr, r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_sweep_specs():
+    assert parse_sweep("tau=0.3:0.6:4") == ("tau", [0.3, 0.4, 0.5, 0.6])
+    assert parse_sweep("k=2:2:1") == ("k", [2.0])
+    for bad in ("tau", "tau=1:2", "tau=a:1:3", "=1:2:3", "tau=0:1:0"):
+        with pytest.raises(EvalError, match="--sweep"):
+            parse_sweep(bad)
+
+
+def _fails_cleanly(tmp_path, pair, match, **kw):
+    out = tmp_path / "out"
+    kw.setdefault("prompts", [task_file(tmp_path)])
+    with pytest.raises(EvalError, match=match):
+        evaluate(program_file(tmp_path, pair, "entropy(slm, normalized) > 0.3"), str(out), max_tokens=4,
+                 launch=LAUNCH, use_tqdm=False, log=lambda m: None, chat=False, **kw)
+    assert not out.exists()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".eval-")]
+
+
+def test_a_sweep_runs_from_small_alone_to_large_alone(tmp_path, pair):
+    """tau = 1: the small model never hands off; tau = 0: it always does and the large model
+    never hands back. The sweep's end points are then the two models alone."""
+    s = run_eval(tmp_path, pair, "entropy(slm, normalized) > tau", sweep="tau=0:1:3", params={"tau": "0.5"})
+    sw = s["sweep"]
+    assert sw["param"] == "tau" and sw["values"] == [0.0, 0.5, 1.0] and len(sw["points"]) == 3
+    assert s["meta"]["bound_params"]["tau"]["value"] == 0.5
+    lo, mid, hi = sw["points"]
+    assert lo["large_share"] == 1 and lo["exact_match_with_large"] == 1
+    assert lo["accuracy"] == s["configs"]["large"]["accuracy"]
+    assert hi["large_share"] == 0 and hi["accuracy"] == s["configs"]["small"]["accuracy"]
+    assert mid["large_share"] == s["configs"]["routed"]["large_share"]  # the routed run is tau = 0.5 too
+    assert sw["small"] == s["configs"]["small"] and sw["large"] == s["configs"]["large"]
+
+
+def test_an_unknown_sweep_parameter_is_an_error_and_writes_nothing(tmp_path, pair):
+    _fails_cleanly(tmp_path, pair, "nosuch", sweep="nosuch=0:1:3")
+
+
+def test_a_sweep_value_out_of_range_is_an_error_and_writes_nothing(tmp_path, pair):
+    _fails_cleanly(tmp_path, pair, "tau", sweep="tau=0.5:1.5:3")
+
+
+def test_a_malformed_task_file_is_an_error_and_writes_nothing(tmp_path, pair):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "fine", "answer": "1", "match": "number"}\n{"prompt": "x", "match": "exact"}\n')
+    _fails_cleanly(tmp_path, pair, r"bad.jsonl:2: 'match' given without an 'answer'", prompts=[str(bad)])
+
+
+def test_a_prompt_longer_than_the_context_is_an_error_and_writes_nothing(tmp_path, pair):
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"id": "short", "prompt": "hi"}) + "\n" + json.dumps({"id": "huge", "prompt": "y" * 600}) + "\n")
+    _fails_cleanly(tmp_path, pair, r"prompt 'huge' has 600 tokens; the models' context holds 512", prompts=[str(long)])
+
+
+def test_reuse_takes_the_baselines_only_when_they_are_the_same_computation(tmp_path, pair):
+    first = run_eval(tmp_path, pair, "entropy(slm, normalized) > 0.3")
+    (tmp_path / "out").rename(tmp_path / "first")
+    again = run_eval(tmp_path, pair, "entropy(slm, normalized) > 0.6", reuse=str(tmp_path / "first"))
+    assert set(again["meta"]["reused"]) == {"small", "large"}
+    for key in ("small", "large"):
+        assert [r[key]["token_ids"] for r in again["prompts"]] == [r[key]["token_ids"] for r in first["prompts"]]
+        assert again["configs"][key]["accuracy"] == first["configs"][key]["accuracy"]
+    # a small model declared differently (float32) is another computation: run afresh
+    path = tmp_path / "f32.route"
+    path.write_text(ROUTE.format(slm=pair["slm"], llm=pair["llm"], cond="entropy(slm, normalized) > 0.3")
+                    .replace("role = small  dtype = float64", "role = small  dtype = float32"))
+    s = evaluate(str(path), str(tmp_path / "o3"), prompts=[task_file(tmp_path)], max_tokens=12, concurrency=4,
+                 launch=LAUNCH, use_tqdm=False, log=lambda m: None, chat=False, reuse=str(tmp_path / "first"))
+    assert set(s["meta"]["reused"]) == {"large"}
+    # other prompts: nothing reused
+    s = evaluate(str(path), str(tmp_path / "o4"), prompts=[task_file(tmp_path, n=4)], max_tokens=12, concurrency=4,
+                 launch=LAUNCH, use_tqdm=False, log=lambda m: None, chat=False, reuse=str(tmp_path / "first"))
+    assert s["meta"]["reused"] == {}

@@ -1,0 +1,141 @@
+"""Quantised weights on tiny GGUF files the tests write: GGUF blocks map exactly onto torch's int4
+kernel, a quantised engine batches like a float one, and bad inputs get clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+import torch
+
+from loader_helpers import hf_config, transformers_model, write_gguf
+from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.engine.quant import QuantError, QuantTensor, quantize_int4, quantize_int8
+from tokenrouter.runtime.loader import UnsupportedQuantization, load_model
+
+VOCAB = 272  # a multiple of 16, so the tied head is int4-runnable too
+
+
+def _gguf(tmp_path, family="llama", qtype="Q4_1", seed=5, **cfg):
+    config = {**hf_config(family, vocab=VOCAB), **cfg}
+    model = transformers_model(config, seed=seed)
+    path = str(tmp_path / f"{family}-{qtype}.gguf")
+    write_gguf(path, model, config, qtype=qtype)
+    return path
+
+
+def _engine(m, **kw):
+    return Engine(m.config, m.weights, block_size=4, num_blocks=64, max_model_len=128, **kw)
+
+
+def _prompts(n, length, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(VOCAB) for _ in range(length)] for _ in range(n)]
+
+
+@pytest.mark.parametrize("family,qtype", [("llama", "Q4_1"), ("qwen2", "Q4_1"), ("llama", "Q4_0")])
+def test_native_int4_with_float32_activations_equals_the_dequantised_engine(tmp_path, tmp_cache, family, qtype):
+    """Q4_1 (w = d q + m) is the int4 kernel's w = (q - 8) scale + zero with scale = d and
+    zero = m + 8 d; Q4_0 is zero = 0. So the products agree with the float engine to rounding."""
+    path = _gguf(tmp_path, family, qtype)
+    ref = _engine(load_model(path))  # quant=none: the gguf package's dequantisation, float32
+    native = load_model(path, quant="native")
+    assert isinstance(native.weights["model.layers.0.mlp.down_proj.weight"], QuantTensor)
+    eng = _engine(native, quant="native", act_dtype=torch.float32, kernel_plan="int4")
+    # every matrix, the tied Q4 head included, runs on the int4 kernel
+    assert {k for plan in eng.kernel_plans.values() for _, k in plan} == {"int4"}
+    p = _prompts(3, 11)
+    a = ref.step([(i, x) for i, x in enumerate(p)]).logits
+    b = eng.step([(i, x) for i, x in enumerate(p)]).logits
+    assert (a - b).abs().max() < 1e-5
+    for _ in range(4):  # decode steps
+        nxt = a.argmax(-1).tolist()
+        a = ref.step([(i, [t]) for i, t in enumerate(nxt)]).logits
+        b = eng.step([(i, [t]) for i, t in enumerate(nxt)]).logits
+        assert (a - b).abs().max() < 1e-5
+
+
+def test_gguf_blocks_unpack_to_the_gguf_package_dequantisation(tmp_path, tmp_cache):
+    path = _gguf(tmp_path, "llama", "Q8_0")
+    floats, native = load_model(path), load_model(path, quant="native")
+    for name in ("model.layers.1.mlp.up_proj.weight", "model.layers.0.self_attn.k_proj.weight"):
+        qt = native.weights[name]
+        assert qt.source == "Q8_0" and qt.codes.dtype == torch.int8
+        assert torch.equal(qt.dequantize(), floats.weights[name])  # k rows un-permuted like the floats
+
+
+@pytest.mark.parametrize("plan", ["int4", "measured"])
+def test_mixed_batch_in_a_quantised_engine_equals_each_request_alone(tmp_path, tmp_cache, plan):
+    """Prefill, decode and a short extend in one step give what each gets alone (bf16 activations;
+    a measured plan may pick another kernel for more rows, computing the same weight values)."""
+    m = load_model(_gguf(tmp_path), quant="native")
+    kernel_plan = "int4" if plan == "int4" else None
+    seqs = _prompts(4, 30, seed=3)
+    steps = {0: (0, 13), 1: (10, 1), 2: (7, 3), 3: (20, 1)}
+    batched = _engine(m, quant="native", kernel_plan=kernel_plan)
+    for s, (have, _) in steps.items():
+        if have:
+            batched.step([(s, seqs[s][:have])])
+    out = batched.step([(s, seqs[s][have:have + k]) for s, (have, k) in steps.items()]).logits
+    for i, (s, (have, k)) in enumerate(steps.items()):
+        alone = _engine(m, quant="native", kernel_plan=batched.kernel_plans)
+        if have:
+            alone.step([(s, seqs[s][:have])])
+        one = alone.step([(s, seqs[s][have:have + k])]).logits[0]
+        tol = 1e-5 if plan == "int4" else 0.05 * float(one.abs().max())
+        assert (out[i] - one).abs().max() <= tol
+        assert int(out[i].argmax()) == int(one.argmax())
+
+
+def test_on_load_int4_and_int8_follow_the_float_model(tmp_path, tmp_cache):
+    m = load_model(_gguf(tmp_path, qtype="F32"))
+    p = _prompts(2, 9, seed=4)
+    ref = _engine(m).step([(i, x) for i, x in enumerate(p)]).logits
+    for quant in ("int4", "int8"):
+        lg = _engine(m, quant=quant, head_quant="none").step([(i, x) for i, x in enumerate(p)]).logits
+        assert (lg - ref).abs().max() < 0.1 * ref.abs().max()
+    w = m.weights["model.layers.0.mlp.gate_proj.weight"]
+    assert (quantize_int4(w).dequantize() - w).abs().max() <= (w.max() - w.min()) / 15  # half a step per group
+    assert (quantize_int8(w).dequantize() - w).abs().max() <= w.abs().max() / 127
+
+
+def test_a_matrix_on_the_int4_kernel_alone_keeps_no_float_copy(tmp_path, tmp_cache):
+    m = load_model(_gguf(tmp_path), quant="native")
+    eng = _engine(m, quant="native", kernel_plan="int4")
+    lin = eng.model.layers[0].gate_up
+    assert set(lin.impl) == {"int4"} and lin.source is None
+
+
+def test_unsupported_block_type_names_the_tensor_and_the_type(tmp_path, tmp_cache):
+    path = _gguf(tmp_path, qtype="Q5_0")
+    with pytest.raises(UnsupportedQuantization, match=r"GGUF tensor .token_embd\.weight. is stored as Q5_0"):
+        load_model(path, quant="native")
+    assert load_model(path).weights  # quant=none still dequantises it
+
+
+def test_int4_on_an_unsupported_shape_names_the_shape(tmp_path, tmp_cache):
+    m = load_model(_gguf(tmp_path, qtype="F32", intermediate_size=80))
+    with pytest.raises(QuantError, match=r"down_proj.*\[64, 80\].*multiple of the group size 32"):
+        _engine(m, quant="int4")
+
+
+def test_native_needs_a_gguf_file(tmp_path, tmp_cache):
+    from tokenrouter.runtime.loader import LoadError
+    with pytest.raises(LoadError, match="quant=native runs a GGUF"):
+        load_model(str(tmp_path), quant="native")
+
+
+def test_a_measured_plan_is_cached_and_reused(tmp_path, tmp_cache):
+    m = load_model(_gguf(tmp_path), quant="native")
+    kw = m.engine_kwargs()
+    assert kw["quant"] == "native" and kw["plan_cache"].startswith(str(tmp_cache))
+    first = _engine(m, **kw)
+    with open(kw["plan_cache"]) as f:
+        saved = json.load(f)
+    assert saved["host"]["torch"] == torch.__version__ and saved["plans"]
+    mtime = os.stat(kw["plan_cache"]).st_mtime_ns
+    second = _engine(m, **kw)
+    assert second.kernel_plans == first.kernel_plans
+    assert os.stat(kw["plan_cache"]).st_mtime_ns == mtime  # read, not measured again

@@ -1,0 +1,264 @@
+"""The measured choice of kernel per weight shape and row count, for quantised weights.
+
+Decode at batch 1 streams every weight once per step, so the smallest format wins there;
+at many rows the product becomes compute-bound and oneDNN's float32 kernel wins over the
+int4 kernel's unpacking. Where the crossing lies differs from host to host (`bench_linear.py`),
+so it is never fixed in code: at first load every matrix shape is timed, one pass over all
+the model's matrices of that shape so the weights stream from memory as in a real step,
+for each kernel that computes the matrix's exact values and each row bucket (1, 2, 4, ...
+64), kernels interleaved within each round so load hits all alike, best of the rounds.
+The plan is cached under the model cache (`kernel-plans/`), keyed by the host (CPU model,
+torch version, threads), the model and its format; `tokenrouter models --measure-kernels`
+measures again.
+
+Kernels:
+- `int4`: torch's int4 kernel on packed codes (q4 formats);
+- `int8`: `_weight_int8pack_mm` (per-row q8);
+- `onednn`: float32 weights reordered once for oneDNN;
+- `mkl`: float32 `W @ x.T` (one row padded to two, as `layers.linear` does).
+After the choice, only what the chosen kernels need is kept: a matrix that int4 runs at every
+row count holds no float copy at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from typing import Iterable
+
+import torch
+
+from .quant import Int4Weight, Int8Weight, QuantTensor, int4_shape_problem
+
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+PLAN_VERSION = 1
+
+
+def _mkl(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    if x.shape[0] == 1:
+        return (w @ x.repeat(2, 1).T)[:, 0].contiguous().unsqueeze(0)
+    return (w @ x.contiguous().T).T.contiguous()
+
+
+class PlannedLinear:
+    """One matrix in a quantised model: its source values, the kernels built for it, and
+    the plan [(up to rows, kernel), ...] that picks one per call."""
+
+    __slots__ = ("source", "act_dtype", "impl", "plan", "_float", "shape", "key")
+
+    def __init__(self, source: QuantTensor | torch.Tensor, act_dtype: torch.dtype):
+        self.source = source
+        self.act_dtype = act_dtype
+        self.impl: dict[str, object] = {}
+        self.plan: list[tuple[int, str]] = []
+        self._float = None
+        self.shape = tuple(source.shape)
+        fmt = f"{source.fmt}g{source.group}" if isinstance(source, QuantTensor) else "f32"
+        self.key = f"{self.shape[0]}x{self.shape[1]}:{fmt}"  # what the plan is chosen by
+
+    def candidates(self) -> list[str]:
+        s = self.source
+        out = []
+        if isinstance(s, QuantTensor) and s.fmt == "q4" and int4_shape_problem(*s.shape, s.group) is None:
+            out.append("int4")
+        if isinstance(s, QuantTensor) and s.fmt == "q8" and s.group == s.shape[1]:
+            out.append("int8")
+        if torch.backends.mkldnn.is_available():
+            out.append("onednn")
+        out.append("mkl")
+        return out
+
+    def float_weight(self) -> torch.Tensor:
+        if self._float is None:
+            s = self.source
+            self._float = s.dequantize() if isinstance(s, QuantTensor) else s.to(torch.float32).contiguous()
+        return self._float
+
+    def build(self, kernels: Iterable[str]) -> None:
+        for k in kernels:
+            if k in self.impl:
+                continue
+            if k == "int4":
+                self.impl[k] = Int4Weight(self.source, self.act_dtype)
+            elif k == "int8":
+                self.impl[k] = Int8Weight(self.source, self.act_dtype)
+            elif k == "onednn":
+                self.impl[k] = torch.ops.mkldnn._reorder_linear_weight(self.float_weight(), 16)
+            elif k == "mkl":
+                self.impl[k] = self.float_weight()
+            else:
+                raise ValueError(f"unknown kernel {k!r}")
+
+    def finalize(self, plan: list[tuple[int, str]]) -> None:
+        """Keep only the kernels `plan` uses; drop the source and any float copy no kernel needs."""
+        used = {k for _, k in plan}
+        self.build(used)
+        self.impl = {k: v for k, v in self.impl.items() if k in used}
+        self.plan = sorted(plan)
+        self._float = None
+        self.source = None
+
+    def kernel_for(self, rows: int) -> str:
+        for upto, k in self.plan:
+            if rows <= upto:
+                return k
+        return self.plan[-1][1]
+
+    def run(self, kernel: str, x: torch.Tensor) -> torch.Tensor:
+        impl = self.impl[kernel]
+        if kernel in ("int4", "int8"):
+            return impl(x)
+        if kernel == "onednn":
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), impl, None, "none", [], "")
+        return _mkl(impl, x)
+
+    def __call__(self, x: torch.Tensor, b: torch.Tensor | None = None,
+                 residual: torch.Tensor | None = None) -> torch.Tensor:
+        k = self.kernel_for(x.shape[0])
+        if k == "onednn" and residual is not None and x.dtype == torch.float32:
+            return torch.ops.mkldnn._linear_pointwise.binary(x.contiguous(), residual, self.impl[k], b, "add")
+        y = self.run(k, x)
+        if b is not None:
+            y = y + b
+        return y if residual is None else residual + y
+
+    def nbytes(self) -> int:
+        total = 0
+        for k, v in self.impl.items():
+            if k == "int4":
+                total += v.packed.numel() * v.packed.element_size() + v.sz.numel() * v.sz.element_size()
+            elif k == "int8":
+                total += v.codes.numel() + v.scale.numel() * v.scale.element_size()
+            else:
+                total += v.numel() * v.element_size() if k == "mkl" else _onednn_bytes(v)
+        return total
+
+
+def _onednn_bytes(t: torch.Tensor) -> int:
+    try:
+        return t.numel() * t.element_size()
+    except RuntimeError:  # an opaque mkldnn tensor
+        return 0
+
+
+def fixed_plan(kernel: str) -> list[tuple[int, str]]:
+    """A plan that runs every row count on one kernel (tests, and forcing a path)."""
+    return [(ROW_BUCKETS[-1], kernel)]
+
+
+# ------------------------------------------------------------------ measurement
+
+def host_key(threads: int | None = None) -> dict:
+    """What a measured plan depends on besides the model: the CPU, torch, the thread count."""
+    model = platform.processor() or ""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and not model.strip():
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpu": model, "flags": hashlib.sha256(flags.encode()).hexdigest()[:12], "torch": torch.__version__,
+            "threads": threads or torch.get_num_threads(), "cpus": os.cpu_count()}
+
+
+def measure(linears: list[PlannedLinear], rounds: int = 2, buckets=ROW_BUCKETS,
+            progress=None) -> dict[str, list[tuple[int, str]]]:
+    """{shape key: plan} by timing one pass over all matrices of each shape per kernel and
+    row bucket (see the module docstring). Also returns nothing else: timings are in `last_timings`."""
+    groups: dict[str, list[PlannedLinear]] = {}
+    for lin in linears:
+        groups.setdefault(lin.key, []).append(lin)
+    plans: dict[str, list[tuple[int, str]]] = {}
+    timings: dict[str, dict[str, dict[int, float]]] = {}
+    for gi, (key, group) in enumerate(groups.items()):
+        if progress:
+            progress(f"measuring kernels for {key} ({gi + 1}/{len(groups)}, {len(group)} matrices)")
+        kernels = group[0].candidates()
+        for lin in group:
+            lin.build(kernels)
+        k_in = group[0].shape[1]
+        best = {k: {} for k in kernels}
+        live = list(kernels)
+        with torch.inference_mode():
+            for rows in buckets:
+                x = torch.randn(rows, k_in)
+                for r in range(rounds + 1):  # round 0 warms up
+                    for k in live:
+                        t0 = time.perf_counter()
+                        for lin in group:
+                            lin.run(k, x)
+                        dt = time.perf_counter() - t0
+                        if r:
+                            best[k][rows] = min(best[k].get(rows, float("inf")), dt)
+                # a kernel 3x slower than the best here is not timed at larger row counts
+                # (time grows with rows for all of them); this bounds the first load's cost
+                fastest = min(best[k][rows] for k in live)
+                live = [k for k in live if best[k][rows] <= 3 * fastest]
+        plans[key] = [(rows, min((k for k in kernels if rows in best[k]), key=lambda k: best[k][rows]))
+                      for rows in buckets]
+        timings[key] = {k: {str(r): v * 1e3 for r, v in t.items()} for k, t in best.items()}
+    measure.last_timings = timings
+    return plans
+
+
+measure.last_timings = {}
+
+
+def plan_path(model_id: str, quant: str, act_dtype: torch.dtype, threads: int | None = None) -> str:
+    """Where the plan of (model, format, host) is cached."""
+    from ..loader.cache import cache_root
+    key = json.dumps({"v": PLAN_VERSION, "model": model_id, "quant": quant, "act": str(act_dtype),
+                      "host": host_key(threads)}, sort_keys=True)
+    return os.path.join(cache_root(), "kernel-plans", hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
+
+
+def choose(linears: list[PlannedLinear], plan: dict | str | None = None, cache_path: str | None = None,
+           remeasure: bool = False, progress=None) -> dict:
+    """Give every matrix its plan and drop what it no longer needs. `plan`: a kernel name
+    (every matrix on it where it can run, else the float path), a {shape key: plan} dict, or
+    None to measure (read from / written to `cache_path` when given). Returns the plans used."""
+    if isinstance(plan, str):
+        plans = {}
+        for lin in linears:
+            k = plan if plan in lin.candidates() else ("onednn" if "onednn" in lin.candidates() else "mkl")
+            plans[lin.key] = fixed_plan(k)
+    elif isinstance(plan, dict):
+        plans = {k: [tuple(p) for p in v] for k, v in plan.items()}
+    else:
+        plans = None
+        if cache_path and os.path.isfile(cache_path) and not remeasure:
+            try:
+                with open(cache_path) as f:
+                    data = json.load(f)
+                plans = {k: [tuple(p) for p in v] for k, v in data["plans"].items()}
+                if not {lin.key for lin in linears} <= set(plans):
+                    plans = None
+            except (OSError, ValueError, KeyError):
+                plans = None
+        if plans is None:
+            plans = measure(linears, progress=progress)
+            if cache_path:
+                _write_json(cache_path, {"host": host_key(), "plans": plans, "timings_ms": measure.last_timings,
+                                         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                         "load_avg": os.getloadavg()})
+    for lin in linears:
+        lin.finalize(plans[lin.key])
+    return plans
+
+
+def _write_json(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)  # atomic: concurrent subservers never read half a plan

@@ -1,0 +1,173 @@
+"""Weight formats: a matrix held as integer codes with per-group scales, and the kernels that run it.
+
+`quant` (a model block attribute, `--quant` on the commands) says how a model's weights are held:
+
+- `none`: float, as the checkpoint gives them (a GGUF file dequantised), the exact default;
+- `native`: a GGUF file's own blocks as they are: Q4_0 and Q4_1 run on torch's int4 kernel
+  (`aten._weight_int4pack_mm_for_cpu`, group 32), Q8_0 (no exact torch kernel: its scale is
+  per 32 weights, `_weight_int8pack_mm` takes one per output row) is held as its codes and
+  run through whichever measured float path wins; F32/F16/BF16 tensors stay float;
+- `int4`: a float checkpoint quantised on load, asymmetric min/max per group of 32 along the
+  input dimension (Q4_1's recipe: scale = (max - min) / 15, zero = min);
+- `int8`: symmetric per output row (scale = max |w| / 127), torch's `_weight_int8pack_mm`.
+
+The int4 kernel computes w = (q - 8) * scale + zero per group, so a GGUF block maps onto it
+exactly: Q4_0 (w = d (q - 8)) is scale = d, zero = 0; Q4_1 (w = d q + m) is scale = d,
+zero = m + 8 d. Only bfloat16 activations take its vectorised path (float32 falls to a
+scalar loop), so a quantised layer casts its input to `act_dtype` (bfloat16 by default)
+and its output back; the residual stream, norms, attention and KV cache stay in the
+engine's dtype. With float32 activations the product equals the dequantised matmul to
+rounding (the exactness test). The kernel takes N % 16 == 0 and K % 32 == 0.
+
+Which kernel runs a matrix is chosen per shape and row count by measurement on the host
+(`kernels.py`); every kernel computes with the same (dequantised) weight values, so the
+choice changes results only by activation rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+QUANTS = ("none", "native", "int4", "int8")
+GROUP = 32  # GGUF's block length, and the int4 group used on load
+
+
+class QuantError(ValueError):
+    """A weight cannot be held in the requested format (the message names it and its shape)."""
+
+
+@dataclass
+class QuantTensor:
+    """A matrix [N, K] as codes with per-group scales (group = K for per-row int8).
+
+    fmt "q4": codes uint8 in 0..15, w = (q - 8) * scale + zero (zero None means 0);
+    fmt "q8": codes int8, w = q * scale.
+    `source` names the origin (a GGUF type such as "Q4_1", or "int4"/"int8" for on-load)."""
+
+    fmt: str
+    codes: torch.Tensor
+    scale: torch.Tensor  # float32 [N, K // group]
+    zero: torch.Tensor | None
+    group: int
+    source: str
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    def numel(self) -> int:
+        return self.codes.numel()
+
+    def nbytes(self) -> int:
+        """Bytes of the format itself (4-bit codes count half a byte)."""
+        code_bytes = self.codes.numel() // 2 if self.fmt == "q4" else self.codes.numel()
+        extra = self.scale.numel() * 2 * (1 if self.zero is None else 2)  # fp16 scales, as GGUF
+        return code_bytes + extra
+
+    def dequantize(self, rows: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float weights these codes stand for (only `rows` of them, if given)."""
+        codes, scale, zero = self.codes, self.scale, self.zero
+        if rows is not None:
+            codes, scale = codes[rows], scale[rows]
+            zero = None if zero is None else zero[rows]
+        n, k = codes.shape
+        q = codes.to(torch.float32)
+        if self.fmt == "q4":
+            q = q - 8.0
+        w = q.view(n, k // self.group, self.group) * scale.unsqueeze(-1)
+        if zero is not None:
+            w = w + zero.unsqueeze(-1)
+        return w.view(n, k).to(dtype)
+
+    def map_rows(self, fn) -> "QuantTensor":
+        """The same matrix with its rows reordered by `fn` (applied to codes, scales and zeros alike)."""
+        return QuantTensor(self.fmt, fn(self.codes), fn(self.scale), None if self.zero is None else fn(self.zero),
+                           self.group, self.source)
+
+    @staticmethod
+    def cat(parts: list["QuantTensor"]) -> "QuantTensor":
+        """Stack matrices of one format along the rows (fused q/k/v, gate/up)."""
+        p0 = parts[0]
+        if any(p.fmt != p0.fmt or p.group != p0.group for p in parts):
+            raise QuantError("fused matrices must share one format: " + ", ".join(p.source for p in parts))
+        zeros = [p.zero for p in parts]
+        if any(z is None for z in zeros) and not all(z is None for z in zeros):
+            zeros = [torch.zeros_like(p.scale) if p.zero is None else p.zero for p in parts]
+        return QuantTensor(p0.fmt, torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]),
+                           None if zeros[0] is None else torch.cat(zeros), p0.group,
+                           "+".join(dict.fromkeys(p.source for p in parts)))
+
+
+def int4_shape_problem(n: int, k: int, group: int = GROUP) -> str | None:
+    """Why the int4 kernel cannot take an [n, k] matrix, or None if it can."""
+    if n % 16:
+        return f"{n} output rows are not a multiple of 16"
+    if k % group:
+        return f"{k} input columns are not a multiple of the group size {group}"
+    return None
+
+
+def quantize_int4(w: torch.Tensor, name: str = "weight", group: int = GROUP) -> QuantTensor:
+    """Asymmetric min/max quantisation per group of `group` inputs (Q4_1's recipe)."""
+    n, k = w.shape
+    why = int4_shape_problem(n, k, group)
+    if why:
+        raise QuantError(f"quant=int4 cannot hold {name} of shape [{n}, {k}]: {why}; use quant=int8 or none")
+    g = w.detach().to(torch.float32).reshape(n, k // group, group)
+    lo, hi = g.amin(-1), g.amax(-1)
+    scale = (hi - lo) / 15.0
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round((g - lo.unsqueeze(-1)) / safe.unsqueeze(-1)).clamp_(0, 15).to(torch.uint8).view(n, k)
+    # the kernel's w = (q - 8) * scale + zero with zero = min + 8 * scale
+    return QuantTensor("q4", q, scale, lo + 8.0 * scale, group, "int4")
+
+
+def quantize_int8(w: torch.Tensor, name: str = "weight") -> QuantTensor:
+    """Symmetric per-output-row quantisation (what `_weight_int8pack_mm` takes)."""
+    n, k = w.shape
+    w = w.detach().to(torch.float32)
+    scale = w.abs().amax(1, keepdim=True) / 127.0
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(w / safe).clamp_(-127, 127).to(torch.int8)
+    return QuantTensor("q8", q, scale, None, k, "int8")
+
+
+class Int4Weight:
+    """A q4 matrix packed for torch's CPU int4 kernel, scales and zeros in the activation dtype."""
+
+    __slots__ = ("packed", "sz", "group", "act_dtype")
+
+    def __init__(self, qt: QuantTensor, act_dtype: torch.dtype):
+        n, k = qt.shape
+        why = int4_shape_problem(n, k, qt.group)
+        if why:
+            raise QuantError(f"the int4 kernel cannot take a [{n}, {k}] matrix: {why}")
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(qt.codes.to(torch.int32).contiguous(), 1)
+        zero = torch.zeros_like(qt.scale) if qt.zero is None else qt.zero
+        self.sz = torch.stack([qt.scale.T, zero.T], -1).to(act_dtype).contiguous()  # [K/group, N, 2]
+        self.group = qt.group
+        self.act_dtype = act_dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(self.act_dtype).contiguous(), self.packed,
+                                                       self.group, self.sz)
+        return y.to(x.dtype)
+
+
+class Int8Weight:
+    """A per-row q8 matrix for torch's `_weight_int8pack_mm`."""
+
+    __slots__ = ("codes", "scale", "act_dtype")
+
+    def __init__(self, qt: QuantTensor, act_dtype: torch.dtype):
+        if qt.fmt != "q8" or qt.group != qt.shape[1]:
+            raise QuantError(f"the int8 kernel takes one scale per output row, not {qt.source} "
+                             f"(group {qt.group})")
+        self.codes = qt.codes.contiguous()
+        self.scale = qt.scale.view(-1).to(act_dtype).contiguous()
+        self.act_dtype = act_dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int8pack_mm(x.to(self.act_dtype).contiguous(), self.codes, self.scale).to(x.dtype)
