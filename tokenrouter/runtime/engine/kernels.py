@@ -225,12 +225,14 @@ def plan_path(model_id: str, quant: str, act_dtype: torch.dtype, threads: int | 
 def choose(linears: list[PlannedLinear], plan: dict | str | None = None, cache_path: str | None = None,
            remeasure: bool = False, progress=None) -> dict:
     """Give every matrix its plan and drop what it no longer needs. `plan`: a kernel name
-    (every matrix on it where it can run, else the float path), a {shape key: plan} dict, or
+    (every matrix on it where it can run, else on its own integer kernel, else float32), a {shape key: plan} dict, or
     None to measure (read from / written to `cache_path` when given). Returns the plans used."""
     if isinstance(plan, str):
         plans = {}
         for lin in linears:
-            k = plan if plan in lin.candidates() else ("onednn" if "onednn" in lin.candidates() else "mkl")
+            # the named kernel where it runs, else the matrix's own integer kernel, else float32
+            cands = lin.candidates()
+            k = plan if plan in cands else next((c for c in ("int4", "int8", "onednn") if c in cands), "mkl")
             plans[lin.key] = fixed_plan(k)
     elif isinstance(plan, dict):
         plans = {k: [tuple(p) for p in v] for k, v in plan.items()}
