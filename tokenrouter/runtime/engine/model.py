@@ -108,6 +108,7 @@ class Model:
         self.norm = get("model.norm.weight", (h,))
         head = get("lm_head.weight", (c.vocab_size, h), optional=c.tie_word_embeddings)
         self.embed_q: QuantTensor | None = None  # the embedding as codes (rows dequantised on lookup)
+        self.head_exact: QuantTensor | None = None
         if quant == "none":
             self.embed_tokens = embed
             self.lm_head = LinearWeight(embed if head is None else head)
@@ -128,6 +129,10 @@ class Model:
             elif head is None and isinstance(head_w, QuantTensor):
                 self.embed_q = head_w  # tied: the embedding is the head's codes, held once
             self.embed_tokens = None if self.embed_q is not None else embed
+            # tied, with the embedding's own codes at hand and a coarser head: rescore the head's
+            # top candidates exactly from those codes (`logits`)
+            if head is None and self.embed_q is not None and self.embed_q is not head_w:
+                self.head_exact = self.embed_q
         self.layers: list[_Layer] = []
         for i in range(c.num_hidden_layers):
             p = f"model.layers.{i}."
@@ -173,9 +178,22 @@ class Model:
             return self.embed_q.dequantize(token_ids, self.dtype)
         return self.embed_tokens[token_ids]
 
+    RESCORE = 16  # top candidates of a requantised head recomputed exactly
+
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """LM head on final-normed hidden states [n, H] -> [n, V]."""
-        return linear(h, self.lm_head)
+        """LM head on final-normed hidden states [n, H] -> [n, V].
+
+        When the head is held coarser than the file gives it (SmolLM2's Q8_0 embedding as int8
+        per row), its `RESCORE` highest logits per row are recomputed in float32 from the
+        file's own codes: those rows cost nothing next to the whole head, and the greedy token
+        (and the top of the distribution) is then the file's own whenever it is among them."""
+        lg = linear(h, self.lm_head)
+        if self.head_exact is not None:
+            n, k = h.shape[0], min(self.RESCORE, lg.shape[1])
+            top = lg.topk(k, dim=-1).indices  # [n, k]
+            w = self.head_exact.dequantize(top.reshape(-1)).view(n, k, -1)
+            lg.scatter_(1, top, torch.bmm(w, h.to(torch.float32).unsqueeze(-1)).squeeze(-1).to(lg.dtype))
+        return lg
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMeta, kv: KVCache,
                 last_rows: torch.Tensor, hidden_layers: tuple[int, ...] = ()
