@@ -19,7 +19,8 @@ from .attention import AttnMeta, paged_attention
 from .config import ModelConfig
 from .kv_cache import KVCache
 from .layers import LinearWeight, Rotary, interleave, linear, rms_norm, silu_mul
-from .quant import QUANTS, QuantError, QuantTensor, int4_shape_problem, quantize_int4, quantize_int8
+from .quant import (QUANTS, QuantError, QuantTensor, int4_shape_problem, quantize_int4, quantize_int8,
+                    quantize_q8_0)
 
 
 class WeightError(ValueError):
@@ -127,7 +128,9 @@ class Model:
             if isinstance(embed, QuantTensor):
                 self.embed_q = embed
             elif head is None and isinstance(head_w, QuantTensor):
-                self.embed_q = head_w  # tied: the embedding is the head's codes, held once
+                # tied, from float: the embedding as Q8_0-style codes (a quarter of the bytes),
+                # which also rescore the coarser head's top candidates
+                self.embed_q = quantize_q8_0(embed) if embed.shape[1] % 32 == 0 else head_w
             self.embed_tokens = None if self.embed_q is not None else embed
             # tied, with the embedding's own codes at hand and a coarser head: rescore the head's
             # top candidates exactly from those codes (`logits`)
