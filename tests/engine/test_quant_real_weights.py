@@ -38,6 +38,7 @@ def reference():
     return m, prompts, logits, toks
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("quant", ["native", "int4", "int8"])
 def test_quantised_formats_agree_with_float32_on_greedy_tokens(reference, quant, capsys):
     from tokenrouter.runtime.loader import load_model
