@@ -204,14 +204,27 @@ def measure(linears: list[PlannedLinear], rounds: int = 2, buckets=ROW_BUCKETS,
                 # (time grows with rows for all of them); this bounds the first load's cost
                 fastest = min(best[k][rows] for k in live)
                 live = [k for k in live if best[k][rows] <= 3 * fastest]
-        plans[key] = [(rows, min((k for k in kernels if rows in best[k]), key=lambda k: best[k][rows]))
-                      for rows in buckets]
+        plans[key] = [(rows, _pick({k: best[k][rows] for k in kernels if rows in best[k]})) for rows in buckets]
         timings[key] = {k: {str(r): v * 1e3 for r, v in t.items()} for k, t in best.items()}
     measure.last_timings = timings
     return plans
 
 
 measure.last_timings = {}
+
+
+FLOAT_MARGIN = 1.10  # a float kernel must beat the integer one by 10% to earn its float copy
+
+
+def _pick(times: dict[str, float]) -> str:
+    """The fastest kernel, but an integer kernel within `FLOAT_MARGIN` of a float one wins:
+    a float kernel anywhere in a plan costs a float copy of the matrix, and on a loaded host a
+    few percent is noise."""
+    fastest = min(times, key=times.get)
+    ints = [k for k in ("int4", "int8") if k in times]
+    if fastest not in ints and ints and times[ints[0]] <= FLOAT_MARGIN * times[fastest]:
+        return ints[0]
+    return fastest
 
 
 def plan_path(model_id: str, quant: str, act_dtype: torch.dtype, threads: int | None = None) -> str:
