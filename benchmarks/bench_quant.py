@@ -98,9 +98,12 @@ def ours_run(eng, batch: int) -> dict:
 
 
 def rss_child(quant: str) -> None:
-    torch.set_num_threads(2)
+    """RSS after loading and one prefill + decode step (1 thread: only memory is measured here)."""
+    torch.set_num_threads(1)
     _, eng = build_engine(quant)
-    ours_run(eng, 1)
+    ps = prompts(1, eng.config.vocab_size)
+    out = eng.step([(0, ps[0])])
+    eng.step([(0, [int(out.logits.argmax())])])
     print(json.dumps({"rss_mb": rss_mb(), "plans": {k: v for k, v in eng.kernel_plans.items()}}))
 
 
@@ -177,6 +180,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--batches", default=None, help="comma-separated (default 1,4,8,16)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--configs", default=",".join((*OURS, "llama.cpp")),
+                    help="comma-separated subset of none,native,int4,int8,llama.cpp (default all)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--server", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--rss-child", help=argparse.SUPPRESS)
@@ -195,18 +200,24 @@ def main() -> int:
     res = {"host": host_info(), "threads": a.threads, "gguf": os.path.basename(gguf), "prompt": PROMPT,
            "new_tokens": NEW, "rounds": rounds, "runs": [], "rss_mb": {}, "plans": {}}
     print(f"host: {res['host']}", flush=True)
+    configs = [c for c in a.configs.split(",") if c]
+    bad = set(configs) - {*OURS, "llama.cpp"}
+    if bad:
+        ap.error(f"unknown configs {sorted(bad)}")
+    ours = [c for c in OURS if c in configs]
+    res["configs"] = configs
     engines = {}
-    for q in OURS:
+    for q in ours:
         t0 = time.perf_counter()
         m, engines[q] = build_engine(q)
         res.setdefault("engine_build_s", {})[q] = time.perf_counter() - t0
         print(f"built {q} in {res['engine_build_s'][q]:.1f} s", flush=True)
-    vocab = m.config.vocab_size
-    servers = {b: LlamaCpp(gguf, b, a.threads) for b in batches}
+    vocab = 49152 if not ours else m.config.vocab_size
+    servers = {b: LlamaCpp(gguf, b, a.threads) for b in batches} if "llama.cpp" in configs else {}
     try:
         for r in range(rounds):
             for b in batches:
-                for name in (*OURS, "llama.cpp"):
+                for name in configs:
                     run = servers[b].run(b, vocab) if name == "llama.cpp" else ours_run(engines[name], b)
                     res["runs"].append({"config": name, "batch": b, "round": r, **run})
                     print(f"round {r} B={b:2d} {name:9s} {run['tok_s']:7.1f} tok/s {run['ms_step']:7.1f} ms/step "
@@ -217,7 +228,7 @@ def main() -> int:
         for s in servers.values():
             s.close()
     engines.clear()
-    for q in OURS:  # each format alone in a fresh process
+    for q in ours:  # each format alone in a fresh process
         out = subprocess.run([sys.executable, __file__, "--rss-child", q], capture_output=True, text=True, timeout=900)
         if out.returncode == 0:
             info = json.loads(out.stdout.strip().splitlines()[-1])
@@ -237,7 +248,7 @@ def main() -> int:
     print("\nbest of rounds (tok/s, ms/step):")
     for b in batches:
         print(f"  B={b:2d}: " + "  ".join(f"{c} {best[(c, b)]['tok_s']:.1f} / {best[(c, b)]['ms_step']:.1f}"
-                                         for c in (*OURS, "llama.cpp")))
+                                         for c in configs))
     print("RSS MB: " + ", ".join(f"{k} {v:.0f}" for k, v in res["rss_mb"].items() if v))
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "bench_quant.json"), "w") as f:
@@ -252,7 +263,7 @@ def plot(res: dict, batches: list[int], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     best = {(r["config"], r["batch"]): r for r in res["best"]}
-    configs = (*OURS, "llama.cpp")
+    configs = res["configs"]
     fig, ax = plt.subplots(1, 2, figsize=(12, 4.2))
     w = 0.8 / len(configs)
     for i, c in enumerate(configs):
