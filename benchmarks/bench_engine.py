@@ -11,8 +11,12 @@
 4. `torch.compile` (inductor, static shapes) of the decode forward against eager, at a few
    (batch, context) buckets: whether compiled buckets pay off on this CPU.
 
+5. With `--quant`: the quantised weight formats (none, native, int4, int8) against llama.cpp
+   on the same GGUF file, batches 1/4/8/16, 2 threads (`bench_quant.py`, which it runs).
+
     python benchmarks/bench_engine.py            # full (~10-20 min on 2 busy cores)
     python benchmarks/bench_engine.py --quick    # fewer sizes and steps (~3-5 min)
+    python benchmarks/bench_engine.py --quant    # only section 5 (bench_quant.json/png)
 Writes benchmarks/results/bench_engine.json and bench_engine.png (and, unless
 --no-compile, bench_engine_compile.json).
 """
@@ -236,7 +240,17 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads for the step-time sections (the comparison runs at 1 and 2)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
-    a = ap.parse_args()
+    ap.add_argument("--quant", action="store_true",
+                    help="only the quantised formats against llama.cpp (bench_quant.py; takes its flags after --)")
+    a, rest = ap.parse_known_args()
+    if a.quant:
+        import subprocess
+        import sys
+        cmd = [sys.executable, os.path.join(HERE, "bench_quant.py"), "--out", a.out] + \
+            (["--quick"] if a.quick else []) + [x for x in rest if x != "--"]
+        return subprocess.call(cmd)
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     q = a.quick
     steps, rounds = (8, 2) if q else (24, 3)
     res = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": a.threads,

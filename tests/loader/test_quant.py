@@ -139,3 +139,19 @@ def test_a_measured_plan_is_cached_and_reused(tmp_path, tmp_cache):
     second = _engine(m, **kw)
     assert second.kernel_plans == first.kernel_plans
     assert os.stat(kw["plan_cache"]).st_mtime_ns == mtime  # read, not measured again
+
+
+def test_a_requantised_head_rescores_its_top_candidates_from_the_files_codes(tmp_path, tmp_cache):
+    """Q8_0 has no exact kernel: the tied head runs as int8 per row, and its top logits are
+    recomputed from the file's Q8_0 codes, so they equal the float32 engine's."""
+    path = _gguf(tmp_path, qtype="Q8_0")
+    ref = _engine(load_model(path))
+    eng = _engine(load_model(path, quant="native"), quant="native", act_dtype=torch.float32, kernel_plan="int8")
+    assert eng.model.head_exact is not None
+    p = _prompts(3, 7, seed=6)
+    a = ref.step([(i, x) for i, x in enumerate(p)]).logits
+    b = eng.step([(i, x) for i, x in enumerate(p)]).logits
+    top = b.topk(eng.model.RESCORE, dim=-1).indices
+    assert (a.gather(1, top) - b.gather(1, top)).abs().max() < 1e-5
+    assert torch.equal(a.argmax(-1), b.argmax(-1))
+    assert (a - b).abs().max() > 1e-5  # the rest is the int8 head's own

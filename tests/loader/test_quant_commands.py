@@ -57,3 +57,15 @@ def test_generate_native_says_paris():
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert "Paris" in out.stdout
+
+
+def test_models_measure_kernels_rewrites_the_cached_plan(tmp_path, tmp_cache, capsys):
+    from loader_helpers import hf_config, transformers_model, write_gguf
+    from tokenrouter.cli import main
+    config = hf_config("llama", vocab=272)
+    path = str(tmp_path / "m.gguf")
+    write_gguf(path, transformers_model(config, seed=2), config, qtype="Q4_1")
+    assert main(["models", "--measure-kernels", path, "--quant", "native"]) == 0
+    out = capsys.readouterr().out
+    assert "128x64:q4g32" in out and "cached in " + str(tmp_cache) in out
+    assert main(["models", "--measure-kernels", str(tmp_path), "--quant", "native"]) == 1

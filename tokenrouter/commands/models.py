@@ -4,6 +4,7 @@ it is already converted in the cache (the first use of an uncached one converts 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 HELP = "list the built-in models (name, source, parameters, cached)"
@@ -13,6 +14,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--build", action="store_true",
                         help="convert / generate every built-in model into the cache now")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--measure-kernels", metavar="MODEL", default=None,
+                        help="measure again which kernel runs each weight shape and row count of MODEL "
+                             "(a built-in name, folder or .gguf) in --quant's format on this host, and cache it")
+    parser.add_argument("--quant", choices=("native", "int4", "int8"), default="native",
+                        help="the format --measure-kernels measures (default native)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads to measure at (plans are per count)")
 
 
 def _fmt_params(n: int | None) -> str:
@@ -27,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.loader import BUILTIN_MODELS, LoadError
     from ..runtime.loader.cache import cache_root
 
+    if args.measure_kernels:
+        return _measure(args)
     rows = []
     for name, model in BUILTIN_MODELS.items():
         try:
@@ -48,4 +57,31 @@ def run(args: argparse.Namespace) -> int:
               f"{r['source']}")
         print(f"{'':<{width}}  {'':>7}  {'':<6}  {r['description']}")
     print(f"\ncache: {cache_root()} (set TOKENROUTER_CACHE to move it)")
+    return 0
+
+
+def _measure(args: argparse.Namespace) -> int:
+    """Load the model in its format, time its kernels, overwrite the cached plan, print it."""
+    import torch
+
+    from ..runtime.engine.engine import Engine
+    from ..runtime.engine.quant import QuantError
+    from ..runtime.loader import LoadError, load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        m = load_model(args.measure_kernels, quant="native" if args.quant == "native" else "none")
+        kw = m.engine_kwargs(args.quant)
+        if os.path.exists(kw["plan_cache"]):
+            os.remove(kw["plan_cache"])
+        print(f"measuring {args.measure_kernels} (quant={args.quant}, {torch.get_num_threads()} threads) ...",
+              file=sys.stderr)
+        eng = Engine(m.config, m.weights, max_model_len=64, num_blocks=8, **kw)
+    except (LoadError, QuantError, ValueError) as exc:
+        print(f"tokenrouter models: error: {exc}", file=sys.stderr)
+        return 1
+    for key, plan in eng.kernel_plans.items():
+        print(f"{key:>22}: " + ", ".join(f"<={rows} rows {k}" for rows, k in plan))
+    print(f"cached in {kw['plan_cache']}")
     return 0

@@ -204,14 +204,27 @@ def measure(linears: list[PlannedLinear], rounds: int = 2, buckets=ROW_BUCKETS,
                 # (time grows with rows for all of them); this bounds the first load's cost
                 fastest = min(best[k][rows] for k in live)
                 live = [k for k in live if best[k][rows] <= 3 * fastest]
-        plans[key] = [(rows, min((k for k in kernels if rows in best[k]), key=lambda k: best[k][rows]))
-                      for rows in buckets]
+        plans[key] = [(rows, _pick({k: best[k][rows] for k in kernels if rows in best[k]})) for rows in buckets]
         timings[key] = {k: {str(r): v * 1e3 for r, v in t.items()} for k, t in best.items()}
     measure.last_timings = timings
     return plans
 
 
 measure.last_timings = {}
+
+
+FLOAT_MARGIN = 1.10  # a float kernel must beat the integer one by 10% to earn its float copy
+
+
+def _pick(times: dict[str, float]) -> str:
+    """The fastest kernel, but an integer kernel within `FLOAT_MARGIN` of a float one wins:
+    a float kernel anywhere in a plan costs a float copy of the matrix, and on a loaded host a
+    few percent is noise."""
+    fastest = min(times, key=times.get)
+    ints = [k for k in ("int4", "int8") if k in times]
+    if fastest not in ints and ints and times[ints[0]] <= FLOAT_MARGIN * times[fastest]:
+        return ints[0]
+    return fastest
 
 
 def plan_path(model_id: str, quant: str, act_dtype: torch.dtype, threads: int | None = None) -> str:
@@ -225,12 +238,14 @@ def plan_path(model_id: str, quant: str, act_dtype: torch.dtype, threads: int | 
 def choose(linears: list[PlannedLinear], plan: dict | str | None = None, cache_path: str | None = None,
            remeasure: bool = False, progress=None) -> dict:
     """Give every matrix its plan and drop what it no longer needs. `plan`: a kernel name
-    (every matrix on it where it can run, else the float path), a {shape key: plan} dict, or
+    (every matrix on it where it can run, else on its own integer kernel, else float32), a {shape key: plan} dict, or
     None to measure (read from / written to `cache_path` when given). Returns the plans used."""
     if isinstance(plan, str):
         plans = {}
         for lin in linears:
-            k = plan if plan in lin.candidates() else ("onednn" if "onednn" in lin.candidates() else "mkl")
+            # the named kernel where it runs, else the matrix's own integer kernel, else float32
+            cands = lin.candidates()
+            k = plan if plan in cands else next((c for c in ("int4", "int8", "onednn") if c in cands), "mkl")
             plans[lin.key] = fixed_plan(k)
     elif isinstance(plan, dict):
         plans = {k: [tuple(p) for p in v] for k, v in plan.items()}

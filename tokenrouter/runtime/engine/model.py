@@ -19,7 +19,8 @@ from .attention import AttnMeta, paged_attention
 from .config import ModelConfig
 from .kv_cache import KVCache
 from .layers import LinearWeight, Rotary, interleave, linear, rms_norm, silu_mul
-from .quant import QUANTS, QuantError, QuantTensor, int4_shape_problem, quantize_int4, quantize_int8
+from .quant import (QUANTS, QuantError, QuantTensor, int4_shape_problem, quantize_int4, quantize_int8,
+                    quantize_q8_0)
 
 
 class WeightError(ValueError):
@@ -108,6 +109,7 @@ class Model:
         self.norm = get("model.norm.weight", (h,))
         head = get("lm_head.weight", (c.vocab_size, h), optional=c.tie_word_embeddings)
         self.embed_q: QuantTensor | None = None  # the embedding as codes (rows dequantised on lookup)
+        self.head_exact: QuantTensor | None = None
         if quant == "none":
             self.embed_tokens = embed
             self.lm_head = LinearWeight(embed if head is None else head)
@@ -126,8 +128,14 @@ class Model:
             if isinstance(embed, QuantTensor):
                 self.embed_q = embed
             elif head is None and isinstance(head_w, QuantTensor):
-                self.embed_q = head_w  # tied: the embedding is the head's codes, held once
+                # tied, from float: the embedding as Q8_0-style codes (a quarter of the bytes),
+                # which also rescore the coarser head's top candidates
+                self.embed_q = quantize_q8_0(embed) if embed.shape[1] % 32 == 0 else head_w
             self.embed_tokens = None if self.embed_q is not None else embed
+            # tied, with the embedding's own codes at hand and a coarser head: rescore the head's
+            # top candidates exactly from those codes (`logits`)
+            if head is None and self.embed_q is not None and self.embed_q is not head_w:
+                self.head_exact = self.embed_q
         self.layers: list[_Layer] = []
         for i in range(c.num_hidden_layers):
             p = f"model.layers.{i}."
@@ -173,9 +181,22 @@ class Model:
             return self.embed_q.dequantize(token_ids, self.dtype)
         return self.embed_tokens[token_ids]
 
+    RESCORE = 16  # top candidates of a requantised head recomputed exactly
+
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """LM head on final-normed hidden states [n, H] -> [n, V]."""
-        return linear(h, self.lm_head)
+        """LM head on final-normed hidden states [n, H] -> [n, V].
+
+        When the head is held coarser than the file gives it (SmolLM2's Q8_0 embedding as int8
+        per row), its `RESCORE` highest logits per row are recomputed in float32 from the
+        file's own codes: those rows cost nothing next to the whole head, and the greedy token
+        (and the top of the distribution) is then the file's own whenever it is among them."""
+        lg = linear(h, self.lm_head)
+        if self.head_exact is not None:
+            n, k = h.shape[0], min(self.RESCORE, lg.shape[1])
+            top = lg.topk(k, dim=-1).indices  # [n, k]
+            w = self.head_exact.dequantize(top.reshape(-1)).view(n, k, -1)
+            lg.scatter_(1, top, torch.bmm(w, h.to(torch.float32).unsqueeze(-1)).squeeze(-1).to(lg.dtype))
+        return lg
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMeta, kv: KVCache,
                 last_rows: torch.Tensor, hidden_layers: tuple[int, ...] = ()

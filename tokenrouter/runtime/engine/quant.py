@@ -124,6 +124,17 @@ def quantize_int4(w: torch.Tensor, name: str = "weight", group: int = GROUP) -> 
     return QuantTensor("q4", q, scale, lo + 8.0 * scale, group, "int4")
 
 
+def quantize_q8_0(w: torch.Tensor) -> QuantTensor:
+    """Symmetric int8 per group of 32 (GGUF Q8_0's recipe): no kernel runs it, but embedding
+    lookups and the head's exact rescoring read it at a quarter of float32's bytes."""
+    n, k = w.shape
+    g = w.detach().to(torch.float32).reshape(n, k // GROUP, GROUP)
+    scale = g.abs().amax(-1) / 127.0
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(g / safe.unsqueeze(-1)).clamp_(-127, 127).to(torch.int8).view(n, k)
+    return QuantTensor("q8", q, scale, None, GROUP, "q8_0")
+
+
 def quantize_int8(w: torch.Tensor, name: str = "weight") -> QuantTensor:
     """Symmetric per-output-row quantisation (what `_weight_int8pack_mm` takes)."""
     n, k = w.shape

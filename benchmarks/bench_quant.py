@@ -1,0 +1,285 @@
+"""Quantised weights against llama.cpp, side by side in one run on the same GGUF file.
+
+The embedded SmolLM2-135M-Instruct Q4_1 GGUF, 2 threads everywhere, greedy, 32-token
+prompts and 128 new tokens per request (llama.cpp: `ignore_eos`, so both make exactly as
+many), batches 1, 4, 8 and 16. Configurations:
+
+- `none`: our engine on the file dequantised to float32 (the exact default);
+- `native`: the file's own Q4_1 blocks on torch's int4 kernel, bf16 activations, the LM head
+  (the file's Q8_0 embedding) as int8 per row, kernels chosen per shape and row count by the
+  plan measured on this host at first load;
+- `int4`, `int8`: the float32 weights quantised on load (int4: min/max per group of 32);
+- `llama.cpp`: upstream llama.cpp's server (the `xllamacpp` wheel, in its own process) with
+  as many slots as concurrent requests, continuous batching, requests over loopback HTTP.
+
+Configurations alternate within each round, batch by batch, so the shared machine's load
+hits all alike; the best round counts, and the load average is recorded with every figure.
+Tokens/s is end to end (prefill included) over all requests of a batch; ms/step is the mean
+decode step (ours: timed per step; llama.cpp: its own `predicted_per_token_ms`). RSS is
+measured per configuration in a fresh process after loading and one step.
+
+    python benchmarks/bench_quant.py            # ~15-30 min on 2 busy cores
+    python benchmarks/bench_quant.py --quick    # 1 round, batches 1 and 8
+Writes benchmarks/results/bench_quant.{json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROMPT, NEW = 32, 128
+OURS = ("none", "native", "int4", "int8")
+
+
+def host_info() -> dict:
+    """CPU model and a measured read bandwidth (sum over a 512 MB float32 tensor, 2 threads)."""
+    model = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    x = torch.ones(128 * 1024 * 1024)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return {"cpu": model, "cpus": os.cpu_count(), "torch": torch.__version__,
+            "read_GB_s": round(x.numel() * 4 / best / 1e9, 1), "load_avg": os.getloadavg()}
+
+
+def prompts(batch: int, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(1000 + batch)
+    return torch.randint(100, vocab - 1, (batch, PROMPT), generator=g).tolist()
+
+
+def rss_mb(pid: int | str = "self") -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+# ------------------------------------------------------------------ ours
+
+def build_engine(quant: str):
+    from tokenrouter.runtime.engine.engine import Engine
+    from tokenrouter.runtime.loader import load_model
+    m = load_model("smollm2-135m", quant="native" if quant == "native" else "none")
+    eng = Engine(m.config, m.weights, max_model_len=PROMPT + NEW + 16, num_blocks=16 * 12 + 8,
+                 **m.engine_kwargs(quant))
+    return m, eng
+
+
+def ours_run(eng, batch: int) -> dict:
+    ps = prompts(batch, eng.config.vocab_size)
+    t0 = time.perf_counter()
+    out = eng.step([(i, p) for i, p in enumerate(ps)])
+    t1 = time.perf_counter()
+    for _ in range(NEW - 1):
+        nxt = out.logits.argmax(-1).tolist()
+        out = eng.step([(i, [t]) for i, t in enumerate(nxt)])
+    t2 = time.perf_counter()
+    for i in range(batch):
+        eng.free(i)
+    return {"tok_s": batch * NEW / (t2 - t0), "ms_step": (t2 - t1) / (NEW - 1) * 1e3, "load": os.getloadavg()[0]}
+
+
+def rss_child(quant: str) -> None:
+    """RSS after loading and one prefill + decode step (1 thread: only memory is measured here)."""
+    torch.set_num_threads(1)
+    _, eng = build_engine(quant)
+    ps = prompts(1, eng.config.vocab_size)
+    out = eng.step([(0, ps[0])])
+    eng.step([(0, [int(out.logits.argmax())])])
+    print(json.dumps({"rss_mb": rss_mb(), "plans": {k: v for k, v in eng.kernel_plans.items()}}))
+
+
+# ------------------------------------------------------------------ llama.cpp
+
+def server_child(gguf: str, parallel: int, threads: int) -> None:
+    """A llama.cpp server in this process; prints its address, serves until stdin closes."""
+    import xllamacpp as x
+    p = x.CommonParams()
+    p.model.path = gguf
+    p.n_parallel = parallel
+    p.n_ctx = parallel * (PROMPT + NEW + 16)
+    p.cpuparams.n_threads = threads
+    p.cpuparams_batch.n_threads = threads
+    p.port = 0
+    p.verbosity = 0
+    p.warmup = True
+    p.cont_batching = True
+    server = x.Server(p)
+    print(f"READY {server.listening_address}", flush=True)
+    sys.stdin.read()
+    del server
+
+
+class LlamaCpp:
+    def __init__(self, gguf: str, parallel: int, threads: int):
+        self.proc = subprocess.Popen([sys.executable, __file__, "--server", gguf, str(parallel), str(threads)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = ""
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            line = self.proc.stdout.readline()
+            if line.startswith("READY") or not line:
+                break
+        if not line.startswith("READY"):
+            self.close()
+            raise RuntimeError(f"llama.cpp server did not start: {line!r}")
+        addr = line.split()[1]
+        self.url = addr if addr.startswith("http") else f"http://{addr}"
+
+    def _one(self, ids: list[int]) -> dict:
+        body = json.dumps({"prompt": ids, "n_predict": NEW, "temperature": 0.0, "ignore_eos": True,
+                           "cache_prompt": False}).encode()
+        req = urllib.request.Request(self.url + "/completion", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return json.loads(r.read())
+
+    def run(self, batch: int, vocab: int) -> dict:
+        ps = prompts(batch, vocab)
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(batch) as ex:
+            outs = list(ex.map(self._one, ps))
+        dt = time.perf_counter() - t0
+        n = sum(o["timings"]["predicted_n"] for o in outs)
+        ms = sum(o["timings"]["predicted_per_token_ms"] for o in outs) / len(outs)
+        return {"tok_s": n / dt, "ms_step": ms, "tokens": n, "load": os.getloadavg()[0]}
+
+    def rss(self) -> float:
+        return rss_mb(self.proc.pid)
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+        except Exception:
+            self.proc.kill()
+
+
+# ------------------------------------------------------------------ the run
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--batches", default=None, help="comma-separated (default 1,4,8,16)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--configs", default=",".join((*OURS, "llama.cpp")),
+                    help="comma-separated subset of none,native,int4,int8,llama.cpp (default all)")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--server", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--rss-child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.server:
+        server_child(a.server[0], int(a.server[1]), int(a.server[2]))
+        return 0
+    if a.rss_child:
+        rss_child(a.rss_child)
+        return 0
+    from tokenrouter.runtime.loader.registry import embedded_gguf
+    torch.set_num_threads(a.threads)
+    batches = [int(b) for b in (a.batches or ("1,8" if a.quick else "1,4,8,16")).split(",")]
+    rounds = a.rounds or (1 if a.quick else 3)
+    gguf = embedded_gguf()
+    res = {"host": host_info(), "threads": a.threads, "gguf": os.path.basename(gguf), "prompt": PROMPT,
+           "new_tokens": NEW, "rounds": rounds, "runs": [], "rss_mb": {}, "plans": {}}
+    print(f"host: {res['host']}", flush=True)
+    configs = [c for c in a.configs.split(",") if c]
+    bad = set(configs) - {*OURS, "llama.cpp"}
+    if bad:
+        ap.error(f"unknown configs {sorted(bad)}")
+    ours = [c for c in OURS if c in configs]
+    res["configs"] = configs
+    engines = {}
+    for q in ours:
+        t0 = time.perf_counter()
+        m, engines[q] = build_engine(q)
+        res.setdefault("engine_build_s", {})[q] = time.perf_counter() - t0
+        print(f"built {q} in {res['engine_build_s'][q]:.1f} s", flush=True)
+    vocab = 49152 if not ours else m.config.vocab_size
+    servers = {b: LlamaCpp(gguf, b, a.threads) for b in batches} if "llama.cpp" in configs else {}
+    try:
+        for r in range(rounds):
+            for b in batches:
+                for name in configs:
+                    run = servers[b].run(b, vocab) if name == "llama.cpp" else ours_run(engines[name], b)
+                    res["runs"].append({"config": name, "batch": b, "round": r, **run})
+                    print(f"round {r} B={b:2d} {name:9s} {run['tok_s']:7.1f} tok/s {run['ms_step']:7.1f} ms/step "
+                          f"(load {run['load']:.1f})", flush=True)
+        for b, s in servers.items():
+            res["rss_mb"][f"llama.cpp (B={b} slots)"] = s.rss()
+    finally:
+        for s in servers.values():
+            s.close()
+    engines.clear()
+    for q in ours:  # each format alone in a fresh process
+        out = subprocess.run([sys.executable, __file__, "--rss-child", q], capture_output=True, text=True, timeout=900)
+        if out.returncode == 0:
+            info = json.loads(out.stdout.strip().splitlines()[-1])
+            res["rss_mb"][q] = info["rss_mb"]
+            res["plans"][q] = info["plans"]
+        else:
+            res["rss_mb"][q] = None
+            print(out.stderr[-2000:], file=sys.stderr)
+    best = {}
+    for run in res["runs"]:
+        k = (run["config"], run["batch"])
+        if k not in best or run["tok_s"] > best[k]["tok_s"]:
+            best[k] = run
+    res["best"] = [{"config": c, "batch": b, "tok_s": v["tok_s"], "ms_step": v["ms_step"], "load": v["load"]}
+                   for (c, b), v in sorted(best.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
+    res["host"]["load_avg_end"] = os.getloadavg()
+    print("\nbest of rounds (tok/s, ms/step):")
+    for b in batches:
+        print(f"  B={b:2d}: " + "  ".join(f"{c} {best[(c, b)]['tok_s']:.1f} / {best[(c, b)]['ms_step']:.1f}"
+                                         for c in configs))
+    print("RSS MB: " + ", ".join(f"{k} {v:.0f}" for k, v in res["rss_mb"].items() if v))
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "bench_quant.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    plot(res, batches, os.path.join(a.out, "bench_quant.png"))
+    print(f"wrote {a.out}/bench_quant.json and .png")
+    return 0
+
+
+def plot(res: dict, batches: list[int], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    best = {(r["config"], r["batch"]): r for r in res["best"]}
+    configs = res["configs"]
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4.2))
+    w = 0.8 / len(configs)
+    for i, c in enumerate(configs):
+        xs = [j + (i - len(configs) / 2 + 0.5) * w for j in range(len(batches))]
+        ax[0].bar(xs, [best[(c, b)]["tok_s"] for b in batches], w, label=c)
+        ax[1].bar(xs, [best[(c, b)]["ms_step"] for b in batches], w, label=c)
+    for a_, label in ((ax[0], "tokens/s (all requests, end to end)"), (ax[1], "ms per decode step")):
+        a_.set_xticks(range(len(batches)), [f"B={b}" for b in batches])
+        a_.set_ylabel(label)
+    ax[0].legend(fontsize=8)
+    h = res["host"]
+    fig.suptitle(f"SmolLM2-135M Q4_1, {res['threads']} threads, {h['cpu']}, read {h['read_GB_s']} GB/s, "
+                 f"load {h['load_avg'][0]:.1f}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
