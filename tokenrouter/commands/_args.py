@@ -72,23 +72,8 @@ QUANT_HELP = ("weight format: none (float, exact), native (a GGUF file's own Q4_
 
 
 def with_quant(program, items: list[str] | None):
-    """The program with `--quant Q` (every model) or `--quant NAME=Q` (one model) applied."""
-    import dataclasses
+    """`--quant` applied to a loaded program (`compiler.frontend.with_quant`; imported here
+    lazily so that building the command line does not import the compiler)."""
+    from tokenrouter.compiler.frontend import with_quant as apply
 
-    from tokenrouter.compiler.builtins import QUANTS
-    if not items:
-        return program
-    names = [m.name for m in program.models]
-    every, per = None, {}
-    for item in items:
-        name, sep, q = item.rpartition("=")
-        if q not in QUANTS:
-            raise ValueError(f"--quant takes Q or NAME=Q with Q one of {', '.join(QUANTS)}, got {item!r}")
-        if not sep:
-            every = q
-        elif name not in names:
-            raise ValueError(f"--quant {item}: {name!r} is not a model of the program ({', '.join(names)})")
-        else:
-            per[name] = q
-    models = tuple(dataclasses.replace(m, quant=per.get(m.name, every or m.quant)) for m in program.models)
-    return dataclasses.replace(program, models=models)
+    return apply(program, items)

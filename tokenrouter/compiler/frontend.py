@@ -30,7 +30,7 @@ from tokenrouter.compiler.lower import lower
 from tokenrouter.dsl.diagnostics import Diagnostic, render_all, sort_diagnostics
 from tokenrouter.dsl.parser import parse_bytes, parse_source
 
-__all__ = ["check_file", "check_source", "load_program", "RouteError", "Diagnostic"]
+__all__ = ["check_file", "check_source", "load_program", "with_quant", "RouteError", "Diagnostic"]
 
 
 class RouteError(Exception):
@@ -93,3 +93,26 @@ def load_program(path, model_paths: dict[str, str] | None = None,
     if program is None:
         raise RouteError([d for d in diags], text)
     return program
+
+
+def with_quant(program, items: list[str] | None):
+    """The program with `--quant Q` (every model) or `--quant NAME=Q` (one model) applied."""
+    import dataclasses
+
+    from tokenrouter.compiler.builtins import QUANTS
+    if not items:
+        return program
+    names = [m.name for m in program.models]
+    every, per = None, {}
+    for item in items:
+        name, sep, q = item.rpartition("=")
+        if q not in QUANTS:
+            raise ValueError(f"--quant takes Q or NAME=Q with Q one of {', '.join(QUANTS)}, got {item!r}")
+        if not sep:
+            every = q
+        elif name not in names:
+            raise ValueError(f"--quant {item}: {name!r} is not a model of the program ({', '.join(names)})")
+        else:
+            per[name] = q
+    models = tuple(dataclasses.replace(m, quant=per.get(m.name, every or m.quant)) for m in program.models)
+    return dataclasses.replace(program, models=models)
