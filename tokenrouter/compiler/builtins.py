@@ -14,6 +14,7 @@ BUILTIN_MODELS: tuple[str, ...] = ("smollm2-135m", "smollm2-135m-small", "bench-
 ROLES = ("small", "large", "member")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 ACTIVATIONS = ("relu", "gelu", "silu", "tanh")
+ROUTER_ARCHS = ("mlp", "citer", "r2r")  # router networks' tensor layouts: compiler/router_nets.py
 ENSEMBLE_MODES = ("average", "mixture")
 
 # Features usable in a condition, with their signature as users write it.
