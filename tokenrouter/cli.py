@@ -22,6 +22,7 @@ COMMANDS = {
     "profile": "profile",
     "tune": "tune",
     "bench": "bench",
+    "fit": "fit",
 }
 
 

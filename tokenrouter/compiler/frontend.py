@@ -41,13 +41,13 @@ def check_source(text: str, path: str = "<input>", base_dir: str | None = None,
     return _finish(tree, diags, path, base_dir, model_paths, full)
 
 
-def _finish(tree, diags, path, base_dir, model_paths, full):
+def _finish(tree, diags, path, base_dir, model_paths, full, check_weights=True):
     if tree is None:
         return None, diags
     checked, diags = check(tree, base_dir)
     if checked is None:
         return None, diags
-    program, more = lower(checked, model_paths, full)
+    program, more = lower(checked, model_paths, full, check_weights)
     return program, sort_diagnostics(diags + more)
 
 
@@ -71,14 +71,15 @@ def check_file(path, model_paths: dict[str, str] | None = None,
     return _finish(tree, diags, path, None, model_paths, full)
 
 
-def load_program(path, model_paths: dict[str, str] | None = None) -> ir.Program:
-    """The checked program, models resolved; raises RouteError on any error."""
+def load_program(path, model_paths: dict[str, str] | None = None, check_weights: bool = True) -> ir.Program:
+    """The checked program, models resolved; raises RouteError on any error.
+    `check_weights=False` does not read router/head weights files (`fit` replaces them)."""
     path = os.fspath(path)
     data, diags = _read(path)
     if data is None:
         raise RouteError(diags)
     tree, diags, text = parse_bytes(data, path)
-    program, diags = _finish(tree, diags, path, None, model_paths, True)
+    program, diags = _finish(tree, diags, path, None, model_paths, True, check_weights)
     if program is None:
         raise RouteError([d for d in diags], text)
     return program

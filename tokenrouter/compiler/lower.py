@@ -48,8 +48,9 @@ def model_folder(path: str, full: bool) -> str | None:
 
 
 def lower(checked: Checked, model_paths: dict[str, str] | None = None,
-          full: bool = False) -> tuple[ir.Program | None, list[Diagnostic]]:
-    """(Program, diagnostics); the program is None when a model cannot be read (full mode)."""
+          full: bool = False, check_weights: bool = True) -> tuple[ir.Program | None, list[Diagnostic]]:
+    """(Program, diagnostics); the program is None when a model cannot be read (full mode).
+    `check_weights=False` skips reading router/head files (`fit` is about to replace them)."""
     diags: list[Diagnostic] = []
     models = list(checked.models)
     if model_paths:
@@ -106,7 +107,8 @@ def lower(checked: Checked, model_paths: dict[str, str] | None = None,
         shape = _read_config(folder) if folder else None
         return shape.hidden_size if shape else None
 
-    diags.extend(weight_diagnostics(routers, checked.transitions, models, known_folder, hidden_size_of))
+    if check_weights:
+        diags.extend(weight_diagnostics(routers, checked.transitions, models, known_folder, hidden_size_of))
     if full:
         _check_tokenizers(models, folder_of, diags)
     if any(d.is_error for d in diags):
