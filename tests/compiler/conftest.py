@@ -169,7 +169,9 @@ def load_example(name: str, tmp: Path) -> ir.Program:
     folder = tmp / "tiny-model"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps({"hidden_size": TINY_HIDDEN, "num_hidden_layers": 2}))
-    program, diags = check_file(path, model_paths={m.name: str(folder) for m in program.models})
+    # the shipped weights fit the real models, not these: they are replaced by random ones below
+    program, diags = check_file(path, model_paths={m.name: str(folder) for m in program.models},
+                                check_weights=False)
     assert program is not None, [str(d) for d in diags]
     return _map_files(program, lambda f: str(tmp / "weights" / os.path.basename(f)))
 

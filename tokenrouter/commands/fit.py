@@ -28,15 +28,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
                       help="threshold: the large model writes a share S of the tokens (default for others: 0.3)")
     parser.add_argument("--holdout", type=float, default=0.2, help="share of the prompts held out (default 0.2)")
     parser.add_argument("--max-tokens", type=int, default=48, help="greedy tokens per prompt (default 48)")
-    parser.add_argument("--batch", type=int, default=16, help="prompts per engine batch (default 16)")
+    parser.add_argument("--batch", type=int, default=32, help="prompts per engine batch (default 32)")
     parser.add_argument("--eval-prompts", metavar="E.jsonl",
                         help="also generate on these prompts: routed output vs the large model's, router vs "
                              "the entropy rule at the same large-token share")
     parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     parser.add_argument("--width", type=int, default=256, help="r2r backbone width (default 256; R2R: 1024)")
     parser.add_argument("--blocks", type=int, default=2, help="r2r residual blocks (default 2; R2R: 6)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: two threads per engine collapse on a busy 2-core host)")
     parser.add_argument("--report", metavar="STEM", help="report path without extension (default: next to --out)")
+    parser.add_argument("--cache", action="store_true",
+                        help="remember the labelled passes and baselines in $TOKENROUTER_CACHE/fit (refits and "
+                             "other routers of the same pair and layout reuse them)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -49,7 +53,7 @@ def run(args) -> int:
                       epochs=args.epochs, seed=args.seed, min_recall=args.min_recall,
                       target_share=args.target_share, holdout=args.holdout, max_tokens=args.max_tokens,
                       batch=args.batch, eval_prompts=args.eval_prompts, report=args.report,
-                      threads=args.threads, progress=not args.quiet,
+                      threads=args.threads, progress=not args.quiet, cache=args.cache,
                       hyper=Hyper(lr=args.lr, width=args.width, blocks=args.blocks))
     try:
         res = fit(opts)

@@ -61,14 +61,14 @@ def _read(path) -> tuple[bytes | None, list[Diagnostic]]:
 
 
 def check_file(path, model_paths: dict[str, str] | None = None,
-               full: bool = False) -> tuple[ir.Program | None, list[Diagnostic]]:
+               full: bool = False, check_weights: bool = True) -> tuple[ir.Program | None, list[Diagnostic]]:
     """Program (or None on any error) and every diagnostic, in source order."""
     path = os.fspath(path)
     data, diags = _read(path)
     if data is None:
         return None, diags
     tree, diags, _ = parse_bytes(data, path)
-    return _finish(tree, diags, path, None, model_paths, full)
+    return _finish(tree, diags, path, None, model_paths, full, check_weights)
 
 
 def load_program(path, model_paths: dict[str, str] | None = None, check_weights: bool = True) -> ir.Program:

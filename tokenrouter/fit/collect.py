@@ -14,7 +14,11 @@ they produce. `decide=ALWAYS` gives the large model's own greedy output.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
+import tempfile
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -153,4 +157,46 @@ def lockstep(small, large, prompts: list[list[int]], inputs: tuple, max_tokens: 
     finally:
         bar.close()
     rows = Rows(**{k: torch.cat(v) if v else torch.zeros(0) for k, v in out.items()})
+    return rows, roll
+
+
+# ------------------------------------------------------------------ a cache of passes
+
+CACHE_VERSION = 1
+
+
+def cache_dir() -> str:
+    from tokenrouter.runtime.loader.cache import cache_root
+    return os.path.join(cache_root(), "fit")
+
+
+def cache_key(**parts) -> str:
+    blob = json.dumps({"version": CACHE_VERSION, **parts}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:24]
+
+
+def cached_lockstep(key: str | None, *args, **kwargs) -> tuple[Rows, Rollout]:
+    """`lockstep`, remembered on disk under `key` (safetensors for the rows, JSON for the
+    text; written atomically). The same pass is a pure function of the models, the prompt
+    token ids, the input layout, the length and the decisions, which the key names."""
+    from safetensors.torch import load_file, save_file
+    if key is None:
+        return lockstep(*args, **kwargs)
+    folder = cache_dir()
+    rows_path, text_path = os.path.join(folder, key + ".safetensors"), os.path.join(folder, key + ".json")
+    if os.path.isfile(rows_path) and os.path.isfile(text_path):
+        t = load_file(rows_path)
+        with open(text_path) as f:
+            roll = json.load(f)
+        return Rows(**{k: t[k] for k in Rows.__dataclass_fields__}), Rollout(roll["tokens"], roll["routed"])
+    rows, roll = lockstep(*args, **kwargs)
+    os.makedirs(folder, exist_ok=True)
+    for path, write in ((rows_path, lambda p: save_file({k: getattr(rows, k).contiguous()
+                                                         for k in Rows.__dataclass_fields__}, p)),
+                        (text_path, lambda p: open(p, "w").write(json.dumps({"tokens": roll.tokens,
+                                                                             "routed": roll.routed})))):
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+        os.close(fd)
+        write(tmp)
+        os.replace(tmp, path)
     return rows, roll

@@ -51,12 +51,13 @@ class FitOptions:
     target_share: float | None = None
     holdout: float = 0.2
     max_tokens: int = 48
-    batch: int = 16
+    batch: int = 32
     eval_prompts: str | None = None
     eval_max_tokens: int | None = None
     report: str | None = None  # default: OUT without .safetensors + ".report.json" / ".png"
-    threads: int = 2
+    threads: int = 1
     progress: bool = True
+    cache: bool = False  # remember the lockstep passes (labelled rows, baselines) under the cache root
     hyper: train.Hyper = field(default_factory=train.Hyper)
 
 
@@ -267,9 +268,21 @@ def fit(opts: FitOptions) -> FitResult:
         if any(w <= 0 for w in rn.input_widths(router)):
             raise FitError(f"router '{router.name}': the input widths of '{router.model}' are unknown")
 
+    fps = {"reads": {"name": small_m.path, "fingerprint": rn.folder_fingerprint(resolve_folder(small_m.path)[1])},
+           "large": {"name": large_m.path, "fingerprint": rn.folder_fingerprint(resolve_folder(large_m.path)[1])}}
+    layout = rn.layout_text(router) if router is not None else f"hidden(-1):{hidden}"
+
+    def key(prompt_ids, tokens, decisions):
+        if not opts.cache:
+            return None
+        return collect.cache_key(models=[fps["reads"]["fingerprint"], fps["large"]["fingerprint"],
+                                         small_m.dtype, large_m.dtype], prompts=prompt_ids, tokens=tokens,
+                                 layout=layout, decisions=decisions)
+
     t_data = time.time()
-    data, _ = collect.lockstep(small, large, ids, inputs, opts.max_tokens, opts.batch, stop,
-                               desc=f"label {len(ids)} prompts", progress=opts.progress)
+    data, _ = collect.cached_lockstep(key(ids, opts.max_tokens, "small"), small, large, ids, inputs,
+                                      opts.max_tokens, opts.batch, stop, desc=f"label {len(ids)} prompts",
+                                      progress=opts.progress)
     t_data = time.time() - t_data
     held_set = torch.tensor(held_idx)
     is_held = torch.isin(data.prompt, held_set)
@@ -301,8 +314,6 @@ def fit(opts: FitOptions) -> FitResult:
     meta = {rn.META_ARCH: target.arch, rn.META_DIRECTION: target.op}
     if router is not None:
         meta[rn.META_INPUTS] = rn.layout_text(router)
-    fps = {"reads": {"name": small_m.path, "fingerprint": rn.folder_fingerprint(resolve_folder(small_m.path)[1])},
-           "large": {"name": large_m.path, "fingerprint": rn.folder_fingerprint(resolve_folder(large_m.path)[1])}}
     meta[rn.META_MODELS] = json.dumps(fps, sort_keys=True)
     from safetensors.torch import save_file
     probe = _atomic(opts.out, lambda p: save_file(tensors, p, metadata=meta))
@@ -323,6 +334,8 @@ def fit(opts: FitOptions) -> FitResult:
         heldout = {"rows": len(ho.x), "divergent_rate": float(div.mean()),
                    "auc": train.auc(route_score, div), **figs,
                    "train_auc": train.auc(s_tr if route_high else 1 - s_tr, tr.divergent)}
+        at_recall = train.choose(s_ho, div, target.op, 0.95, None)
+        heldout["at_recall_0.95"] = {k: at_recall[k] for k in ("threshold", "recall", "precision", "large_share")}
         tau = train.entropy_threshold_for_share(ho.entropy, figs["large_share"])
         entropy_rule = {"auc": train.auc(ho.entropy, div), **train.at(ho.entropy, div, ">", tau)}
         report = {
@@ -350,7 +363,8 @@ def fit(opts: FitOptions) -> FitResult:
         }
         if eval_ids:
             report["generation"] = _compare_generation(small, large, eval_ids, inputs, eval_tokens, opts, stop,
-                                                       score_of, target.op, threshold, tau, opts.eval_prompts)
+                                                       score_of, target.op, threshold, tau, opts.eval_prompts,
+                                                       key)
         report["seconds"] = round(time.time() - t0, 1)
         meta[rn.META_THRESHOLD] = repr(threshold)
         meta[rn.META_TRAINING] = json.dumps({
@@ -372,14 +386,14 @@ def fit(opts: FitOptions) -> FitResult:
 
 
 def _compare_generation(small, large, ids, inputs, max_tokens, opts, stop, score_of, op, threshold, tau,
-                        path) -> dict:
+                        path, key) -> dict:
     """Routed greedy outputs against the large model's own, for the router and the entropy
     rule at the router's large-token share on the labelled held-out rows."""
     kw = dict(progress=opts.progress)
-    _, ref = collect.lockstep(small, large, ids, inputs, max_tokens, opts.batch, stop, collect.ALWAYS,
-                              desc="large alone", **kw)
-    _, small_only = collect.lockstep(small, large, ids, inputs, max_tokens, opts.batch, stop, None,
-                                     desc="small alone", **kw)
+    _, ref = collect.cached_lockstep(key(ids, max_tokens, "large"), small, large, ids, inputs, max_tokens,
+                                     opts.batch, stop, collect.ALWAYS, desc="large alone", **kw)
+    _, small_only = collect.cached_lockstep(key(ids, max_tokens, "small"), small, large, ids, inputs, max_tokens,
+                                            opts.batch, stop, None, desc="small alone", **kw)
     with torch.no_grad():
         _, routed = collect.lockstep(small, large, ids, inputs, max_tokens, opts.batch, stop,
                                      lambda x, logits: train.routes(score_of(x), op, threshold),
@@ -388,8 +402,8 @@ def _compare_generation(small, large, ids, inputs, max_tokens, opts, stop, score
     def by_entropy(x, logits):
         return collect._entropy(torch.log_softmax(logits, -1)) > tau
 
-    _, ent = collect.lockstep(small, large, ids, inputs, max_tokens, opts.batch, stop, by_entropy,
-                              desc="entropy rule", **kw)
+    _, ent = collect.cached_lockstep(key(ids, max_tokens, f"entropy>{tau!r}"), small, large, ids, inputs,
+                                     max_tokens, opts.batch, stop, by_entropy, desc="entropy rule", **kw)
     out = {"prompts_file": os.path.basename(path), "prompts": len(ids), "max_tokens": max_tokens}
     for name, roll in (("router", routed), ("entropy_rule", ent), ("small_alone", small_only)):
         out[name] = {"large_share": _share(roll), **agreement(roll.tokens, ref.tokens)}
