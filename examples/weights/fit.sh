@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 TR=${TR:-.venv/bin/tokenrouter}
-COMMON=(--prompts data/prompts/train.jsonl --eval-prompts data/prompts/heldout.jsonl --seed 0 --cache)
+COMMON=(--prompts data/prompts/train.jsonl --eval-prompts data/prompts/heldout.jsonl --max-tokens 32 --seed 0 --cache)
 $TR fit examples/r2r.route --router r2r --out examples/weights/r2r_router.safetensors \
     --target-share 0.3 --epochs 30 "${COMMON[@]}" "$@"
 $TR fit examples/citer.route --router citer --out examples/weights/citer_router.safetensors \

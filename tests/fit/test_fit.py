@@ -99,3 +99,19 @@ def test_bad_input_is_refused_and_writes_nothing(pair, tmp_path, capsys):
     mixed = write_program(str(tmp_path / "m"), {"slm": pair["slm"], "llm": other_tokenizer(str(tmp_path))}, "citer")
     err = _cli(tmp_path, capsys, mixed, "citer", good)
     assert "E309" in err and "do not share a tokenizer" in err
+
+
+def test_cached_passes_give_the_same_fit(pair, tmp_path, monkeypatch):
+    """--cache: a CITER fit served from the cached pass of an R2R fit (whose input layout
+    begins with CITER's) writes exactly the file a fit without the cache writes."""
+    monkeypatch.setenv("TOKENROUTER_CACHE", str(tmp_path / "cache"))
+    r2r = write_program(str(tmp_path), pair, "r2r")
+    citer = write_program(str(tmp_path), pair, "citer")
+    prompts = write_prompts(tmp_path / "p.jsonl", 8)
+    _fit(r2r, "r2r", prompts, tmp_path / "r.safetensors", cache=True)
+    assert len(os.listdir(tmp_path / "cache" / "fit")) == 3  # rows, text, layout index
+    a = _fit(citer, "citer", prompts, tmp_path / "a.safetensors", cache=True)
+    assert len(os.listdir(tmp_path / "cache" / "fit")) == 3  # served by slicing, nothing new
+    b = _fit(citer, "citer", prompts, tmp_path / "b.safetensors")
+    ta, tb = load_file(a.out), load_file(b.out)
+    assert all(torch.equal(ta[k], tb[k]) for k in ta) and a.threshold == b.threshold

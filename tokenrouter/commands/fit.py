@@ -32,6 +32,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-prompts", metavar="E.jsonl",
                         help="also generate on these prompts: routed output vs the large model's, router vs "
                              "the entropy rule at the same large-token share")
+    parser.add_argument("--eval-max-tokens", type=int, metavar="N",
+                        help="greedy tokens per --eval-prompts prompt (default: --max-tokens)")
     parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     parser.add_argument("--width", type=int, default=256, help="r2r backbone width (default 256; R2R: 1024)")
     parser.add_argument("--blocks", type=int, default=2, help="r2r residual blocks (default 2; R2R: 6)")
@@ -52,7 +54,8 @@ def run(args) -> int:
     opts = FitOptions(route=args.route, router=args.router, prompts=args.prompts, out=args.out,
                       epochs=args.epochs, seed=args.seed, min_recall=args.min_recall,
                       target_share=args.target_share, holdout=args.holdout, max_tokens=args.max_tokens,
-                      batch=args.batch, eval_prompts=args.eval_prompts, report=args.report,
+                      batch=args.batch, eval_prompts=args.eval_prompts, eval_max_tokens=args.eval_max_tokens,
+                      report=args.report,
                       threads=args.threads, progress=not args.quiet, cache=args.cache,
                       hyper=Hyper(lr=args.lr, width=args.width, blocks=args.blocks))
     try:

@@ -175,26 +175,47 @@ def cache_key(**parts) -> str:
     return hashlib.sha256(blob).hexdigest()[:24]
 
 
-def cached_lockstep(key: str | None, *args, **kwargs) -> tuple[Rows, Rollout]:
-    """`lockstep`, remembered on disk under `key` (safetensors for the rows, JSON for the
-    text; written atomically). The same pass is a pure function of the models, the prompt
-    token ids, the input layout, the length and the decisions, which the key names."""
+def _layout_names(layout: str) -> list[str]:
+    return layout.split(",")
+
+
+def cached_lockstep(key: str | None, layout: str, *args, **kwargs) -> tuple[Rows, Rollout]:
+    """`lockstep`, remembered on disk (safetensors for the rows, JSON for the text; written
+    atomically). A pass is a pure function of the models, the prompt token ids, the length
+    and the decisions, which `key` names, and of the input layout: a pass cached for a
+    layout that begins with this one (R2R's `hidden(-1), token_embedding, topk_logits(100)`
+    begins with CITER's `hidden(-1)`) serves it by slicing its columns."""
     from safetensors.torch import load_file, save_file
     if key is None:
         return lockstep(*args, **kwargs)
     folder = cache_dir()
-    rows_path, text_path = os.path.join(folder, key + ".safetensors"), os.path.join(folder, key + ".json")
-    if os.path.isfile(rows_path) and os.path.isfile(text_path):
+    index_path = os.path.join(folder, key + ".layouts.json")
+    index = {}
+    if os.path.isfile(index_path):
+        with open(index_path) as f:
+            index = json.load(f)
+    ours = _layout_names(layout)
+    for theirs, stem in sorted(index.items(), key=lambda kv: len(kv[0])):
+        names = _layout_names(theirs)
+        if names[: len(ours)] != ours:
+            continue
+        rows_path, text_path = os.path.join(folder, stem + ".safetensors"), os.path.join(folder, stem + ".json")
+        if not (os.path.isfile(rows_path) and os.path.isfile(text_path)):
+            continue
         t = load_file(rows_path)
+        width = sum(int(n.rpartition(":")[2]) for n in ours)
+        t["x"] = t["x"][:, :width].contiguous()
         with open(text_path) as f:
             roll = json.load(f)
         return Rows(**{k: t[k] for k in Rows.__dataclass_fields__}), Rollout(roll["tokens"], roll["routed"])
     rows, roll = lockstep(*args, **kwargs)
     os.makedirs(folder, exist_ok=True)
-    for path, write in ((rows_path, lambda p: save_file({k: getattr(rows, k).contiguous()
-                                                         for k in Rows.__dataclass_fields__}, p)),
-                        (text_path, lambda p: open(p, "w").write(json.dumps({"tokens": roll.tokens,
-                                                                             "routed": roll.routed})))):
+    stem = key + "-" + hashlib.sha256(layout.encode()).hexdigest()[:12]
+    for path, write in ((os.path.join(folder, stem + ".safetensors"),
+                         lambda p: save_file({k: getattr(rows, k).contiguous() for k in Rows.__dataclass_fields__}, p)),
+                        (os.path.join(folder, stem + ".json"),
+                         lambda p: open(p, "w").write(json.dumps({"tokens": roll.tokens, "routed": roll.routed}))),
+                        (index_path, lambda p: open(p, "w").write(json.dumps({**index, layout: stem})))):
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
         os.close(fd)
         write(tmp)

@@ -277,10 +277,10 @@ def fit(opts: FitOptions) -> FitResult:
             return None
         return collect.cache_key(models=[fps["reads"]["fingerprint"], fps["large"]["fingerprint"],
                                          small_m.dtype, large_m.dtype], prompts=prompt_ids, tokens=tokens,
-                                 layout=layout, decisions=decisions)
+                                 decisions=decisions)
 
     t_data = time.time()
-    data, _ = collect.cached_lockstep(key(ids, opts.max_tokens, "small"), small, large, ids, inputs,
+    data, _ = collect.cached_lockstep(key(ids, opts.max_tokens, "small"), layout, small, large, ids, inputs,
                                       opts.max_tokens, opts.batch, stop, desc=f"label {len(ids)} prompts",
                                       progress=opts.progress)
     t_data = time.time() - t_data
@@ -364,7 +364,7 @@ def fit(opts: FitOptions) -> FitResult:
         if eval_ids:
             report["generation"] = _compare_generation(small, large, eval_ids, inputs, eval_tokens, opts, stop,
                                                        score_of, target.op, threshold, tau, opts.eval_prompts,
-                                                       key)
+                                                       key, layout)
         report["seconds"] = round(time.time() - t0, 1)
         meta[rn.META_THRESHOLD] = repr(threshold)
         meta[rn.META_TRAINING] = json.dumps({
@@ -386,13 +386,13 @@ def fit(opts: FitOptions) -> FitResult:
 
 
 def _compare_generation(small, large, ids, inputs, max_tokens, opts, stop, score_of, op, threshold, tau,
-                        path, key) -> dict:
+                        path, key, layout) -> dict:
     """Routed greedy outputs against the large model's own, for the router and the entropy
     rule at the router's large-token share on the labelled held-out rows."""
     kw = dict(progress=opts.progress)
-    _, ref = collect.cached_lockstep(key(ids, max_tokens, "large"), small, large, ids, inputs, max_tokens,
+    _, ref = collect.cached_lockstep(key(ids, max_tokens, "large"), layout, small, large, ids, inputs, max_tokens,
                                      opts.batch, stop, collect.ALWAYS, desc="large alone", **kw)
-    _, small_only = collect.cached_lockstep(key(ids, max_tokens, "small"), small, large, ids, inputs, max_tokens,
+    _, small_only = collect.cached_lockstep(key(ids, max_tokens, "small"), layout, small, large, ids, inputs, max_tokens,
                                             opts.batch, stop, None, desc="small alone", **kw)
     with torch.no_grad():
         _, routed = collect.lockstep(small, large, ids, inputs, max_tokens, opts.batch, stop,
@@ -402,7 +402,7 @@ def _compare_generation(small, large, ids, inputs, max_tokens, opts, stop, score
     def by_entropy(x, logits):
         return collect._entropy(torch.log_softmax(logits, -1)) > tau
 
-    _, ent = collect.cached_lockstep(key(ids, max_tokens, f"entropy>{tau!r}"), small, large, ids, inputs,
+    _, ent = collect.cached_lockstep(key(ids, max_tokens, f"entropy>{tau!r}"), layout, small, large, ids, inputs,
                                      max_tokens, opts.batch, stop, by_entropy, desc="entropy rule", **kw)
     out = {"prompts_file": os.path.basename(path), "prompts": len(ids), "max_tokens": max_tokens}
     for name, roll in (("router", routed), ("entropy_rule", ent), ("small_alone", small_only)):
