@@ -34,6 +34,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "the entropy rule at the same large-token share")
     parser.add_argument("--eval-max-tokens", type=int, metavar="N",
                         help="greedy tokens per --eval-prompts prompt (default: --max-tokens)")
+    parser.add_argument("--eval-max-prompts", type=int, metavar="N",
+                        help="generate on the first N --eval-prompts only (default: all)")
     parser.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     parser.add_argument("--width", type=int, default=256, help="r2r backbone width (default 256; R2R: 1024)")
     parser.add_argument("--blocks", type=int, default=2, help="r2r residual blocks (default 2; R2R: 6)")
@@ -55,7 +57,7 @@ def run(args) -> int:
                       epochs=args.epochs, seed=args.seed, min_recall=args.min_recall,
                       target_share=args.target_share, holdout=args.holdout, max_tokens=args.max_tokens,
                       batch=args.batch, eval_prompts=args.eval_prompts, eval_max_tokens=args.eval_max_tokens,
-                      report=args.report,
+                      eval_max_prompts=args.eval_max_prompts, report=args.report,
                       threads=args.threads, progress=not args.quiet, cache=args.cache,
                       hyper=Hyper(lr=args.lr, width=args.width, blocks=args.blocks))
     try:
@@ -72,7 +74,7 @@ def run(args) -> int:
           f"precision {e['precision']:.3f}")
     g = res.report.get("generation")
     if g:
-        for name in ("router", "entropy_rule", "small_alone"):
+        for name in ("router", "entropy_rule"):
             r = g[name]
             print(f"generation on {g['prompts']} prompts, {name}: large-token share {r['large_share']:.3f}, "
                   f"agreement with the large model {r['token_agreement']:.3f}, common prefix "

@@ -54,6 +54,7 @@ class FitOptions:
     batch: int = 32
     eval_prompts: str | None = None
     eval_max_tokens: int | None = None
+    eval_max_prompts: int | None = None  # the first N of --eval-prompts (default: all)
     report: str | None = None  # default: OUT without .safetensors + ".report.json" / ".png"
     threads: int = 1
     progress: bool = True
@@ -254,7 +255,7 @@ def fit(opts: FitOptions) -> FitResult:
     ids = _encode(tok, rows)
     train_idx, held_idx = _split(len(ids), opts.holdout, opts.seed)
     max_len = max(len(p) for p in ids) + opts.max_tokens + 1
-    eval_ids = _encode(tok, eval_rows) if eval_rows else []
+    eval_ids = _encode(tok, eval_rows[: opts.eval_max_prompts or None]) if eval_rows else []
     eval_tokens = opts.eval_max_tokens or opts.max_tokens
     if eval_ids:
         max_len = max(max_len, max(len(p) for p in eval_ids) + eval_tokens + 1)
@@ -388,12 +389,11 @@ def fit(opts: FitOptions) -> FitResult:
 def _compare_generation(small, large, ids, inputs, max_tokens, opts, stop, score_of, op, threshold, tau,
                         path, key, layout) -> dict:
     """Routed greedy outputs against the large model's own, for the router and the entropy
-    rule at the router's large-token share on the labelled held-out rows."""
+    rule at the router's large-token share on the labelled held-out rows (the fit's output
+    does not depend on this: it only reports)."""
     kw = dict(progress=opts.progress)
     _, ref = collect.cached_lockstep(key(ids, max_tokens, "large"), layout, small, large, ids, inputs, max_tokens,
                                      opts.batch, stop, collect.ALWAYS, desc="large alone", **kw)
-    _, small_only = collect.cached_lockstep(key(ids, max_tokens, "small"), layout, small, large, ids, inputs, max_tokens,
-                                            opts.batch, stop, None, desc="small alone", **kw)
     with torch.no_grad():
         _, routed = collect.lockstep(small, large, ids, inputs, max_tokens, opts.batch, stop,
                                      lambda x, logits: train.routes(score_of(x), op, threshold),
@@ -405,7 +405,7 @@ def _compare_generation(small, large, ids, inputs, max_tokens, opts, stop, score
     _, ent = collect.cached_lockstep(key(ids, max_tokens, f"entropy>{tau!r}"), layout, small, large, ids, inputs,
                                      max_tokens, opts.batch, stop, by_entropy, desc="entropy rule", **kw)
     out = {"prompts_file": os.path.basename(path), "prompts": len(ids), "max_tokens": max_tokens}
-    for name, roll in (("router", routed), ("entropy_rule", ent), ("small_alone", small_only)):
+    for name, roll in (("router", routed), ("entropy_rule", ent)):
         out[name] = {"large_share": _share(roll), **agreement(roll.tokens, ref.tokens)}
     out["entropy_rule"]["tau"] = tau
     return out
