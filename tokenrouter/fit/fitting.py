@@ -394,6 +394,8 @@ def _compare_generation(small, large, ids, inputs, max_tokens, opts, stop, score
     kw = dict(progress=opts.progress)
     _, ref = collect.cached_lockstep(key(ids, max_tokens, "large"), layout, small, large, ids, inputs, max_tokens,
                                      opts.batch, stop, collect.ALWAYS, desc="large alone", **kw)
+    _, small_only = collect.cached_lockstep(key(ids, max_tokens, "small"), layout, small, large, ids, inputs,
+                                            max_tokens, opts.batch, stop, None, desc="small alone", **kw)
     with torch.no_grad():
         _, routed = collect.lockstep(small, large, ids, inputs, max_tokens, opts.batch, stop,
                                      lambda x, logits: train.routes(score_of(x), op, threshold),
@@ -405,7 +407,7 @@ def _compare_generation(small, large, ids, inputs, max_tokens, opts, stop, score
     _, ent = collect.cached_lockstep(key(ids, max_tokens, f"entropy>{tau!r}"), layout, small, large, ids, inputs,
                                      max_tokens, opts.batch, stop, by_entropy, desc="entropy rule", **kw)
     out = {"prompts_file": os.path.basename(path), "prompts": len(ids), "max_tokens": max_tokens}
-    for name, roll in (("router", routed), ("entropy_rule", ent)):
+    for name, roll in (("router", routed), ("entropy_rule", ent), ("small_alone", small_only)):
         out[name] = {"large_share": _share(roll), **agreement(roll.tokens, ref.tokens)}
     out["entropy_rule"]["tau"] = tau
     return out
