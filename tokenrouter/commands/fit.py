@@ -77,8 +77,8 @@ def run(args) -> int:
         for name in ("router", "entropy_rule", "small_alone"):
             r = g[name]
             print(f"generation on {g['prompts']} prompts, {name}: large-token share {r['large_share']:.3f}, "
-                  f"agreement with the large model {r['token_agreement']:.3f}, common prefix "
-                  f"{r['mean_common_prefix']:.1f} tokens")
+                  f"agreement with the large model: position by position {r['token_agreement']:.3f}, "
+                  f"ROUGE-L {r['rouge_l']:.3f}, common prefix {r['mean_common_prefix']:.1f} tokens")
     print(f"wrote {res.out}, {res.report_json}, {res.report_png}")
     print("put in the .route file:")
     for line in res.route_lines:

@@ -180,11 +180,24 @@ def _inputs_text(router: ir.RouterNet) -> str:
     return ", ".join(part.rpartition(":")[0] for part in rn.layout_text(router).split(","))
 
 
+def _lcs(a: list[int], b: list[int]) -> int:
+    row = [0] * (len(b) + 1)
+    for x in a:
+        prev = 0
+        for j, y in enumerate(b):
+            cur = row[j + 1]
+            row[j + 1] = prev + 1 if x == y else max(row[j + 1], row[j])
+            prev = cur
+    return row[-1]
+
+
 def agreement(tokens: list[list[int]], reference: list[list[int]]) -> dict:
     """How close routed outputs are to the large model's greedy outputs: the share of the
-    reference's positions holding the same token, and the mean common-prefix length."""
+    reference's positions holding the same token (strict: one early difference shifts
+    everything after it), the mean common-prefix length, and ROUGE-L F1 over tokens (the
+    longest common subsequence, which forgives such shifts)."""
     same = total = 0
-    prefix = []
+    prefix, rouge = [], []
     for a, b in zip(tokens, reference):
         total += len(b)
         same += sum(x == y for x, y in zip(a, b))
@@ -192,7 +205,20 @@ def agreement(tokens: list[list[int]], reference: list[list[int]]) -> dict:
         while k < min(len(a), len(b)) and a[k] == b[k]:
             k += 1
         prefix.append(k)
-    return {"token_agreement": same / max(total, 1), "mean_common_prefix": sum(prefix) / max(len(prefix), 1)}
+        lcs = _lcs(a, b)
+        rouge.append(0.0 if lcs == 0 else 2 * lcs / (len(a) + len(b)))
+    n = max(len(prefix), 1)
+    return {"token_agreement": same / max(total, 1), "mean_common_prefix": sum(prefix) / n,
+            "rouge_l": sum(rouge) / n}
+
+
+def _digest(tensors: dict[str, torch.Tensor]) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    for k in sorted(tensors):
+        h.update(k.encode())
+        h.update(tensors[k].contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def _share(roll: collect.Rollout) -> float:
@@ -365,7 +391,7 @@ def fit(opts: FitOptions) -> FitResult:
         if eval_ids:
             report["generation"] = _compare_generation(small, large, eval_ids, inputs, eval_tokens, opts, stop,
                                                        score_of, target.op, threshold, tau, opts.eval_prompts,
-                                                       key, layout)
+                                                       key, layout, _digest(tensors))
         report["seconds"] = round(time.time() - t0, 1)
         meta[rn.META_THRESHOLD] = repr(threshold)
         meta[rn.META_TRAINING] = json.dumps({
@@ -387,7 +413,7 @@ def fit(opts: FitOptions) -> FitResult:
 
 
 def _compare_generation(small, large, ids, inputs, max_tokens, opts, stop, score_of, op, threshold, tau,
-                        path, key, layout) -> dict:
+                        path, key, layout, digest) -> dict:
     """Routed greedy outputs against the large model's own, for the router and the entropy
     rule at the router's large-token share on the labelled held-out rows (the fit's output
     does not depend on this: it only reports)."""
@@ -397,9 +423,10 @@ def _compare_generation(small, large, ids, inputs, max_tokens, opts, stop, score
     _, small_only = collect.cached_lockstep(key(ids, max_tokens, "small"), layout, small, large, ids, inputs,
                                             max_tokens, opts.batch, stop, None, desc="small alone", **kw)
     with torch.no_grad():
-        _, routed = collect.lockstep(small, large, ids, inputs, max_tokens, opts.batch, stop,
-                                     lambda x, logits: train.routes(score_of(x), op, threshold),
-                                     desc="router", **kw)
+        _, routed = collect.cached_lockstep(key(ids, max_tokens, f"router:{digest}{op}{threshold!r}"), layout,
+                                            small, large, ids, inputs, max_tokens, opts.batch, stop,
+                                            lambda x, logits: train.routes(score_of(x), op, threshold),
+                                            desc="router", **kw)
 
     def by_entropy(x, logits):
         return collect._entropy(torch.log_softmax(logits, -1)) > tau
