@@ -74,7 +74,7 @@ def run(args) -> int:
           f"precision {e['precision']:.3f}")
     g = res.report.get("generation")
     if g:
-        for name in ("router", "entropy_rule", "small_alone"):
+        for name in ("router", "entropy_rule", "entropy_rule_heldout_tau", "small_alone"):
             r = g[name]
             print(f"generation on {g['prompts']} prompts, {name}: large-token share {r['large_share']:.3f}, "
                   f"agreement with the large model: position by position {r['token_agreement']:.3f}, "

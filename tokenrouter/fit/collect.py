@@ -219,5 +219,6 @@ def cached_lockstep(key: str | None, layout: str, *args, **kwargs) -> tuple[Rows
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
         os.close(fd)
         write(tmp)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     return rows, roll

@@ -234,6 +234,7 @@ def _atomic(path: str, write) -> str:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would make the outputs private
     except BaseException:
         os.unlink(tmp)
         raise
@@ -414,29 +415,36 @@ def fit(opts: FitOptions) -> FitResult:
 
 def _compare_generation(small, large, ids, inputs, max_tokens, opts, stop, score_of, op, threshold, tau,
                         path, key, layout, digest) -> dict:
-    """Routed greedy outputs against the large model's own, for the router and the entropy
-    rule at the router's large-token share on the labelled held-out rows (the fit's output
-    does not depend on this: it only reports)."""
+    """Routed greedy outputs against the large model's own, for the router and for the entropy
+    rule at the same large-token share. The share a threshold gives in generation differs
+    from the share on the labelled rows (the trajectories change), so the entropy rule runs
+    twice: with the tau matched on the held-out rows, and with the tau that routes the
+    router's generation share of the positions the router's own generation visited (the
+    closer match). The fit's output does not depend on this: it only reports."""
     kw = dict(progress=opts.progress)
     _, ref = collect.cached_lockstep(key(ids, max_tokens, "large"), layout, small, large, ids, inputs, max_tokens,
                                      opts.batch, stop, collect.ALWAYS, desc="large alone", **kw)
     _, small_only = collect.cached_lockstep(key(ids, max_tokens, "small"), layout, small, large, ids, inputs,
                                             max_tokens, opts.batch, stop, None, desc="small alone", **kw)
     with torch.no_grad():
-        _, routed = collect.cached_lockstep(key(ids, max_tokens, f"router:{digest}{op}{threshold!r}"), layout,
+        rrows, routed = collect.cached_lockstep(key(ids, max_tokens, f"router:{digest}{op}{threshold!r}"), layout,
                                             small, large, ids, inputs, max_tokens, opts.batch, stop,
                                             lambda x, logits: train.routes(score_of(x), op, threshold),
                                             desc="router", **kw)
 
-    def by_entropy(x, logits):
-        return collect._entropy(torch.log_softmax(logits, -1)) > tau
+    def entropy_pass(t):
+        def by_entropy(x, logits):
+            return collect._entropy(torch.log_softmax(logits, -1)) > t
+        return collect.cached_lockstep(key(ids, max_tokens, f"entropy>{t!r}"), layout, small, large, ids, inputs,
+                                       max_tokens, opts.batch, stop, by_entropy, desc="entropy rule", **kw)[1]
 
-    _, ent = collect.cached_lockstep(key(ids, max_tokens, f"entropy>{tau!r}"), layout, small, large, ids, inputs,
-                                     max_tokens, opts.batch, stop, by_entropy, desc="entropy rule", **kw)
+    tau_gen = train.entropy_threshold_for_share(rrows.entropy, _share(routed))
     out = {"prompts_file": os.path.basename(path), "prompts": len(ids), "max_tokens": max_tokens}
-    for name, roll in (("router", routed), ("entropy_rule", ent), ("small_alone", small_only)):
+    for name, roll in (("router", routed), ("entropy_rule", entropy_pass(tau_gen)),
+                       ("entropy_rule_heldout_tau", entropy_pass(tau)), ("small_alone", small_only)):
         out[name] = {"large_share": _share(roll), **agreement(roll.tokens, ref.tokens)}
-    out["entropy_rule"]["tau"] = tau
+    out["entropy_rule"]["tau"] = tau_gen
+    out["entropy_rule_heldout_tau"]["tau"] = tau
     return out
 
 
