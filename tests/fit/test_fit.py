@@ -42,7 +42,12 @@ def test_fit_is_deterministic_for_a_seed(pair, tmp_path):
     report = json.load(open(a.report_json))
     assert report["data"]["heldout_prompts"] + report["data"]["train_prompts"] == 12
     assert os.path.getsize(a.report_png) > 1000
-    assert a.route_lines[1] == f"slm -> llm when r2r >= {a.threshold:g} rewrite"
+    assert a.route_lines[1] == "slm -> llm when r2r >= 0.5 rewrite"  # aligned to the program's threshold
+    raw = _fit(route, "r2r", prompts, tmp_path / "raw.safetensors", target_share=0.4, align=False)
+    assert raw.threshold == raw.report["heldout"]["threshold"] == pytest.approx(
+        a.report["heldout"]["aligned_from_threshold"], abs=1e-4)
+    for k in ("recall", "precision", "large_share", "auc"):
+        assert raw.report["heldout"][k] == pytest.approx(a.report["heldout"][k], nan_ok=True), k
     # the file serves: the program checks clean against it, and warns once its large model differs
     from tokenrouter.compiler.frontend import check_file
     os.makedirs(tmp_path / "w", exist_ok=True)

@@ -45,6 +45,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache", action="store_true",
                         help="remember the labelled passes and baselines in $TOKENROUTER_CACHE/fit (refits and "
                              "other routers of the same pair and layout reuse them)")
+    parser.add_argument("--no-align", action="store_true",
+                        help="write the network as trained and print its threshold, instead of shifting its output "
+                             "logit so that the threshold the program already compares with is the chosen one")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -58,7 +61,7 @@ def run(args) -> int:
                       target_share=args.target_share, holdout=args.holdout, max_tokens=args.max_tokens,
                       batch=args.batch, eval_prompts=args.eval_prompts, eval_max_tokens=args.eval_max_tokens,
                       eval_max_prompts=args.eval_max_prompts, report=args.report,
-                      threads=args.threads, progress=not args.quiet, cache=args.cache,
+                      threads=args.threads, progress=not args.quiet, cache=args.cache, align=not args.no_align,
                       hyper=Hyper(lr=args.lr, width=args.width, blocks=args.blocks))
     try:
         res = fit(opts)

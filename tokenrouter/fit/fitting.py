@@ -59,6 +59,7 @@ class FitOptions:
     threads: int = 1
     progress: bool = True
     cache: bool = False  # remember the lockstep passes (labelled rows, baselines) under the cache root
+    align: bool = True  # shift the output logit so that the program's own threshold is the chosen one
     hyper: train.Hyper = field(default_factory=train.Hyper)
 
 
@@ -70,6 +71,7 @@ class Target:
     large: str  # the model it hands off to
     file: str
     op: str  # route when score `op` threshold
+    constant: float  # the threshold the program compares it with
     router: ir.RouterNet | None
     inputs: tuple
 
@@ -121,10 +123,10 @@ def find_target(program: ir.Program, route_path: str, name: str) -> Target:
     for t in program.transitions:
         found = _compares(t.when, match) if t.source == model else None
         if found:
-            op, _ = found
+            op, constant = found
             if op not in (">", ">=", "<", "<="):
                 raise FitError(f"{route_path}: '{name}' is compared with {op}; fit needs <, <=, > or >=")
-            return Target(name, arch, model, t.dest, file, op, r, inputs)
+            return Target(name, arch, model, t.dest, file, op, float(constant), r, inputs)
     raise FitError(f"{route_path}: '{name}' is not compared with a threshold in a transition out of '{model}'")
 
 
@@ -210,6 +212,15 @@ def agreement(tokens: list[list[int]], reference: list[list[int]]) -> dict:
     n = max(len(prefix), 1)
     return {"token_agreement": same / max(total, 1), "mean_common_prefix": sum(prefix) / n,
             "rouge_l": sum(rouge) / n}
+
+
+def _output_bias(arch: str, tensors: dict[str, torch.Tensor]) -> str:
+    """The bias of the one output logit."""
+    if arch == "r2r":
+        return "out.bias"
+    if arch == "co_llm":
+        return "bias"
+    return f"layers.{sum(k.endswith('.weight') for k in tensors) - 1}.bias"
 
 
 def _digest(tensors: dict[str, torch.Tensor]) -> str:
@@ -357,9 +368,28 @@ def fit(opts: FitOptions) -> FitResult:
         div = ho.divergent
         chosen = train.choose(s_ho, div, target.op, min_recall, target_share)
         threshold = float(_route_text(chosen["threshold"]))
+        aligned_from = None
+        c = target.constant
+        if opts.align and 0 < c < 1 and 0 < chosen["threshold"] < 1:
+            # sigmoid(z + d) op c  <=>  sigmoid(z) op t  for d = logit(c) - logit(t): the file's
+            # output moves so that the threshold the program already says is the chosen one
+            aligned_from = chosen["threshold"]
+            d = train.sigmoid_inverse(c) - train.sigmoid_inverse(aligned_from)
+            bias = _output_bias(target.arch, tensors)
+            tensors[bias] = (tensors[bias].double() + d).float()
+            os.unlink(probe)
+            probe = _atomic(opts.out, lambda p: save_file(tensors, p, metadata=meta))
+            if router is not None:
+                net = rn.load_router_net(dataclasses.replace(router, file=probe))
+            else:
+                w, b = rn.load_head(ir.HeadLogit(target.model, probe, True), hidden)
+            with torch.no_grad():
+                s_ho, s_tr = score_of(ho.x), score_of(tr.x)
+            threshold = c
         figs = train.at(s_ho, div, target.op, threshold)
         route_score = s_ho if route_high else 1 - s_ho
         heldout = {"rows": len(ho.x), "divergent_rate": float(div.mean()),
+                   **({"aligned_from_threshold": aligned_from} if aligned_from is not None else {}),
                    "auc": train.auc(route_score, div), **figs,
                    "train_auc": train.auc(s_tr if route_high else 1 - s_tr, tr.divergent)}
         at_recall = train.choose(s_ho, div, target.op, 0.95, None)
