@@ -25,6 +25,7 @@ COMMANDS = {
     "tune": "tune",
     "bench": "bench",
     "eval": "eval",
+    "fit": "fit",
 }
 
 

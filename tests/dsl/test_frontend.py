@@ -115,7 +115,8 @@ serve { graph_batch_sizes = [1, 2, 4]  graph_tokens = [1, 4]  place a = "cuda:0"
 
 
 def test_load_program_fills_router_widths_from_tiny_models(tiny_pair):
-    p = load_program(EXAMPLES / "r2r.route", model_paths=tiny_pair)
+    # the shipped router weights fit the embedded models, not these (E310): not read here
+    p = load_program(EXAMPLES / "r2r.route", model_paths=tiny_pair, check_weights=False)
     assert [m.path for m in p.models] == [tiny_pair["slm"], tiny_pair["llm"]]
     hidden, emb, topk = p.routers[0].inputs
     assert (hidden.dim, emb.dim, topk.k) == (24, 24, 100)  # the small model's hidden size, not the large one's

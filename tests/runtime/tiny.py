@@ -170,11 +170,7 @@ def example_program(name: str, root: str, paths: dict[str, str], dtype: str = "f
     models = re.findall(r"^model (\w+)", src, re.M)
     alias = {"small": "slm", "large": "llm"}
     mp = {m: paths[alias.get(m, m)] for m in models}
-    # router and head files first: the checker may look at them
-    for rel in re.findall(r'^(?:router|head) \w+ on \w+ = "([^"]+)"', src, re.M):
-        full = os.path.join(root, rel)
-        if not os.path.exists(full):
-            save_file({"weight": torch.zeros(1)}, full)  # placeholder, replaced below
+    # no weights files yet (the checker reads those that exist): written below
     prog = load_program(dst, model_paths=mp)
     hidden_of = {}
     for m in prog.models:
@@ -184,7 +180,16 @@ def example_program(name: str, root: str, paths: dict[str, str], dtype: str = "f
         for inp in r.inputs:
             width += {"hidden": lambda x: x.dim, "token_embedding": lambda x: x.dim,
                       "topk_logits": lambda x: x.k, "scalar": lambda x: 1}[inp.kind](inp)
-        _random_mlp(os.path.join(root, r.file) if not os.path.isabs(r.file) else r.file, width, 16, 10 + i, 2.0)
+        path = os.path.join(root, r.file) if not os.path.isabs(r.file) else r.file
+        if r.arch == "mlp":
+            _random_mlp(path, width, 16, 10 + i, 2.0)
+        else:  # the papers' network kinds (router_nets.py), with the metadata naming them
+            from tokenrouter.compiler import router_nets
+            t = router_nets.random_tensors(r, torch.Generator().manual_seed(10 + i), width=16)
+            for k in [k for k in t if k.startswith("inputs.")]:
+                t[k] = t[k] * 0.05  # the tiny models' top-k logits are large and alike: damp them
+            t["out.weight" if r.arch == "r2r" else "layers.2.weight"] *= 4.0  # decisions both ways
+            save_file(t, path, metadata=router_nets.arch_metadata(r))
     from safetensors.torch import save_file
     for rel in re.findall(r'^head \w+ on (\w+) = "([^"]+)"', src, re.M):
         model, f = rel

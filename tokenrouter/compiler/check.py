@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.builtins import (ACTIVATIONS, BUILTIN_MODELS, DTYPES, ENSEMBLE_MODES,
+from tokenrouter.compiler.builtins import (ACTIVATIONS, ROUTER_ARCHS, BUILTIN_MODELS, DTYPES, ENSEMBLE_MODES,
                                            LANGUAGE_VERSION, QUANTS, ROLES, ROUTER_INPUTS, SERVE_KEYS,
                                            looks_like_path)
 from tokenrouter.compiler import check_params
@@ -390,11 +390,20 @@ class _Checker:
 
     def router(self, item: ast.RouterDecl):
         sym = self._reader(item, "router")
-        attrs = self.attrs(item.attrs, {"inputs": "", "activation": "", "output": ""},
+        attrs = self.attrs(item.attrs, {"inputs": "", "activation": "", "output": "", "arch": ""},
                            f"router '{item.name.text}'")
         if sym is None:
             return
         activation = self.choice(attrs["activation"], ACTIVATIONS, "activation") if "activation" in attrs else "relu"
+        arch = self.choice(attrs["arch"], ROUTER_ARCHS, "router architecture") if "arch" in attrs else "mlp"
+        if arch == "citer" and activation not in (None, "relu"):
+            self.err("E203", "CITER's classifier uses relu", attrs["activation"].value.span,
+                     hint="drop the activation, or declare arch = mlp")
+            activation = None
+        if arch in ("citer", "r2r") and "output" in attrs:
+            self.err("E203", f"an {arch} router has one output; 'output' applies to arch = mlp",
+                     attrs["output"].key.span)
+            arch = None
         output = 0
         if "output" in attrs:
             output = _as_int(attrs["output"].value, 0)
@@ -407,11 +416,11 @@ class _Checker:
             sym.ok = False
             return
         inputs = self.router_inputs(attrs["inputs"].value, sym.model)
-        if inputs is None or activation is None or output is None:
+        if inputs is None or activation is None or output is None or arch is None:
             sym.ok = False
             return
         self.out.routers.append(ir.RouterNet(sym.name, sym.model, sym.file, tuple(inputs), activation,
-                                             output, item.span))
+                                             output, item.span, arch))
 
     def router_inputs(self, value, model: str) -> list | None:
         if not isinstance(value, ast.ListLit) or not value.items:

@@ -51,13 +51,13 @@ def check_source(text: str, path: str = "<input>", base_dir: str | None = None,
     return _finish(tree, diags, path, base_dir, model_paths, full, params)
 
 
-def _finish(tree, diags, path, base_dir, model_paths, full, params):
+def _finish(tree, diags, path, base_dir, model_paths, full, params, check_weights=True):
     if tree is None:
         return None, diags
     checked, diags = check(tree, base_dir, params=params, model_paths=model_paths)
     if checked is None:
         return None, diags
-    program, more = lower(checked, None, full)  # the checker has applied model_paths
+    program, more = lower(checked, None, full, check_weights)  # the checker has applied model_paths
     return program, sort_diagnostics(diags + more)
 
 
@@ -71,25 +71,27 @@ def _read(path) -> tuple[bytes | None, list[Diagnostic]]:
 
 
 def check_file(path, model_paths: dict[str, str] | None = None, full: bool = False,
-               params: dict[str, str] | None = None) -> tuple[ir.Program | None, list[Diagnostic]]:
+               params: dict[str, str] | None = None,
+               check_weights: bool = True) -> tuple[ir.Program | None, list[Diagnostic]]:
     """Program (or None on any error) and every diagnostic, in source order."""
     path = os.fspath(path)
     data, diags = _read(path)
     if data is None:
         return None, diags
     tree, diags, _ = parse_bytes(data, path)
-    return _finish(tree, diags, path, None, model_paths, full, params)
+    return _finish(tree, diags, path, None, model_paths, full, params, check_weights)
 
 
 def load_program(path, model_paths: dict[str, str] | None = None,
-                 params: dict[str, str] | None = None) -> ir.Program:
-    """The checked program, models resolved; raises RouteError on any error."""
+                 params: dict[str, str] | None = None, check_weights: bool = True) -> ir.Program:
+    """The checked program, models resolved; raises RouteError on any error.
+    `check_weights=False` does not read router/head weights files (`fit` replaces them)."""
     path = os.fspath(path)
     data, diags = _read(path)
     if data is None:
         raise RouteError(diags)
     tree, diags, text = parse_bytes(data, path)
-    program, diags = _finish(tree, diags, path, None, model_paths, True, params)
+    program, diags = _finish(tree, diags, path, None, model_paths, True, params, check_weights)
     if program is None:
         raise RouteError([d for d in diags], text)
     return program

@@ -151,6 +151,30 @@ def _activation(name: str, x: np.ndarray) -> np.ndarray:
     raise InterpreterError(f"unknown activation {name!r}")
 
 
+def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    mu = x.mean()
+    var = ((x - mu) ** 2).mean()
+    return (x - mu) / math.sqrt(var + 1e-5) * w + b
+
+
+def _r2r_logit(t: dict[str, np.ndarray], r: ir.RouterNet, cols: list[np.ndarray]) -> float:
+    """R2R's classifier, written out one request at a time (layout: router_nets.py)."""
+    parts = []
+    for j, c in enumerate(cols):
+        if f"inputs.{j}.weight" in t:
+            c = t[f"inputs.{j}.weight"] @ c + t[f"inputs.{j}.bias"]
+        parts.append(c)
+    x = t["proj.weight"] @ np.concatenate(parts) + t["proj.bias"]
+    i = 0
+    while f"blocks.{i}.up.weight" in t:
+        y = _layer_norm(x, t[f"blocks.{i}.norm.weight"], t[f"blocks.{i}.norm.bias"])
+        y = _activation(r.activation, t[f"blocks.{i}.up.weight"] @ y + t[f"blocks.{i}.up.bias"])
+        x = x + t[f"blocks.{i}.down.weight"] @ y + t[f"blocks.{i}.down.bias"]
+        i += 1
+    x = _layer_norm(x, t["norm.weight"], t["norm.bias"])
+    return float((t["out.weight"] @ x + t["out.bias"])[0])
+
+
 def _logsumexp(xs: np.ndarray) -> float:
     m = float(np.max(xs))
     if m == -math.inf:
@@ -197,6 +221,7 @@ class Interpreter:
         self.base_dir = base_dir
         self._mlps: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
         self._heads: dict[tuple[str, str], tuple[np.ndarray, float]] = {}
+        self._tensors: dict[str, dict[str, np.ndarray]] = {}
 
     # ---------------------------------------------------------------- route
 
@@ -338,6 +363,11 @@ class Interpreter:
             self._mlps[name] = layers
         return self._mlps[name]
 
+    def tensors(self, name: str) -> dict[str, np.ndarray]:
+        if name not in self._tensors:
+            self._tensors[name] = _load_safetensors(_resolve(self.routers[name].file, self.base_dir))
+        return self._tensors[name]
+
     def head(self, h: ir.HeadLogit) -> tuple[np.ndarray, float]:
         key = (h.model, h.file)
         if key not in self._heads:
@@ -458,6 +488,8 @@ class _Context:
         x = np.concatenate(cols)
         if not np.isfinite(x).all():
             return math.nan
+        if r.arch == "r2r":
+            return _sigmoid(_r2r_logit(self.i.tensors(name), r, cols))
         layers = self.i.mlp(name)
         for j, (w, b) in enumerate(layers):
             x = w @ x + b

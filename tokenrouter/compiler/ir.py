@@ -198,11 +198,18 @@ RouterInput = Union[InputHidden, InputTokenEmbedding, InputTopkLogits, InputScal
 
 @dataclass(frozen=True)
 class RouterNet:
-    """A trained router: an MLP loaded from a safetensors file. Tensors are
-    `layers.{i}.weight` [out, in] and `layers.{i}.bias` [out] for i = 0..n-1, applied
-    with `activation` between layers; input width = sum of the inputs' widths. The output
-    is one logit (probability = sigmoid) when the last layer has 1 row, else
-    softmax(...)[output_index]."""
+    """A trained router network loaded from a safetensors file; its input is the
+    concatenation of `inputs` in declared order, its output one probability.
+
+    `arch` names the network (the tensor layout of each is in `router_nets.py`):
+    - "mlp": `layers.{i}.weight` [out, in], `layers.{i}.bias` [out], `activation` between
+      layers; one logit (sigmoid) when the last layer has 1 row, else
+      softmax(...)[output_index].
+    - "citer": CITER's classifier, h -> 2h -> h -> 1 with its batch norms folded into the
+      linear layers (so an "mlp" of that shape, ReLU, one sigmoid unit).
+    - "r2r": R2R's classifier: a linear projection per input (optional per input; R2R
+      projects the top-k logits to the hidden width), concatenation, a linear layer, residual
+      MLP blocks (pre-LayerNorm, `activation`), a final LayerNorm and one logit (sigmoid)."""
 
     name: str
     model: str  # whose step it reads
@@ -211,6 +218,7 @@ class RouterNet:
     activation: Literal["relu", "gelu", "silu", "tanh"] = "relu"
     output_index: int = 0
     span: Span | None = None
+    arch: Literal["mlp", "citer", "r2r"] = "mlp"
 
 
 # ------------------------------------------------------------------ program

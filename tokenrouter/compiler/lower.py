@@ -16,6 +16,7 @@ import os
 
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.check import Checked
+from tokenrouter.compiler.weights_check import cached_folder, weight_diagnostics
 from tokenrouter.dsl.diagnostics import Diagnostic, Note
 
 
@@ -47,8 +48,9 @@ def model_folder(path: str, full: bool) -> str | None:
 
 
 def lower(checked: Checked, model_paths: dict[str, str] | None = None,
-          full: bool = False) -> tuple[ir.Program | None, list[Diagnostic]]:
-    """(Program, diagnostics); the program is None when a model cannot be read (full mode)."""
+          full: bool = False, check_weights: bool = True) -> tuple[ir.Program | None, list[Diagnostic]]:
+    """(Program, diagnostics); the program is None when a model cannot be read (full mode).
+    `check_weights=False` skips reading router/head files (`fit` is about to replace them)."""
     diags: list[Diagnostic] = []
     models = list(checked.models)
     if model_paths:  # the front end binds models while checking; this is for callers of lower() alone
@@ -99,6 +101,16 @@ def lower(checked: Checked, model_paths: dict[str, str] | None = None,
             inputs.append(inp)
         routers.append(dataclasses.replace(router, inputs=tuple(inputs)))
 
+    def known_folder(model: ir.Model) -> str | None:
+        return (folder_of(model) if full or os.path.isdir(model.path) else None) or cached_folder(model)
+
+    def hidden_size_of(model: ir.Model) -> int | None:
+        folder = known_folder(model)
+        shape = _read_config(folder) if folder else None
+        return shape.hidden_size if shape else None
+
+    if check_weights:
+        diags.extend(weight_diagnostics(routers, checked.transitions, models, known_folder, hidden_size_of))
     if full:
         _check_tokenizers(models, folder_of, diags)
     if any(d.is_error for d in diags):

@@ -42,6 +42,7 @@ CODES: dict[str, tuple[Severity, str]] = {
     "E306": ("error", "invalid router input"),
     "E308": ("error", "cannot load a model"),
     "E309": ("error", "models do not share a tokenizer"),
+    "E310": ("error", "router weights do not fit their declaration"),
     "E401": ("error", "missing start"),
     "E402": ("error", "duplicate start"),
     "E403": ("error", "condition reads a model that is not running"),
@@ -66,6 +67,7 @@ CODES: dict[str, tuple[Severity, str]] = {
     "W001": ("warning", "ping-pong: overlapping switch-up and switch-back thresholds"),
     "W002": ("warning", "declared but never used"),
     "W003": ("warning", "model path does not exist"),
+    "W004": ("warning", "router fitted for other models"),
 }
 
 

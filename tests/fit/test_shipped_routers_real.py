@@ -1,0 +1,48 @@
+"""The shipped routers, served as a user would: `tokenrouter serve examples/{r2r,citer,co_llm}.route`
+answers an OpenAI client with both models writing tokens, and `check` finds the files fit
+their declarations and the embedded models."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "runtime"))
+from serving import wait_until_healthy  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+@pytest.mark.real_weights
+@pytest.mark.parametrize("example", ["r2r", "citer", "co_llm"])
+def test_shipped_router_serves_an_openai_client_with_both_models_writing(example):
+    from tokenrouter.compiler.frontend import check_file
+    _, diags = check_file(os.path.join(ROOT, "examples", f"{example}.route"), full=True)
+    assert diags == [], [d.message for d in diags]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "tokenrouter.cli", "serve", f"examples/{example}.route",
+                             "--port", str(port)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(proc, url, timeout_s=600, poll_s=0.5)
+        import openai
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+        written: dict[str, int] = {}
+        for question in ("What is the capital of France?", "Write a short poem about the sea."):
+            chat = client.chat.completions.create(
+                model=example, messages=[{"role": "user", "content": question}], max_tokens=48, temperature=0)
+            assert chat.choices[0].message.content.strip()
+            by_model = chat.model_extra["tokens_by_model"]
+            assert sum(by_model.values()) == chat.usage.completion_tokens
+            for m, n in by_model.items():
+                written[m] = written.get(m, 0) + n
+        assert written.get("slm", 0) > 0 and written.get("llm", 0) > 0, written
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
