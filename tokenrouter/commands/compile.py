@@ -22,7 +22,7 @@ import json
 import os
 import sys
 
-from tokenrouter.commands._args import add_binding_args, bindings
+from tokenrouter.commands._args import add_binding_args, bindings, report_unreadable
 
 HELP = "compile a .route file into its router module and serving plan"
 PLAN_VERSION = 1
@@ -40,9 +40,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from tokenrouter.compiler.codegen import CodegenError, generate_module
 
-    if not os.path.isfile(args.file):
-        why = "is a directory" if os.path.isdir(args.file) else "no such file"
-        print(f"tokenrouter compile: error: cannot read '{args.file}': {why}", file=sys.stderr)
+    if report_unreadable([args.file], "compile"):
         return 2
     if not args.output and not args.emit:
         print("tokenrouter compile: error: give -o DIR or --emit python|ir|plan", file=sys.stderr)

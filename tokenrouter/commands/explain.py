@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tokenrouter.commands._args import add_binding_args, bindings
+from tokenrouter.commands._args import add_binding_args, bindings, report_unreadable
 
 HELP = "describe a .route program in words and draw its state machine"
 
@@ -31,9 +31,7 @@ def run(args) -> int:
     from tokenrouter.compiler.frontend import check_file
     from tokenrouter.dsl.diagnostics import render_all
 
-    if not os.path.isfile(args.file):
-        why = "is a directory" if os.path.isdir(args.file) else "no such file"
-        print(f"tokenrouter explain: error: cannot read '{args.file}': {why}", file=sys.stderr)
+    if report_unreadable([args.file], "explain"):
         return 2
     if args.output and os.path.splitext(args.output)[1].lower() not in (".svg", ".png"):
         print(f"tokenrouter explain: error: -o takes a file ending in .svg or .png, got '{args.output}'",
