@@ -65,3 +65,46 @@ def test_batched_greedy_generation_matches_reference(tiny):
     for i in prompts:
         ref = hf_logits(model, toks[i])[len(prompts[i]) - 1:-1].argmax(-1).tolist()
         assert toks[i][len(prompts[i]):] == ref
+
+
+def test_paged_attention_gives_each_request_the_same_bits_in_any_batch():
+    """Batch invariance, bit for bit, in float32: a request's attention output must not depend
+    on the lengths of the requests sharing its step. Padding it to a neighbour's context or
+    new-token count changes the rounding of the products (by ~1e-7), which a bfloat16
+    quantised layer after it turns into one-ulp flips and, on SmolLM2, different tokens."""
+    from tokenrouter.runtime.engine.attention import CacheGeometry, build_meta, paged_attention
+    from tokenrouter.runtime.engine.config import ModelConfig
+    from tokenrouter.runtime.engine.kv_cache import KVCache
+
+    cfg = ModelConfig(architecture="llama", vocab_size=32, hidden_size=64 * 6, intermediate_size=64,
+                      num_hidden_layers=1, num_attention_heads=6, num_key_value_heads=2, head_dim=64,
+                      rms_norm_eps=1e-5, rope_theta=1e4, max_position_embeddings=512, tie_word_embeddings=True,
+                      attention_bias=False, qk_norm=False)
+    bs, blocks = 4, 200
+    kv = KVCache(cfg, blocks, bs, "cpu", torch.float32)
+    g = torch.Generator().manual_seed(0)
+    kv.kv.copy_(torch.randn(kv.kv.shape, generator=g))
+    geo = CacheGeometry(bs, blocks, cfg.num_key_value_heads, 3)
+    # (new tokens, context after the step): decodes, short extends, a prefill chunk
+    reqs = [(1, 9), (3, 150), (1, 61), (5, 40), (1, 300), (12, 12), (20, 70)]
+    tables, next_block = [], 0
+    for _, n in reqs:
+        nb = -(-n // bs)
+        tables.append(list(range(next_block, next_block + nb)))
+        next_block += nb
+
+    def slots(i):
+        q, n = reqs[i]
+        return [tables[i][p // bs] * bs + p % bs for p in range(n - q, n)]
+
+    t = sum(q for q, _ in reqs)
+    q_all = torch.randn(t, cfg.num_attention_heads, 64, generator=g)
+    meta = build_meta([q for q, _ in reqs], [n for _, n in reqs], tables, [s for i in range(len(reqs)) for s in slots(i)],
+                      geo, torch.float32, "cpu")
+    together = paged_attention(q_all, kv, 0, meta, 0.125)
+    start = 0
+    for i, (q, n) in enumerate(reqs):
+        one = build_meta([q], [n], [tables[i]], slots(i), geo, torch.float32, "cpu")
+        alone = paged_attention(q_all[start:start + q].clone(), kv, 0, one, 0.125)
+        assert torch.equal(together[start:start + q], alone), f"request {i} (q={q}, context {n})"
+        start += q

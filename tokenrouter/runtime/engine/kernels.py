@@ -1,12 +1,21 @@
-"""The measured choice of kernel per weight shape and row count, for quantised weights.
+"""The measured choice of kernel per weight shape, for quantised weights.
 
 Decode at batch 1 streams every weight once per step, so the smallest format wins there;
-at many rows the product becomes compute-bound and oneDNN's float32 kernel wins over the
+at many rows the product becomes compute-bound and oneDNN's float32 kernel can win over the
 int4 kernel's unpacking. Where the crossing lies differs from host to host (`bench_linear.py`),
 so it is never fixed in code: at first load every matrix shape is timed, one pass over all
 the model's matrices of that shape so the weights stream from memory as in a real step,
 for each kernel that computes the matrix's exact values and each row bucket (1, 2, 4, ...
 64), kernels interleaved within each round so load hits all alike, best of the rounds.
+
+Each shape then runs on ONE kernel at every row count, and only on a kernel that passes
+`row_invariant`: kernels round differently, and with bfloat16 activations a one-ulp
+difference in a layer's input grows, measured on SmolLM2, into 0.25 in the logits, enough
+to change a greedy token or a routing decision. One kernel that computes each row
+independently of its neighbours is what keeps a request's tokens the same at any
+concurrency (with `attention.short_shape` for attention). The kernel with the least mean
+slowdown over the decode row counts (1-16) wins.
+
 The plan is cached under the model cache (`kernel-plans/`), keyed by the host (CPU model,
 torch version, threads), the model and its format; `tokenrouter models --measure-kernels`
 measures again.
@@ -16,8 +25,8 @@ Kernels:
 - `int8`: `_weight_int8pack_mm` (per-row q8);
 - `onednn`: float32 weights reordered once for oneDNN;
 - `mkl`: float32 `W @ x.T` (one row padded to two, as `layers.linear` does).
-After the choice, only what the chosen kernels need is kept: a matrix that int4 runs at every
-row count holds no float copy at all.
+After the choice, only what the chosen kernel needs is kept: a matrix that int4 runs holds
+no float copy at all.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ import torch
 from .quant import Int4Weight, Int8Weight, QuantTensor, int4_shape_problem
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: one row-invariant kernel per shape
 
 
 def _mkl(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -171,10 +180,23 @@ def host_key(threads: int | None = None) -> dict:
             "threads": threads or torch.get_num_threads(), "cpus": os.cpu_count()}
 
 
+def row_invariant(lin: PlannedLinear, kernel: str, buckets=ROW_BUCKETS) -> bool:
+    """Whether `kernel` computes each row of a product the same, bit for bit, whatever
+    the number of rows beside it. Measured, not assumed: on this host torch's int4 and
+    int8 kernels are, oneDNN is not for a [576, 1536] matrix at one row, and MKL's
+    `W @ x.T` is not below 16 rows."""
+    x = torch.randn(buckets[-1], lin.shape[1], generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        full = lin.run(kernel, x)
+        return all(torch.equal(lin.run(kernel, x[:m]), full[:m]) for m in buckets[:-1])
+
+
 def measure(linears: list[PlannedLinear], rounds: int = 2, buckets=ROW_BUCKETS,
             progress=None) -> dict[str, list[tuple[int, str]]]:
-    """{shape key: plan} by timing one pass over all matrices of each shape per kernel and
-    row bucket (see the module docstring). Also returns nothing else: timings are in `last_timings`."""
+    """{shape key: plan} (one kernel per shape, `fixed_plan`): the candidates that pass
+    `row_invariant`, timed by one pass over all matrices of the shape per kernel and row
+    bucket (see the module docstring), and the one with the least mean slowdown over the
+    decode buckets (`DECODE_ROWS`) wins. Timings are kept in `last_timings`."""
     groups: dict[str, list[PlannedLinear]] = {}
     for lin in linears:
         groups.setdefault(lin.key, []).append(lin)
@@ -186,6 +208,9 @@ def measure(linears: list[PlannedLinear], rounds: int = 2, buckets=ROW_BUCKETS,
         kernels = group[0].candidates()
         for lin in group:
             lin.build(kernels)
+        # a kernel whose rows depend on their neighbours would make a request's tokens depend
+        # on its batch; only if no candidate is invariant (no oneDNN, float MKL only) run anyway
+        kernels = [k for k in kernels if row_invariant(group[0], k, buckets)] or kernels
         k_in = group[0].shape[1]
         best = {k: {} for k in kernels}
         live = list(kernels)
@@ -200,11 +225,13 @@ def measure(linears: list[PlannedLinear], rounds: int = 2, buckets=ROW_BUCKETS,
                         dt = time.perf_counter() - t0
                         if r:
                             best[k][rows] = min(best[k].get(rows, float("inf")), dt)
-                # a kernel 3x slower than the best here is not timed at larger row counts
-                # (time grows with rows for all of them); this bounds the first load's cost
-                fastest = min(best[k][rows] for k in live)
-                live = [k for k in live if best[k][rows] <= 3 * fastest]
-        plans[key] = [(rows, _pick({k: best[k][rows] for k in kernels if rows in best[k]})) for rows in buckets]
+                # past the decode buckets, a kernel 3x slower than the best is not timed at
+                # larger row counts (time grows with rows for all of them): this bounds the
+                # first load's cost
+                if rows >= DECODE_ROWS:
+                    fastest = min(best[k][rows] for k in live)
+                    live = [k for k in live if best[k][rows] <= 3 * fastest]
+        plans[key] = fixed_plan(_pick(best, [b for b in buckets if b <= DECODE_ROWS]))
         timings[key] = {k: {str(r): v * 1e3 for r, v in t.items()} for k, t in best.items()}
     measure.last_timings = timings
     return plans
@@ -213,18 +240,25 @@ def measure(linears: list[PlannedLinear], rounds: int = 2, buckets=ROW_BUCKETS,
 measure.last_timings = {}
 
 
+DECODE_ROWS = 16  # the row counts a decode step sees; larger ones are prefill chunks
 FLOAT_MARGIN = 1.10  # a float kernel must beat the integer one by 10% to earn its float copy
 
 
-def _pick(times: dict[str, float]) -> str:
-    """The fastest kernel, but an integer kernel within `FLOAT_MARGIN` of a float one wins:
-    a float kernel anywhere in a plan costs a float copy of the matrix, and on a loaded host a
-    few percent is noise."""
-    fastest = min(times, key=times.get)
-    ints = [k for k in ("int4", "int8") if k in times]
-    if fastest not in ints and ints and times[ints[0]] <= FLOAT_MARGIN * times[fastest]:
+def _pick(best: dict[str, dict[int, float]], rows: list[int]) -> str:
+    """The kernel with the least mean slowdown against the fastest at each of `rows`; but an
+    integer kernel within `FLOAT_MARGIN` of a float one wins: a float kernel costs a float
+    copy of the matrix, and on a loaded host a few percent is noise.
+
+    One kernel for every row count, not the fastest per row count: two kernels compute a row
+    to different roundings, and a plan that switched between them would make a request's
+    tokens depend on how many others share its step."""
+    fastest = {r: min(t[r] for t in best.values()) for r in rows}
+    slowdown = {k: sum(t[r] / fastest[r] for r in rows) / len(rows) for k, t in best.items()}
+    winner = min(slowdown, key=slowdown.get)
+    ints = [k for k in ("int4", "int8") if k in slowdown]
+    if winner not in ints and ints and slowdown[ints[0]] <= FLOAT_MARGIN * slowdown[winner]:
         return ints[0]
-    return fastest
+    return winner
 
 
 def plan_path(model_id: str, quant: str, act_dtype: torch.dtype, threads: int | None = None) -> str:

@@ -195,7 +195,10 @@ class Model:
             n, k = h.shape[0], min(self.RESCORE, lg.shape[1])
             top = lg.topk(k, dim=-1).indices  # [n, k]
             w = self.head_exact.dequantize(top.reshape(-1)).view(n, k, -1)
-            lg.scatter_(1, top, torch.bmm(w, h.to(torch.float32).unsqueeze(-1)).squeeze(-1).to(lg.dtype))
+            # a product and a sum per row, not `bmm`: its result for one row depends on how many
+            # rows share the call, which would make a request's logits depend on its batch
+            exact = (w * h.to(torch.float32).unsqueeze(1)).sum(-1)
+            lg.scatter_(1, top, exact.to(lg.dtype))
         return lg
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMeta, kv: KVCache,

@@ -19,9 +19,10 @@ and its output back; the residual stream, norms, attention and KV cache stay in 
 engine's dtype. With float32 activations the product equals the dequantised matmul to
 rounding (the exactness test). The kernel takes N % 16 == 0 and K % 32 == 0.
 
-Which kernel runs a matrix is chosen per shape and row count by measurement on the host
-(`kernels.py`); every kernel computes with the same (dequantised) weight values, so the
-choice changes results only by activation rounding.
+Which kernel runs a matrix is chosen per shape by measurement on the host (`kernels.py`),
+one kernel for every row count: the int4 kernel holds its scales and zeros in `act_dtype`
+and rounds its input and output to it, so it does not compute the float kernels' numbers,
+and a plan that switched kernels with the batch size would change a request's tokens.
 """
 
 from __future__ import annotations
