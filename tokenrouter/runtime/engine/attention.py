@@ -59,8 +59,8 @@ class CacheGeometry:
         return (heads[:, None] + blocks.reshape(1, -1)).reshape(-1)
 
 
-def _group(reqs: list[tuple[int, int, int, list[int]]], geo: CacheGeometry, dtype: torch.dtype,
-           device: torch.device | str, num_tokens: int, short: bool) -> AttnGroup:
+def build_group(reqs: list[tuple[int, int, int, list[int]]], geo: CacheGeometry, dtype: torch.dtype,
+                device: torch.device | str, num_tokens: int, short: bool) -> AttnGroup:
     """reqs: (first token index in T, new tokens, context length after the step, block table).
     A group that is the whole step, unpadded and in order, needs no scatter (dest None)."""
     b = len(reqs)
@@ -108,9 +108,9 @@ def build_meta(q_lens: list[int], kv_lens: list[int], block_tables: list[list[in
     long = [r for r in reqs if r[1] > SHORT_Q]
     groups = []
     if short:
-        groups.append(_group(short, geo, dtype, device, num_tokens=t, short=True))
+        groups.append(build_group(short, geo, dtype, device, num_tokens=t, short=True))
     for r in long:
-        groups.append(_group([r], geo, dtype, device, num_tokens=t, short=False))
+        groups.append(build_group([r], geo, dtype, device, num_tokens=t, short=False))
     slot_mapping = torch.tensor(slots, dtype=torch.long, device=device)
     return AttnMeta(slot_mapping=slot_mapping, groups=groups, num_tokens=t)
 
