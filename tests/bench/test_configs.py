@@ -45,9 +45,9 @@ def test_thresholds_per_configuration(bench_program):
 def test_launch_switches(bench_program):
     from tokenrouter.runtime.launcher import LaunchOptions
     base = LaunchOptions(mode="thread")
-    assert C.launch_options("no_pending", bench_program, base).rematch is True
+    assert C.launch_options("no_pending", bench_program, base).retention == "rematch"
     naive = C.launch_options("naive", bench_program, base)
-    assert naive.relay and naive.rematch
+    assert naive.transport == "relay" and naive.retention == "rematch"
     assert C.launch_options("tokenrouter", bench_program, base) is base
     assert C.launch_options("lockstep", bench_program, base) is None
 

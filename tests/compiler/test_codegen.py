@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.compiler.conftest import EXAMPLES, PROGRAMS, REPO, UPDATE_GOLDEN, get_program, write_random_weights
+from tokenrouter import routelib
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.abi import FeatureNeeds, StepTensors
 from tokenrouter.compiler.codegen import CodegenError, generate_module
@@ -90,12 +91,13 @@ def test_route_on_hand_made_batch():
 @given(seed=st.integers(0, 2**64 - 1), rs=st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=8),
        pos=st.integers(0, 2**40))
 def test_seeded_hash_matches_ir(seed, rs, pos):
-    """The int64-tensor splitmix64 of the module equals ir.bernoulli_uniform bit for bit."""
+    """The int64-tensor splitmix64 the modules import equals ir.bernoulli_uniform bit for bit."""
     module = _hash_module()
+    assert module.uniform is routelib.uniform
     c = ir.splitmix64(seed)
     c = c - (1 << 64) if c >= 1 << 63 else c
     positions = [pos + i for i in range(len(rs))]
-    got = module._uniform(c, torch.tensor(rs), torch.tensor(positions)).tolist()
+    got = module.uniform(c, torch.tensor(rs), torch.tensor(positions)).tolist()
     assert got == [ir.bernoulli_uniform(seed, r, p) for r, p in zip(rs, positions)]
 
 
@@ -187,12 +189,19 @@ def test_router_of_the_other_model_is_refused():
         generate_module(program)
 
 
+def _imports(source: str) -> set[str]:
+    tree = ast.parse(source)
+    imports = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return imports | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+
+
 def test_module_imports_only_torch_and_the_abi(tmp_path):
+    """A generated module imports torch and its fixed library, which imports only the ABI."""
+    import inspect
+    assert _imports(inspect.getsource(routelib)) == {"__future__", "math", "torch", "tokenrouter.compiler.abi"}
     for key in KEYS:
-        tree = ast.parse(generate_module(get_program(key, tmp_path)))
-        imports = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        imports |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-        assert imports == {"math", "torch", "tokenrouter.compiler.abi"}, (key, imports)
+        imports = _imports(generate_module(get_program(key, tmp_path)))
+        assert imports == {"torch", "tokenrouter.routelib"}, (key, imports)
 
 
 def test_route_has_no_loop_over_requests(tmp_path):

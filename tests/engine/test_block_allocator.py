@@ -1,12 +1,12 @@
-"""Allocator properties (hypothesis): no block owned twice, pinned blocks never reused,
-everything free again when all requests end; prefix sharing only of identical prefixes."""
+"""Allocator properties (hypothesis): no block owned twice, a live sequence's blocks never
+reused, everything free again when all requests end; prefix sharing only of identical prefixes."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from tokenrouter.runtime.engine.block_allocator import BlockAllocator, OutOfBlocks
 
@@ -20,15 +20,11 @@ class AllocatorMachine(RuleBasedStateMachine):
     def __init__(self, prefix_reuse: bool):
         super().__init__()
         self.a = BlockAllocator(12, 3, prefix_reuse=prefix_reuse)
-        self.tokens: dict[int, list[int]] = {}  # live sequences (incl. freed-but-pinned)
-        self.pins: dict[int, int] = {}
-        self.freed: set[int] = set()  # free() called while pinned
-        self.pinned_blocks: dict[int, list[int]] = {}
+        self.tokens: dict[int, list[int]] = {}  # live sequences
+        self.tables: dict[int, list[int]] = {}  # their block tables after their last append
 
     @rule(sid=SEQS, toks=TOKENS)
     def append(self, sid, toks):
-        if sid in self.freed:
-            return  # a freed sequence is never appended to by the runtime
         if self.a.blocks_needed(sid, len(toks)) > self.a.num_free:
             used = self.a.num_used
             with pytest.raises(OutOfBlocks):
@@ -40,34 +36,14 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert app.start == before and len(app.slots) == len(toks) - app.cached
         assert app.cached == 0 or before == 0
         self.tokens.setdefault(sid, []).extend(toks)
+        self.tables[sid] = self.a.block_table(sid)
         self.a.mark_computed(sid)
-
-    @rule(sid=SEQS)
-    def pin(self, sid):
-        if sid in self.tokens:
-            self.a.pin(sid)
-            self.pins[sid] = self.pins.get(sid, 0) + 1
-            self.pinned_blocks[sid] = self.a.block_table(sid)
-
-    @precondition(lambda self: any(self.pins.values()))
-    @rule(data=st.data())
-    def unpin(self, data):
-        sid = data.draw(st.sampled_from(sorted(s for s, n in self.pins.items() if n)))
-        self.a.unpin(sid)
-        self.pins[sid] -= 1
-        if not self.pins[sid] and sid in self.freed:
-            self.freed.discard(sid)
-            del self.tokens[sid]
 
     @rule(sid=st.integers(0, 7))
     def free(self, sid):
         self.a.free(sid)
-        if sid not in self.tokens:
-            return
-        if self.pins.get(sid):
-            self.freed.add(sid)
-        else:
-            del self.tokens[sid]
+        self.tokens.pop(sid, None)
+        self.tables.pop(sid, None)
 
     @invariant()
     def no_block_owned_twice_unless_shared_prefix(self):
@@ -90,16 +66,12 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert self.a.num_free == 12 - held
 
     @invariant()
-    def pinned_blocks_stay_with_their_sequence(self):
-        for sid, n in self.pins.items():
-            if n:
-                table = self.a.block_table(sid)
-                assert table[:len(self.pinned_blocks[sid])] == self.pinned_blocks[sid]
+    def held_blocks_stay_with_their_sequence(self):
+        """Until it is freed, a sequence keeps every block it was given (a pending request's KV)."""
+        for sid, table in self.tables.items():
+            assert self.a.block_table(sid)[:len(table)] == table
 
     def teardown(self):
-        for sid, n in list(self.pins.items()):
-            for _ in range(n):
-                self.a.unpin(sid)
         for sid in list(self.tokens):
             self.a.free(sid)
         assert self.a.num_used == 0 and self.a.num_free == 12
@@ -121,13 +93,7 @@ TestReuse = ReuseMachine.TestCase
 TestReuse.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 
 
-def test_unpin_and_pin_errors_are_clear():
-    a = BlockAllocator(4, 2)
-    with pytest.raises(KeyError, match="unknown"):
-        a.pin("x")
-    a.append("x", [1, 2, 3])
-    with pytest.raises(KeyError, match="not pinned"):
-        a.unpin("x")
+def test_bad_geometry_is_an_error():
     with pytest.raises(ValueError):
         BlockAllocator(0, 2)
 

@@ -49,22 +49,30 @@ def test_out_of_blocks_is_refused_before_any_change(llama):
     assert eng.blocks_used == 0 and eng.blocks_total == 5
 
 
-def test_pinned_sequence_keeps_its_blocks_until_unpinned(llama):
+def test_a_pending_sequence_keeps_its_blocks_under_pressure(llama):
+    """A sequence holds its blocks until it is freed (how a request pending at a peer keeps
+    its KV): others get only free blocks, or OutOfBlocks, and its cache stays intact."""
     _, cfg, sd = llama
     eng = Engine(cfg, sd, dtype=torch.float64, block_size=4, num_blocks=6)
     eng.step([("p", [4, 5, 6, 7, 8])])
-    before = eng.step([("p", [9])]).logits
-    eng.pin("p")
-    eng.free("p")  # deferred: p is pending at a peer
+    before = eng.step([("p", [9])]).logits  # p is now pending at a peer
+    table = eng.alloc.block_table("p")
     assert eng.blocks_used == 2 and eng.seq_len("p") == 6
     assert not eng.can_append([("q", [1] * 17)])  # only 4 blocks are free
-    eng.step([("q", [1] * 16)])
-    eng.free("q")
-    eng.unpin("p")
+    with pytest.raises(OutOfBlocks):
+        eng.step([("q", [1] * 17)])
+    for sid, tok in (("q", 1), ("q2", 3)):  # every free block, twice over
+        eng.step([(sid, [tok] * 16)])
+        assert eng.blocks_used == 6 and not set(eng.alloc.block_table(sid)) & set(table)
+        eng.free(sid)
+    assert eng.blocks_used == 2 and eng.alloc.block_table("p") == table and eng.seq_len("p") == 6
+    after = eng.step([("p", [10])]).logits  # p returns: a one-token extend of its own cache
+    eng.free("p")
     assert eng.blocks_used == 0
-    # and a fresh run of the same tokens gives the same logits (p's cache was never overwritten)
+    # a fresh run of the same tokens gives the same logits (p's cache was never overwritten)
     eng.step([("r", [4, 5, 6, 7, 8])])
     torch.testing.assert_close(eng.step([("r", [9])]).logits, before, rtol=0, atol=0)
+    torch.testing.assert_close(eng.step([("r", [10])]).logits, after, rtol=0, atol=0)
 
 
 def test_prefix_reuse_shares_blocks_and_changes_no_logits(llama):

@@ -50,3 +50,40 @@ def test_naive_deployment_matches_reference_and_resends_context(program, expecte
     bound = sum(len(p) + len(r.tokens) for p, r in zip(PROMPTS, expected))
     assert sum(ours_in.values()) <= 2 * bound
     assert sum(naive_in.values()) > 2 * sum(ours_in.values())
+
+
+def test_lockstep_ends_at_the_context_limit_like_the_reference(pair):
+    """A request whose tokens fill the context ends there ("length"), as at a subserver
+    and in the reference, instead of being fed to an engine that has no room for it."""
+    program = tiny.coin(pair, 0.5)
+    ctx = 40
+    prompts = [[7, 30, 90, 120, 8] * 6, [9, 11, 13] * 4]  # 30 and 12 tokens
+    ref = Reference(program, max_model_len=ctx)
+    want = [ref.generate(p, SamplingParams(max_tokens=100)) for p in prompts]
+    ls = Lockstep(program, num_blocks=32, max_model_len=ctx)
+    outs = ls.generate(prompts, SamplingParams(max_tokens=100), concurrency=2)
+    for p, o, r in zip(prompts, outs, want):
+        assert o.finish_reason == r.reason == "length"
+        assert len(p) + len(o.token_ids) == ctx
+        assert o.token_ids == r.tokens and o.tokens_by_model == r.written_by
+    assert ls.blocks_used() == {"slm": 0, "llm": 0}
+
+
+def test_lockstep_fails_a_rewrite_loop_like_the_reference(pair):
+    """Two writers that always rewrite each other's token never make progress: the request
+    ends with an error (as in the reference and the subservers), not an endless loop."""
+    import dataclasses
+
+    from tokenrouter.compiler import ir
+    always = ir.Bernoulli(1.0, 3)
+    program = dataclasses.replace(tiny.coin(pair, 1.0), bounds=(), transitions=(
+        ir.Transition("slm", "llm", always, "rewrite"), ir.Transition("llm", "slm", always, "rewrite")))
+    prompts = [[7, 30, 90, 120, 8], [5, 6, 7]]
+    ref = Reference(program).generate(prompts[0], SamplingParams(max_tokens=8))
+    assert ref.reason == "error" and "rewrite loop" in ref.error
+    ls = Lockstep(program, num_blocks=32)
+    outs = ls.generate(prompts, SamplingParams(max_tokens=8), concurrency=2)
+    for o in outs:
+        assert o.finish_reason == "error" and o.token_ids == [] and "loop" in o.error
+    assert ls.iterations == 3  # slm rewrites, llm rewrites, slm finds nothing new to read
+    assert ls.blocks_used() == {"slm": 0, "llm": 0}

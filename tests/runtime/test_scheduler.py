@@ -10,15 +10,15 @@ MS = 1_000_000
 
 def test_states_and_pending_is_skipped():
     s = Scheduler(batch_threshold=1)
-    s.add("a", 5, now=0)
-    s.add("b", 3, now=1)
+    s.add("a", now=0)
+    s.add("b", now=1)
     assert s.decide(2).batch == ("a", "b")
     s.stepped(["a", "b"], now=3)
     assert s.state("a") == "running"
     s.depart("a")
     assert s.state("a") == "pending"
     assert s.decide(4).batch == ("b",)  # the pending request is skipped
-    s.returned("a", 2, now=5)
+    s.returned("a", now=5)
     assert s.state("a") == "returning"
     assert set(s.decide(6).batch) == {"a", "b"}
     s.remove("a")
@@ -28,24 +28,24 @@ def test_states_and_pending_is_skipped():
 def test_return_of_a_request_that_is_not_pending_is_an_error():
     s = Scheduler()
     with pytest.raises(KeyError):
-        s.returned("x", 1, 0)
-    s.add("x", 1, 0)
+        s.returned("x", 0)
+    s.add("x", 0)
     with pytest.raises(KeyError):
-        s.returned("x", 1, 0)  # it is waiting, not pending
+        s.returned("x", 0)  # it is waiting, not pending
     with pytest.raises(KeyError):
-        s.add("x", 1, 0)
+        s.add("x", 0)
 
 
 def test_waits_for_threshold_while_more_can_arrive():
     s = Scheduler(batch_threshold=3, max_wait_ns=20 * MS)
     for r in "abcd":
         s.announce(r)  # four requests live in the system
-    s.add("a", 1, now=0)
+    s.add("a", now=0)
     d = s.decide(1 * MS)
     assert d.batch == () and d.wait_until == 20 * MS and d.reason == "waiting"
-    s.add("b", 1, now=2 * MS)
+    s.add("b", now=2 * MS)
     assert s.decide(3 * MS).batch == ()
-    s.add("c", 1, now=4 * MS)
+    s.add("c", now=4 * MS)
     d = s.decide(5 * MS)
     assert d.batch == ("a", "b", "c") and d.reason == "threshold"
 
@@ -54,8 +54,8 @@ def test_max_wait_bounds_the_wait():
     s = Scheduler(batch_threshold=4, max_wait_ns=20 * MS)
     for r in "abcdef":
         s.announce(r)
-    s.add("a", 1, now=0)
-    s.add("b", 1, now=10 * MS)
+    s.add("a", now=0)
+    s.add("b", now=10 * MS)
     assert s.decide(19 * MS).wait_until == 20 * MS  # the oldest one sets the deadline
     d = s.decide(20 * MS)
     assert d.batch == ("a", "b") and d.reason == "max_wait"
@@ -65,7 +65,7 @@ def test_no_wait_when_nothing_more_can_arrive():
     s = Scheduler(batch_threshold=8, max_wait_ns=10**12)
     s.announce("a")
     s.announce("b")
-    s.add("a", 1, now=0)
+    s.add("a", now=0)
     assert s.decide(1).batch == ()  # b is live elsewhere: it may come
     s.remove("b")  # b finished
     d = s.decide(2)
@@ -74,26 +74,23 @@ def test_no_wait_when_nothing_more_can_arrive():
 
 def test_pending_requests_here_count_as_possible_arrivals():
     s = Scheduler(batch_threshold=2, max_wait_ns=50 * MS)
-    s.add("a", 1, 0)
-    s.add("b", 1, 0)
+    s.add("a", 0)
+    s.add("b", 0)
     s.stepped(["a", "b"], 1)
     s.depart("b")  # b is away, it will come back
     assert s.decide(2).batch == ()
-    s.returned("b", 3, now=5)
+    s.returned("b", now=5)
     assert s.decide(6).batch == ("a", "b")
 
 
 def test_batch_limits():
-    s = Scheduler(batch_threshold=1, max_batch=2, max_batch_tokens=10)
-    s.add("a", 8, 0)
-    s.add("b", 8, 1)
-    s.add("c", 1, 2)
-    assert s.decide(3).batch == ("a",)  # b would exceed the token budget
-    s.stepped(["a"], 4)
-    assert s.decide(5).batch == ("b", "c")  # oldest first, within both limits
-    big = Scheduler(max_batch_tokens=4)
-    big.add("x", 100, 0)
-    assert big.decide(1).batch == ("x",)  # an oversized prefill still runs alone
+    s = Scheduler(batch_threshold=1, max_batch=2)
+    s.add("a", 0)
+    s.add("b", 1)
+    s.add("c", 2)
+    assert s.decide(3).batch == ("a", "b")  # oldest first, at most max_batch
+    s.stepped(["a", "b"], 4)
+    assert s.decide(5).batch == ("c", "a")
 
 
 def test_bad_settings():
@@ -120,11 +117,11 @@ def test_invariant_4_never_deadlocks_and_never_waits_past_max(B, n, wait, ops):
         r = rids[i % n]
         st_ = s.state(r)
         if op == 0 and st_ is None and r in s._live:
-            s.add(r, 1, now)
+            s.add(r, now)
         elif op == 1 and st_ in ("waiting", "running", "returning"):
             s.depart(r)
         elif op == 2 and st_ == "pending":
-            s.returned(r, 1, now)
+            s.returned(r, now)
         elif op == 3:
             s.remove(r)
         d = s.decide(now)

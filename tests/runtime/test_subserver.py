@@ -1,6 +1,6 @@
 """Subservers driven directly over real sockets, the test playing the frontend.
 
-The test relays every handoff itself (relay mode), so it sees exactly what crosses the
+The test relays every handoff itself (the `relay` transport), so it sees exactly what crosses the
 wire (invariant 2), and it holds the subserver objects, so at the end it can compare each
 model's KV cache for every request with a fresh prefill of the tokens that model has seen
 (invariant 1), before releasing everything and checking the blocks come back (invariant 3).
@@ -40,7 +40,7 @@ def test_pending_handoffs_send_suffixes_and_keep_kv_exact(pair, make):
     program = make(pair)
     names = ["frontend", "slm", "llm"]
     addrs = make_addresses(names, "inproc")
-    specs = plan(program, LaunchOptions(mode="thread", addresses=addrs, relay=True, num_blocks=96,
+    specs = plan(program, LaunchOptions(mode="thread", addresses=addrs, transport="relay", num_blocks=96,
                                         batch={"llm": 3}, max_wait_ms={"llm": 5}))
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)

@@ -79,15 +79,17 @@ class RuntimeDeployment(LLM):
         return m
 
     async def _timed_requests(self, prompts, sampling, concurrency):
+        from tokenrouter.runtime.engine.params import SamplingParams
         from tokenrouter.runtime.frontend import Delta
         sem = asyncio.Semaphore(max(1, concurrency))
+        params = SamplingParams(**{**sampling, "stop_token_ids": tuple(sampling["stop_token_ids"])})
 
         async def one(i: int):
             async with sem:
                 t0 = time.perf_counter()
                 toks: list[int] = []
                 final = None
-                async for ev in self.frontend.generate(prompts[i], sampling, seed=i):
+                async for ev in self.frontend.generate(prompts[i], params, seed=i):
                     if isinstance(ev, Delta):
                         toks += ev.tokens
                     else:

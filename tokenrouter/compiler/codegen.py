@@ -5,8 +5,10 @@ class whose `route(step)` is a single tensor program over the whole batch (no lo
 requests): the log-softmax of each distribution the rules read is computed once, and
 entropy, top-1 probability, margin and top-k derive from it; router networks are
 `torch.nn.Module`s handed in at load time (see `router_nets.py`, `compiled.py`); the
-decisions leave the device in one copy. `send`/`receive` move only the unseen suffix.
-The semantics are the reference interpreter's (`interpreter.py`), which is the oracle.
+decisions leave the device in one copy. What is the same for every program (the feature
+helpers, the seeded hash, `send`/`receive`, which move only the unseen suffix) is not
+emitted: the module imports it from `tokenrouter.routelib`. The semantics are the
+reference interpreter's (`interpreter.py`), which is the oracle.
 
 Safety: nothing a `.route` file says reaches the module as code. User names appear only
 as Python string literals made by `repr`; class and variable names are generated from
@@ -251,11 +253,11 @@ class _WriterLowering:
             n = len(self.memo)
             names = f"x{n}", f"p{n}", f"bad{n}"
             if self.ensemble is None and model == self.writer:
-                src = "_dist(step.logits, self.dtype)"
+                src = "dist(step.logits, self.dtype)"
             elif self.ensemble is not None and model in self.ensemble.members:
-                src = f"_dist(step.member_logits[{self.ensemble.members.index(model)}], self.dtype)"
+                src = f"dist(step.member_logits[{self.ensemble.members.index(model)}], self.dtype)"
             elif self.ensemble is not None and model == self.writer:
-                src = "_dist_of_logprobs(self.combine(step))"
+                src = "dist_of_logprobs(self.combine(step))"
             else:
                 raise self.fail(f"the step of {self.writer!r} does not read {model!r}'s distribution")
             self.block.lines.append(f"{', '.join(names)} = {src}")
@@ -273,7 +275,7 @@ class _WriterLowering:
     def truth(self, v: _Val) -> _Val:
         if v.kind == "bool":
             return v
-        return _Val(f"_truth({self.materialise(v).code})", "bool")
+        return _Val(f"truth({self.materialise(v).code})", "bool")
 
     # -- expressions
     def lower(self, e: object) -> _Val:
@@ -284,17 +286,17 @@ class _WriterLowering:
         if isinstance(e, ir.Bernoulli):
             p = py_float(e.p)
             seed_c = to_int64(ir.splitmix64(int(py_int(e.seed)) & _MASK64))
-            u = self.let(("uniform", e.seed), f"_uniform({seed_c}, step.request_seed, step.position)", "u")
+            u = self.let(("uniform", e.seed), f"uniform({seed_c}, step.request_seed, step.position)", "u")
             return _Val(f"({u} < {p})", "bool")
         if isinstance(e, ir.Entropy):
             x, p, bad = self.dist(e.model)
-            h = self.let(("entropy", e.model), f"_entropy({p}, {bad})", "f")
+            h = self.let(("entropy", e.model), f"entropy({p}, {bad})", "f")
             if not e.normalized:
                 return _Val(h, "num")
-            return _Val(self.let(("nentropy", e.model), f"{h} / _log_vocab({p})", "f"), "num")
+            return _Val(self.let(("nentropy", e.model), f"{h} / log_vocab({p})", "f"), "num")
         if isinstance(e, (ir.TopProb, ir.Margin)):
             x, p, bad = self.dist(e.model)
-            t2 = self.let(("top2", e.model), f"_top2({p}, {bad})", "t")
+            t2 = self.let(("top2", e.model), f"top2({p}, {bad})", "t")
             if isinstance(e, ir.TopProb):
                 return _Val(f"{t2}[:, 0]", "num")
             return _Val(self.let(("margin", e.model), f"{t2}[:, 0] - {t2}[:, 1]", "f"), "num")
@@ -341,13 +343,13 @@ class _WriterLowering:
         for inp in r.inputs:
             if isinstance(inp, ir.InputHidden):
                 self.hidden_layers.add(inp.layer)
-                cols.append(f"_hidden(step, {py_int(inp.layer)}, self.dtype)")
+                cols.append(f"hidden(step, {py_int(inp.layer)}, self.dtype)")
             elif isinstance(inp, ir.InputTokenEmbedding):
                 self.token_embedding = True
-                cols.append("_embedding(step, self.dtype)")
+                cols.append("embedding(step, self.dtype)")
             elif isinstance(inp, ir.InputTopkLogits):
                 x, p, bad = self.dist(r.model)
-                cols.append(f"_topk({x}, {py_int(inp.k)}, {bad})")
+                cols.append(f"topk({x}, {py_int(inp.k)}, {bad})")
             else:
                 if _mentions_router(inp.expr):
                     raise self.fail(f"router {name!r}: a router's input cannot read a router")
@@ -361,7 +363,7 @@ class _WriterLowering:
         self.hidden_layers.add(-1)
         i = self.heads.index((e.model, e.file))
         sig = "True" if e.sigmoid else "False"
-        return self.let(("head", i, e.sigmoid), f"_head(step, self.heads[{i}], {sig}, self.dtype)", "f")
+        return self.let(("head", i, e.sigmoid), f"head(step, self.heads[{i}], {sig}, self.dtype)", "f")
 
 
 def _mentions_router(e: object) -> bool:

@@ -2,31 +2,21 @@
 
 It lives in one asyncio event loop (uvicorn's for `serve`, a private one for the offline
 API) and owns the frontend's ZeroMQ sockets: a PULL socket where subservers report
-(ready, tokens, done, stats replies) and a PUSH socket to every subserver.
+(ready, tokens, done, stats replies, and handoffs to forward with the `relay` transport)
+and a PUSH socket to every subserver.
 
-Tokens of one request are committed by different subservers, and frames from different
-senders are not ordered with respect to each other, so each request keeps a small reorder
-buffer keyed by output position; it ends when the `done` report has arrived *and* every
-token before it. Then the frontend tells every subserver to release it (free its KV), the
-same message an abort sends, so invariant 3 has one code path.
+Each request in flight is a `RequestStream` (`frontend_streams.py`), which puts the tokens
+of several subservers back in order. When it ends (done, abort, error) the frontend tells
+every subserver to release it (free its KV): the same message for every ending, so
+invariant 3 has one code path.
 
 Admission control keeps the KV caches from filling up mid-request (a pending request
-pins its blocks, so running out of blocks could otherwise deadlock): a request reserves
-ceil((prompt + max_tokens) / block_size) + 1 blocks of the smallest cache before it is
-submitted, and waits in a FIFO queue here while they are not free.
+keeps its blocks at the writers it left, so running out of blocks could otherwise
+deadlock): a request reserves ceil((prompt + max_tokens) / block_size) + 1 blocks of the
+smallest cache before it is submitted, and waits in a FIFO queue here while they are not
+free.
 
-Liveness: every subserver, local or remote, sends a heartbeat every 0.5 s (any frame from
-it counts). A subserver is *down* when its process exits (local: the launcher sees it at
-once) or nothing arrived from it for `heartbeat_timeout_s`. Then every request in flight
-ends with an error naming it (the frontend cannot tell which requests hold KV there or
-are on their way to it), new requests get 503, and /health and /metrics say which is
-down. A local subserver is restarted with backoff (`restart`); when it reports `ready`
-again serving resumes, and every request that ended while it was down is released there
-once more (a handoff queued for the dead process may have recreated one). After
-`max_restarts` failed attempts in a row the runtime is *fatal* and `on_fatal` is called
-(`tokenrouter serve` then exits non-zero, for a supervisor to take over). A remote
-subserver is never restarted from here: it is up again when it reports ready (or its
-heartbeats resume).
+Liveness (heartbeats, failing what is in flight, restarts) is `frontend_liveness.py`.
 """
 
 from __future__ import annotations
@@ -37,80 +27,29 @@ import logging
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 import zmq
 import zmq.asyncio
 
 from tokenrouter.runtime import wire
+from tokenrouter.runtime.engine.params import SamplingParams
+from tokenrouter.runtime.frontend_liveness import HEARTBEAT_TIMEOUT_S, MAX_RESTARTS, Liveness, SubserverWatch
+from tokenrouter.runtime.frontend_streams import Delta, Final, RequestStream
 from tokenrouter.runtime.transport import bind_form, bound_receive, check_address
+
+__all__ = ["Delta", "Final", "Frontend", "RuntimeUnavailable", "close_runtime", "open_runtime"]
 
 log = logging.getLogger(__name__)
 
-FRONTEND = "frontend"
-
-
-HEARTBEAT_TIMEOUT_S = 3.0
-MAX_RESTARTS = 5  # failed restarts in a row before the runtime gives up
-RESTART_TIMEOUT_S = 180.0  # a restarted process must report ready within this
-STABLE_S = 60.0  # up this long after a restart: the failure count starts again
-_ENDED_MEMORY = 100_000  # rids remembered per down subserver, to release again on its return
+FRONTEND = wire.FRONTEND
 
 
 class RuntimeUnavailable(RuntimeError):
     """A subserver failed to start, is down, or the runtime gave up on it."""
 
 
-@dataclass
-class Liveness:
-    """What the frontend knows of one subserver's health."""
-
-    up: bool = False
-    pid: int = 0
-    last_seen: float = 0.0  # monotonic time of its last frame
-    since: float = 0.0  # when it last came up
-    reason: str = ""  # why it is down
-    restarts: int = 0  # restarts done, ever
-    failures: int = 0  # failed attempts in a row
-    next_restart: float | None = None  # monotonic time of the next attempt
-    restart_at: float = 0.0  # when the last attempt started
-    ended: list[str] = field(default_factory=list)  # requests ended while it was down
-
-    def to_dict(self, now: float) -> dict[str, Any]:
-        return {"up": self.up, "pid": self.pid, "restarts": self.restarts,
-                "last_seen_s": round(now - self.last_seen, 3) if self.last_seen else None,
-                "reason": None if self.up else (self.reason or "starting")}
-
-
-@dataclass
-class Delta:
-    """Tokens newly committed for a request, in order, and the writer of each."""
-
-    tokens: list[int]
-    writers: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Final:
-    reason: str  # stop | length | abort | error
-    n_out: int
-    written_by: dict[str, int]
-    error: str | None = None
-
-
-@dataclass
-class _Live:
-    rid: str
-    blocks: int
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    buf: dict[int, tuple[int, str]] = field(default_factory=dict)  # position -> (token, writer)
-    next: int = 0
-    done: wire.Done | None = None
-    ended: bool = False
-
-
-class Frontend:
+class Frontend(SubserverWatch):
     def __init__(self, start_writer: str, addresses: dict[str, str], ctx: zmq.Context | None = None,
                  alive: Callable[[], dict[str, bool]] | None = None,
                  restart: Callable[[str], None] | None = None,
@@ -128,7 +67,7 @@ class Frontend:
         self.security = security  # transport.Security (CURVE) or None
         self.live: dict[str, Liveness] = {w: Liveness() for w in self.writers}
         self.ready: dict[str, wire.Ready] = {}
-        self.reqs: dict[str, _Live] = {}
+        self.reqs: dict[str, RequestStream] = {}
         self.finished: dict[str, int] = {}
         self.frames_dropped: dict[str, int] = {}
         self._started = False
@@ -234,22 +173,21 @@ class Frontend:
         return self._capacity
 
     # -------------------------------------------------------------- requests
-    async def generate(self, prompt: list[int], sampling: dict[str, Any], seed: int = 0,
+    async def generate(self, prompt: list[int], params: SamplingParams, seed: int = 0,
                        rid: str | None = None) -> AsyncIterator[Delta | Final]:
         """Submit one request and yield its tokens as they are committed, then a `Final`.
         Closing the iterator early (a client went away) aborts the request."""
         if not self.healthy:
             raise RuntimeUnavailable(self.failure or "the runtime is not running")
         rid = rid or uuid.uuid4().hex
-        try:  # in-process callers may pass a tuple of stop ids; the wire itself is strict
-            sampling = wire.Sampling.model_validate(
-                {**sampling, "stop_token_ids": [int(t) for t in sampling.get("stop_token_ids", ())]})
+        try:
+            sampling = wire.Sampling.of(params)  # the wire's bounds
         except (ValueError, TypeError) as exc:
             raise ValueError(f"bad sampling parameters: {exc}") from None
         blocks = self.blocks_needed(len(prompt), sampling.max_tokens)
         if blocks > self._capacity:
             raise ValueError(f"the request needs {blocks} KV blocks, more than the {self._capacity} there are")
-        live = _Live(rid, blocks)
+        live = RequestStream(rid, blocks)
         finished = False
         try:
             await self._reserve(blocks)
@@ -327,7 +265,7 @@ class Frontend:
                 raise RuntimeUnavailable(self.failure or "the runtime stopped")
             self._reserved += blocks
 
-    def _end(self, live: _Live, final: Final) -> None:
+    def _end(self, live: RequestStream, final: Final) -> None:
         """Finish a request once: tell its consumer, release it everywhere, free its reservation."""
         if live.ended:
             return
@@ -335,12 +273,10 @@ class Frontend:
         live.queue.put_nowait(final)
         self.finished[final.reason] = self.finished.get(final.reason, 0) + 1
         self.reqs.pop(live.rid, None)
-        for lv in self.live.values():
-            if not lv.up and len(lv.ended) < _ENDED_MEMORY:
-                lv.ended.append(live.rid)  # released there again when it is back
+        self._remember_ended(live.rid)
         asyncio.get_running_loop().create_task(self._release(live, final.reason))
 
-    async def _release(self, live: _Live, reason: str) -> None:
+    async def _release(self, live: RequestStream, reason: str) -> None:
         for w in self.writers:
             try:
                 await self._send(w, wire.Release(rid=live.rid, reason=reason))
@@ -364,14 +300,6 @@ class Frontend:
             except Exception:
                 log.exception("frontend could not handle a %s message", type(msg).__name__)
                 self.frames_dropped["error"] = self.frames_dropped.get("error", 0) + 1
-
-    def _seen(self, writer: str, pid: int | None = None) -> None:
-        lv = self.live.get(writer)
-        if lv is None:
-            return
-        lv.last_seen = time.monotonic()
-        if not lv.up and self._started and pid is not None and pid == lv.pid and lv.reason.startswith("no heartbeat"):
-            self._came_back(writer, "its heartbeats resumed")  # same process: a network pause
 
     def _on_message(self, msg) -> None:
         w = getattr(msg, "writer", None)
@@ -398,7 +326,7 @@ class Frontend:
                 return
             live.done = msg
             self._flush(live)
-        elif isinstance(msg, wire.Handoff):  # relay mode: forward like a dispatcher would
+        elif isinstance(msg, wire.Handoff):  # the `relay` transport: forward like a dispatcher would
             self._push[msg.dest].send(wire.encode(msg))  # queued at once; never blocks (no HWM)
         elif isinstance(msg, wire.Ready):
             lv = self.live.get(msg.writer)
@@ -427,95 +355,10 @@ class Frontend:
                 if set(got) >= asked and not fut.done():
                     fut.set_result(None)
 
-    def _flush(self, live: _Live) -> None:
-        run, by = [], []
-        while live.next in live.buf:
-            tok, writer = live.buf.pop(live.next)
-            run.append(tok)
-            by.append(writer)
-            live.next += 1
-        if run:
-            live.queue.put_nowait(Delta(run, by))
-        d = live.done
-        if d is not None and live.next >= d.n_out:
-            self._end(live, Final(d.reason, d.n_out, d.written_by, d.error))
-
-    # ---------------------------------------------------------------- liveness
-    async def _watchdog(self, period: float = 0.25) -> None:
-        """Notice dead subservers (exited processes, silent peers) and restart local ones."""
-        while True:
-            await asyncio.sleep(period)
-            try:
-                await self._check()
-            except Exception:
-                log.exception("liveness check failed")
-
-    async def _check(self) -> None:
-        now = time.monotonic()
-        # If this loop itself was held up, frames may be waiting unread: judge silence next time.
-        stalled, self._last_check = now - self._last_check > 1.0, now
-        alive = self._alive() if self._alive is not None else {}
-        for w, lv in self.live.items():
-            if lv.up:
-                if alive.get(w) is False:
-                    await self._went_down(w, "its process exited")
-                elif now - lv.last_seen > self.heartbeat_timeout_s and not stalled:
-                    await self._went_down(w, f"no heartbeat for {now - lv.last_seen:.1f} s")
-                elif lv.failures and now - lv.since > STABLE_S:
-                    lv.failures = 0
-            elif self._restart is not None and w in alive and self.fatal is None:
-                await self._maybe_restart(w, lv, alive[w], now)
-
-    async def _maybe_restart(self, w: str, lv: Liveness, running: bool, now: float) -> None:
-        if lv.next_restart is None:  # just went down: the first attempt comes at once
-            lv.next_restart = now
-        if running and lv.reason.startswith("restarting"):
-            if now - lv.restart_at < RESTART_TIMEOUT_S:
-                return  # the new process is loading its models
-            lv.reason = f"a restart did not report ready within {RESTART_TIMEOUT_S:.0f} s"
-        elif now < lv.next_restart:
-            return
-        if lv.failures >= self.max_restarts:
-            self.fatal = (f"subserver {w} is down and {self.max_restarts} restarts in a row failed "
-                          f"(last: {lv.reason}); giving up")
-            log.error("%s", self.fatal)
-            for live in list(self.reqs.values()):
-                self._end(live, Final("error", live.next, {}, self.fatal))
-            async with self._admit:
-                self._admit.notify_all()
-            if self.on_fatal is not None:
-                self.on_fatal(self.fatal)
-            return
-        lv.failures += 1
-        lv.restarts += 1
-        lv.restart_at = now
-        lv.next_restart = now + min(30.0, 0.5 * 2 ** lv.failures)  # backoff if this one fails too
-        lv.reason = f"restarting (attempt {lv.failures} of {self.max_restarts})"
-        log.warning("subserver %s: %s", w, lv.reason)
-        await asyncio.get_running_loop().run_in_executor(None, self._restart, w)
-
-    async def _went_down(self, w: str, reason: str) -> None:
-        lv = self.live[w]
-        lv.up, lv.reason, lv.next_restart = False, reason, None
-        msg = f"subserver {w} is down ({reason})"
-        log.error("%s; failing %d requests", msg, len(self.reqs))
-        for live in list(self.reqs.values()):
-            self._end(live, Final("error", live.next, {}, msg))
-        async with self._admit:
-            self._admit.notify_all()
-
-    def _came_back(self, w: str, how: str) -> None:
-        lv = self.live[w]
-        lv.up, lv.reason, lv.next_restart = True, "", None
-        lv.since = lv.last_seen = time.monotonic()
-        ended, lv.ended = lv.ended, []
-        log.warning("subserver %s is up: %s; releasing %d requests that ended meanwhile", w, how, len(ended))
-        loop = asyncio.get_running_loop()
-        loop.create_task(self._release_again(w, ended))
-
-    async def _release_again(self, w: str, rids: list[str]) -> None:
-        for rid in rids:
-            await self._send(w, wire.Release(rid=rid, reason="error"))
+    def _flush(self, live: RequestStream) -> None:
+        final = live.flush()
+        if final is not None:
+            self._end(live, final)
 
 
 async def open_runtime(program, opts=None, timeout: float = 180.0, **liveness):

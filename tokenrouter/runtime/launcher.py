@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenrouter.compiler import ir
-from tokenrouter.runtime.subserver import FRONTEND, SubserverSpec
+from tokenrouter.runtime.subserver_setup import SubserverSpec
 from tokenrouter.runtime.transport import cleanup_ipc, make_addresses
+from tokenrouter.runtime.wire import FRONTEND
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,8 @@ class LaunchOptions:
     block_size: int = 16
     num_blocks: int | None = None
     max_model_len: int | None = None
-    rematch: bool = False  # baseline switches, see subserver.py
-    relay: bool = False
+    retention: str = "pending"  # KV of a departed request: "pending" | "rematch" (policies.py)
+    transport: str = "peer"  # handoffs: "peer" | "relay" through the frontend (policies.py)
     profile: Any = None  # a tuner profile for `auto`, when available
     base_dir: str | None = None
     test_hooks: bool = False  # subservers accept test-only messages (tests only)
@@ -136,7 +137,7 @@ def plan(program: ir.Program, opts: LaunchOptions) -> dict[str, SubserverSpec]:
             max_wait_ms=float(opts.max_wait_ms.get(w, waits.get(w, DEFAULT_MAX_WAIT_MS))),
             threads=int(opts.threads.get(w, threads.get(w, 0)) or max(1, cores // max(1, len(local)))),
             device=device, block_size=opts.block_size, num_blocks=opts.num_blocks,
-            max_model_len=opts.max_model_len, rematch=opts.rematch, relay=opts.relay,
+            max_model_len=opts.max_model_len, retention=opts.retention, transport=opts.transport,
             set_threads=opts.mode != "thread", test_hooks=opts.test_hooks,
             curve_keys=opts.curve_keys, insecure_tcp=opts.insecure_tcp)
     return specs
@@ -163,9 +164,11 @@ class Launcher:
     def start(self) -> "Launcher":
         if self.opts.mode == "thread":
             import zmq
+
+            from tokenrouter.runtime.subserver import run_thread
             self.ctx = zmq.Context()
             for w in self.local:
-                t = threading.Thread(target=_thread_main, args=(self.specs[w], self.ctx),
+                t = threading.Thread(target=run_thread, args=(self.specs[w], self.ctx),
                                      name=f"subserver-{w}", daemon=True)
                 t.start()
                 self._threads[w] = t
@@ -228,12 +231,3 @@ class Launcher:
             self.ctx.term()
             self.ctx = None
 
-
-def _thread_main(spec: SubserverSpec, ctx) -> None:
-    from tokenrouter.runtime.subserver import Subserver, _report_startup_failure
-    try:
-        sub = Subserver(spec, ctx=ctx)
-    except Exception as exc:
-        _report_startup_failure(spec, exc, ctx=ctx)
-        return
-    sub.serve()

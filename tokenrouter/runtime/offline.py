@@ -14,6 +14,7 @@ ordinary blocking call (with a tqdm progress bar) that also works inside noteboo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import threading
@@ -52,12 +53,12 @@ def tokenizer_for(program: ir.Program):
     return Tokenizer.from_dir(folder, eos_token_ids=eos)
 
 
-def sampling_dict(params, tokenizer, ignore_eos: bool = False) -> dict[str, Any]:
+def with_eos(params, tokenizer, ignore_eos: bool = False):
+    """`params` with the tokenizer's end-of-sequence ids added to its stop ids (unless ignored)."""
     stop = list(params.stop_token_ids)
     if not ignore_eos:
         stop += [t for t in tokenizer.eos_token_ids if t not in stop]
-    return {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
-            "seed": params.seed, "max_tokens": params.max_tokens, "stop_token_ids": stop}
+    return dataclasses.replace(params, stop_token_ids=tuple(stop))
 
 
 class LLM:
@@ -92,21 +93,20 @@ class LLM:
                  desc: str = "generate") -> list[RequestOutput]:
         """Generate for every prompt (text or token ids); outputs in prompt order.
         `concurrency` caps the requests in flight (default: all, as KV capacity allows)."""
-        from tokenrouter.runtime.engine.sampler import SamplingParams
+        from tokenrouter.runtime.engine.params import SamplingParams
         if isinstance(prompts, str):
             prompts = [prompts]
-        params = params or SamplingParams(max_tokens=64)
+        params = with_eos(params or SamplingParams(), self.tokenizer, ignore_eos)
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
-        sampling = sampling_dict(params, self.tokenizer, ignore_eos)
-        return self._call(self._run(list(prompts), ids, sampling, concurrency, use_tqdm, seeds, desc))
+        return self._call(self._run(list(prompts), ids, params, concurrency, use_tqdm, seeds, desc))
 
-    async def _run(self, prompts, ids, sampling, concurrency, use_tqdm, seeds, desc) -> list[RequestOutput]:
+    async def _run(self, prompts, ids, params, concurrency, use_tqdm, seeds, desc) -> list[RequestOutput]:
         from tqdm.auto import tqdm
 
         from tokenrouter.runtime.frontend import Delta
         sem = asyncio.Semaphore(concurrency or len(ids) or 1)
         bar = tqdm(total=len(ids), desc=desc, unit="req", disable=not use_tqdm)
-        stop = set(sampling["stop_token_ids"])
+        stop = set(params.stop_token_ids)
 
         async def one(i: int) -> RequestOutput:
             async with sem:
@@ -114,7 +114,7 @@ class LLM:
                 writers: list[str] = []
                 final = None
                 try:
-                    async for ev in self.frontend.generate(ids[i], sampling, seed=(seeds[i] if seeds else 0)):
+                    async for ev in self.frontend.generate(ids[i], params, seed=(seeds[i] if seeds else 0)):
                         if isinstance(ev, Delta):
                             toks += ev.tokens
                             writers += ev.writers

@@ -4,7 +4,7 @@ A subserver serves one writer. Each request it knows is in one state:
 
     waiting    new here: its next step is a prefill of everything known
     running    ready to decode one token
-    pending    away at a peer; its KV stays pinned and the scheduler skips it
+    pending    away at a peer; it keeps its KV blocks here and the scheduler skips it
     returning  came back from a peer with a suffix: its next step is a short extend
 
 (`finished` requests are removed.) `waiting`, `running` and `returning` are *ready*.
@@ -33,7 +33,6 @@ READY: tuple[State, ...] = ("waiting", "running", "returning")
 class _Entry:
     state: State
     ready_since: int  # ns; meaningful while ready
-    tokens: int  # tokens its next step feeds (prefill length, suffix length, or 1)
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,7 @@ class Decision:
 
 class Scheduler:
     def __init__(self, batch_threshold: int = 1, max_wait_ns: int = 20_000_000,
-                 max_batch: int = 256, max_batch_tokens: int | None = None):
+                 max_batch: int = 256):
         if batch_threshold < 1:
             raise ValueError(f"batch threshold must be >= 1, got {batch_threshold}")
         if max_wait_ns < 0:
@@ -55,7 +54,6 @@ class Scheduler:
         self.batch_threshold = batch_threshold
         self.max_wait_ns = max_wait_ns
         self.max_batch = max_batch
-        self.max_batch_tokens = max_batch_tokens
         self._entries: dict[str, _Entry] = {}
         self._live: set[str] = set()  # requests alive anywhere in the system
 
@@ -64,20 +62,20 @@ class Scheduler:
         """A request exists in the system (it may come here later)."""
         self._live.add(rid)
 
-    def add(self, rid: str, tokens: int, now: int) -> None:
+    def add(self, rid: str, now: int) -> None:
         """A request whose next step here is a prefill (new, or a first visit from a peer)."""
         if rid in self._entries:
             raise KeyError(f"request {rid!r} is already scheduled here")
         self._live.add(rid)
-        self._entries[rid] = _Entry("waiting", now, tokens)
+        self._entries[rid] = _Entry("waiting", now)
 
-    def returned(self, rid: str, tokens: int, now: int) -> None:
-        """A pending request came back with `tokens` tokens to append."""
+    def returned(self, rid: str, now: int) -> None:
+        """A pending request came back with a suffix to append."""
         e = self._entries.get(rid)
         if e is None or e.state != "pending":
             raise KeyError(f"request {rid!r} is not pending here")
         self._live.add(rid)
-        e.state, e.ready_since, e.tokens = "returning", now, tokens
+        e.state, e.ready_since = "returning", now
 
     def depart(self, rid: str) -> None:
         """The request went to a peer: keep it (and its KV) but skip it."""
@@ -87,7 +85,7 @@ class Scheduler:
         """These requests completed a step and stay here: each decodes one token next."""
         for rid in rids:
             e = self._entries[rid]
-            e.state, e.ready_since, e.tokens = "running", now, 1
+            e.state, e.ready_since = "running", now
 
     def remove(self, rid: str) -> None:
         """The request ended: forget it here and in the live set."""
@@ -125,7 +123,7 @@ class Scheduler:
         ready = self.ready()
         if not ready:
             return Decision(reason="idle")
-        batch = self._fit(ready)
+        batch = tuple(ready[:max(1, self.max_batch)])  # oldest first; at least one
         oldest = self._entries[ready[0]].ready_since
         if len(ready) >= self.batch_threshold:
             return Decision(batch, reason="threshold")
@@ -141,16 +139,3 @@ class Scheduler:
     def _more_can_arrive(self, n_ready: int) -> bool:
         # Every live request that is not ready here (pending here, or elsewhere) may come.
         return len(self._live) > n_ready
-
-    def _fit(self, ready: list[str]) -> tuple[str, ...]:
-        """The oldest ready requests that fit in one step (batch size and token budget);
-        always at least one, so an oversized prefill still runs alone."""
-        out, tokens = [], 0
-        for rid in ready:
-            t = self._entries[rid].tokens
-            if out and (len(out) >= self.max_batch or
-                        (self.max_batch_tokens is not None and tokens + t > self.max_batch_tokens)):
-                break
-            out.append(rid)
-            tokens += t
-        return tuple(out)

@@ -1,28 +1,21 @@
 """One subserver per writer: its engine(s), its compiled router, its scheduler, two loops.
 
-The *messaging loop* (a `transport.Receiver` thread) only parses frames and queues them.
-The *decoding loop* (`Subserver.serve`, the main thread of the process) applies queued
-messages between steps, asks the scheduler for a batch, and runs one step:
+The *messaging loop* (a `transport.Receiver` thread) only parses frames and queues them
+(`inbox.py`). The *decoding loop* (`Subserver.serve`, the main thread of the process)
+applies queued messages between steps, asks the scheduler for a batch, and runs one step
+(`step.py`: feed, forward, combine, sample, route, commit), then tells the others:
 
-    feed each request the tokens its KV lacks (prefill / extend / one-token decode)
-    -> engine forward -> sample -> compiled `route` for the whole batch
-    -> commit kept tokens (stream them to the frontend), end finished requests,
-       send departing ones to their next writer (they turn `pending` here).
+    kept tokens stream to the frontend (`tokens`), ended requests are reported (`done`),
+    departing requests go to their next writer through the compiled `send` (only what
+    that writer has not read, invariant 2); here they turn `pending`.
 
-Invariant 1 (KV = fresh prefill of what the model has seen) holds by construction: a
-request's KV length is the engine's `seq_len`, and every step feeds exactly
-`tokens[seq_len:]`, appending to the blocks it already holds. Invariant 2: departing
-requests go through the compiled `send`, which ships only what the peer has not read.
+What a departing request leaves behind and how handoffs travel are `policies.py`: pending
+with its KV and peer to peer here; `rematch` and `relay` for the baselines.
 
 Faults stay inside a request: a frame that fails validation is dropped and counted
 (`frames_dropped{reason}`), a message whose handling raises fails only its request, and a
 step that raises fails the requests of that step; the loops keep running. A heartbeat
-thread tells the frontend this process is alive (see `frontend.py`, liveness).
-
-Two switches turn this into the baselines of the benchmarks (see `baselines/`):
-`rematch` (no pending: a departing request's KV goes to a prefix cache and a returning
-request is matched against it like a new one) and `relay` (handoffs go through the
-frontend with the whole context, as a dispatcher between independent servers would).
+thread tells the frontend this process is alive (see `frontend_liveness.py`).
 """
 
 from __future__ import annotations
@@ -33,61 +26,26 @@ import os
 import threading
 import time
 import traceback
-from dataclasses import asdict, dataclass
 from typing import Any
 
-from tokenrouter.compiler.abi import FeatureNeeds, PeerMessage, RouteState, StepTensors
+from tokenrouter.compiler.abi import PeerMessage, RouteState
 from tokenrouter.runtime import wire
+from tokenrouter.runtime.inbox import Inbox
 from tokenrouter.runtime.metrics import SubserverStats
+from tokenrouter.runtime.policies import retention_policy, transport_policy
+from tokenrouter.runtime.request import Request
 from tokenrouter.runtime.scheduler import Scheduler
+from tokenrouter.runtime.step import LOOP_ERROR, StepRunner
+from tokenrouter.runtime.subserver_setup import SubserverSpec, load_writer, report_startup_failure
 from tokenrouter.runtime.transport import Receiver, Security, Sender, check_bind, stop_authenticator
+from tokenrouter.runtime.wire import FRONTEND
+
+__all__ = ["Subserver", "SubserverSpec", "run_process", "run_thread"]
 
 log = logging.getLogger(__name__)
 
-FRONTEND = "frontend"
 _TOMBSTONES = 65536  # released request ids remembered, to drop handoffs still in flight
-MAX_INBOX = 4096  # queued messages; beyond it the messaging loop stops reading (backpressure)
 HEARTBEAT_S = 0.5
-
-
-@dataclass
-class SubserverSpec:
-    """Everything a subserver process needs, JSON-safe (it crosses a spawn boundary)."""
-
-    program_json: str
-    writer: str
-    addresses: dict[str, str]  # "frontend" and every writer's subserver
-    base_dir: str | None = None  # where relative router files are found
-    batch_threshold: int = 1
-    max_wait_ms: float = 20.0
-    threads: int = 0  # 0: leave torch's default
-    device: str = "cpu"
-    block_size: int = 16
-    num_blocks: int | None = None
-    max_model_len: int | None = None
-    max_batch: int = 256
-    rematch: bool = False
-    relay: bool = False
-    set_threads: bool = True  # False in thread mode: threads share one process
-    test_hooks: bool = False  # accept test-only messages (debug_fail); tests only
-    curve_keys: str | None = None  # folder of the CURVE key pair (tcp between hosts)
-    insecure_tcp: bool = False  # allow plain tcp on a non-loopback address
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class StepFailure(RuntimeError):
-    """Raised by the debug hook to prove failures end requests with an error."""
-
-
-@dataclass
-class _Req:
-    state: RouteState
-    seq: int  # engine sequence id
-    params: Any  # the sampler's SamplingParams
-    max_tokens: int
-    stop: frozenset[int]
 
 
 class Subserver:
@@ -95,77 +53,47 @@ class Subserver:
         import torch
         import zmq
 
-        from tokenrouter.compiler import ir
-        from tokenrouter.runtime.engine.engine import Engine
-        from tokenrouter.runtime.engine.sampler import SamplingParams, sample
-
         self.spec = spec
         self.writer = spec.writer
         if spec.set_threads and spec.threads > 0:
             torch.set_num_threads(spec.threads)
-        self._torch = torch
-        self._SamplingParams, self._sample = SamplingParams, sample
-        self.program = ir.Program.from_json(spec.program_json)
+        w = load_writer(spec, models)
+        self.program, self.members, self.router, self.engines = w.program, w.members, w.router, w.engines
         self.writers = self.program.writers()
         self.index = self.writers.index(self.writer)
-        ens = next((e for e in self.program.ensembles if e.name == self.writer), None)
-        self.members = ens.members if ens else (self.writer,)
-        self.ensemble = ens is not None
         self._model_names = {m.name for m in self.program.models}
         self._ensemble_members = {e.name: e.members for e in self.program.ensembles}
-
-        from tokenrouter.compiler.compiled import load_routers
-        from tokenrouter.runtime.loader import load_model, quant_kwargs
-
-        dtype = getattr(torch, self.program.model(self.members[0]).dtype)
-        self.router = load_routers(self.program, device=spec.device, dtype=dtype,
-                                   base_dir=spec.base_dir)[self.writer]
-        self.needs: FeatureNeeds = self.router.needs
-        self.engines = {}
-        for name in self.members:
-            mdt = getattr(torch, self.program.model(name).dtype)
-            pm = self.program.model(name)
-            m = (models or {}).get(name) or load_model(pm.path, dtype=mdt, quant=pm.quant)
-            kw = {"device": spec.device, "dtype": mdt, "block_size": spec.block_size, **quant_kwargs(m, pm.quant)}
-            if spec.num_blocks is not None:
-                kw["num_blocks"] = spec.num_blocks
-            if spec.max_model_len is not None:
-                kw["max_model_len"] = spec.max_model_len
-            self.engines[name] = Engine(m.config, m.weights, **kw)
-        first = self.engines[self.members[0]]
-        self.max_model_len = min(e.max_model_len for e in self.engines.values())
         self.vocab_size = next(iter(self.engines.values())).config.vocab_size
 
         self.sched = Scheduler(spec.batch_threshold, int(spec.max_wait_ms * 1e6), spec.max_batch)
         self.stats = SubserverStats(self.writer, threads=torch.get_num_threads(),
                                     batch_threshold=spec.batch_threshold,
                                     max_wait_s=spec.max_wait_ms / 1000)
-        self.reqs: dict[str, _Req] = {}
+        self.runner = StepRunner(self.writer, self.writers, self.members, self.engines, self.router,
+                                 self.stats.phase_s)
+        self.max_model_len = self.runner.max_model_len
+        self.retention = retention_policy(spec.retention, self.engines, self._new_seq)
+        self.transport = transport_policy(spec.transport)
+        self.reqs: dict[str, Request] = {}
         self._seq_counter = 0
         self._tombstones: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self._prefix_cache: dict[tuple[int, ...], tuple[int, str]] = {}  # rematch mode
-        self._inbox: collections.deque = collections.deque()
-        self._cv = threading.Condition()
+        self.inbox = Inbox(self.writer, spec.test_hooks, self._answer_stats, self._dropped)
         self._stop = False
-        self._fail_steps = 0
-        self._block_size = first.block_size
 
         self._ctx = ctx or zmq.Context()
         self._own_ctx = ctx is None
         self.security = Security.load(spec.curve_keys, spec.insecure_tcp)
         check_bind(spec.addresses[self.writer], self.security)  # before `ready`: a clear start-up error
-        # relay mode (independent servers): no sockets to peers, only to the dispatcher
-        peers = {n: a for n, a in spec.addresses.items()
-                 if n != self.writer and (n == FRONTEND or not spec.relay)}
-        sec = self.security
-        self.out = Sender(self._ctx, peers, sec)  # used by the decoding loop only
-        self._reply = Sender(self._ctx, {FRONTEND: spec.addresses[FRONTEND]}, sec)  # messaging loop only
-        self._beat = Sender(self._ctx, {FRONTEND: spec.addresses[FRONTEND]}, sec)  # heartbeat thread only
+        sec, front = self.security, {FRONTEND: spec.addresses[FRONTEND]}
+        self.out = Sender(self._ctx, self.transport.peers(self.writer, spec.addresses), sec)  # decoding loop only
+        self._reply = Sender(self._ctx, front, sec)  # messaging loop only
+        self._beat = Sender(self._ctx, front, sec)  # heartbeat thread only
         self._beating = threading.Event()
 
     # ----------------------------------------------------------------- life
     def ready_message(self, error: str | None = None) -> wire.Ready:
-        return wire.Ready(writer=self.writer, pid=os.getpid(), block_size=self._block_size,
+        e0 = self.engines[self.members[0]]
+        return wire.Ready(writer=self.writer, pid=os.getpid(), block_size=e0.block_size,
                           blocks_total=min(e.blocks_total for e in self.engines.values()),
                           max_model_len=self.max_model_len, vocab_size=self.vocab_size,
                           threads=self.stats.threads, batch_threshold=self.spec.batch_threshold,
@@ -173,7 +101,7 @@ class Subserver:
 
     def serve(self) -> None:
         """Run until a shutdown message arrives."""
-        self.receiver = Receiver(self._ctx, self.spec.addresses[self.writer], self._on_frame,
+        self.receiver = Receiver(self._ctx, self.spec.addresses[self.writer], self.inbox.on_frame,
                                  name=f"msg-{self.writer}", security=self.security)
         self.out.send(FRONTEND, wire.encode(self.ready_message()))
         beat = threading.Thread(target=self._heartbeat, name=f"beat-{self.writer}", daemon=True)
@@ -197,30 +125,11 @@ class Subserver:
             self._beat.send(FRONTEND, frame)
 
     def _dropped(self, reason: str) -> None:
-        d = self.stats.frames_dropped
-        d[reason] = d.get(reason, 0) + 1
+        self.stats.frames_dropped[reason] = self.stats.frames_dropped.get(reason, 0) + 1
 
-    # ------------------------------------------------------- messaging loop
-    def _on_frame(self, frame: bytes) -> None:
-        try:
-            msg = wire.decode(frame)
-        except wire.WireError as exc:
-            log.warning("%s: dropped a frame: %s", self.writer, exc)
-            self._dropped("invalid")
-            return
-        if msg.t in wire.TEST_ONLY and not self.spec.test_hooks:
-            log.warning("%s: refused a test-only %r message (test hooks are off)", self.writer, msg.t)
-            self._dropped("test_only")
-            return
-        if isinstance(msg, wire.Stats):  # answered here, without waiting for a step
-            self._reply.send(FRONTEND, wire.encode(wire.StatsReply(
-                id=msg.id, writer=self.writer, stats=self.snapshot())))
-            return
-        with self._cv:
-            while len(self._inbox) >= MAX_INBOX and not self._stop:  # bounded: push back
-                self._cv.wait(0.1)
-            self._inbox.append(msg)
-            self._cv.notify_all()
+    def _answer_stats(self, msg: wire.Stats) -> None:  # messaging loop
+        self._reply.send(FRONTEND, wire.encode(wire.StatsReply(id=msg.id, writer=self.writer,
+                                                               stats=self.snapshot())))
 
     def snapshot(self) -> dict[str, Any]:
         used = sum(e.blocks_used for e in self.engines.values())
@@ -232,10 +141,7 @@ class Subserver:
     # -------------------------------------------------------- decoding loop
     def _decode_loop(self) -> None:
         while True:
-            with self._cv:
-                msgs = list(self._inbox)
-                self._inbox.clear()
-                self._cv.notify_all()  # room in the inbox again
+            msgs = self.inbox.take()
             t0 = time.perf_counter()
             for m in msgs:
                 self._apply_safely(m)
@@ -256,12 +162,9 @@ class Subserver:
                         if rid in self.reqs:
                             self._fail_safely(rid, f"{type(exc).__name__}: {exc}")
                 continue
-            with self._cv:
-                if self._inbox:
-                    continue
-                timeout = None if d.wait_until is None else max(0.0, (d.wait_until - time.monotonic_ns()) / 1e9)
-                self._cv.wait(timeout)
+            self.inbox.wait(None if d.wait_until is None else max(0.0, (d.wait_until - time.monotonic_ns()) / 1e9))
 
+    # ------------------------------------------------------------ messages
     def _apply_safely(self, m: wire.Message) -> None:
         """Apply one message; if that raises, fail only the request it was about."""
         try:
@@ -291,6 +194,7 @@ class Subserver:
             self._release(m.rid)
         elif isinstance(m, wire.Shutdown):
             self._stop = True
+            self.inbox.close()
         elif isinstance(m, wire.Configure):
             if m.batch_threshold is not None:
                 self.sched.batch_threshold = self.stats.batch_threshold = m.batch_threshold
@@ -298,18 +202,11 @@ class Subserver:
                 self.sched.max_wait_ns = int(m.max_wait_ms * 1e6)
                 self.stats.max_wait_s = m.max_wait_ms / 1000
         elif isinstance(m, wire.DebugFail):
-            self._fail_steps += m.count
+            self.runner.fail_next += m.count
 
     def _new_seq(self) -> int:
         self._seq_counter += 1
         return self._seq_counter
-
-    def _make_req(self, state: RouteState, seq: int) -> _Req:
-        s = wire.Sampling.model_validate(state.sampling)  # typed and bounded (wire.py)
-        params = self._SamplingParams(
-            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
-            max_tokens=s.max_tokens, stop_token_ids=tuple(s.stop_token_ids))
-        return _Req(state, seq, params, s.max_tokens, frozenset(s.stop_token_ids))
 
     def _unfit(self, tokens: list[int]) -> str | None:
         """Why these tokens cannot run here (checked per request, so one bad request
@@ -328,11 +225,11 @@ class Subserver:
         if why:
             self._fail(m.rid, f"{self.writer}: submit refused: {why}")
             return
-        sampling = m.sampling.model_dump()
+        # the route state carries the sampling parameters to the peers, in their wire form
         st = RouteState(rid=m.rid, tokens=list(m.prompt), prompt_len=len(m.prompt),
-                        writer=self.writer, seed=m.seed, sampling=sampling)
-        self.reqs[m.rid] = self._make_req(st, self._new_seq())
-        self.sched.add(m.rid, len(m.prompt), time.monotonic_ns())
+                        writer=self.writer, seed=m.seed, sampling=m.sampling.model_dump())
+        self.reqs[m.rid] = Request(st, self._new_seq(), m.sampling.params())
+        self.sched.add(m.rid, time.monotonic_ns())
 
     def _receive(self, m: wire.Handoff) -> None:
         rid = m.msg.rid
@@ -350,15 +247,15 @@ class Subserver:
         if why:
             self._fail(rid, f"{self.writer}: bad handoff from {m.sender}: {why}")
             return
-        now = time.monotonic_ns()
         if r is None:
-            seq = self._rematch(rid, st.tokens) if self.spec.rematch else self._new_seq()
-            r = self.reqs[rid] = self._make_req(st, seq)
-            fed = self._seq_len(r)
-            self.sched.add(rid, len(st.tokens) - fed, now)
+            t0 = time.perf_counter()
+            seq = self.retention.arrive(rid, st.tokens)
+            self.stats.phase_s["bookkeeping"] += time.perf_counter() - t0
+            r = self.reqs[rid] = Request(st, seq, wire.Sampling.model_validate(st.sampling).params())
+            self.sched.add(rid, time.monotonic_ns())
         else:
             r.state = st
-            self.sched.returned(rid, len(st.tokens) - self._seq_len(r), now)
+            self.sched.returned(rid, time.monotonic_ns())
 
     def _release(self, rid: str) -> None:
         self._tombstones[rid] = None
@@ -369,189 +266,90 @@ class Subserver:
         if r is not None:
             for e in self.engines.values():
                 e.free(r.seq)
-        if self._prefix_cache:
-            for key, (seq, owner) in list(self._prefix_cache.items()):
-                if owner == rid:
-                    for e in self.engines.values():
-                        e.free(seq)
-                    del self._prefix_cache[key]
+        self.retention.release(rid)
         self.sched.remove(rid)
         self.stats.phase_s["bookkeeping"] += time.perf_counter() - t0
 
-    # ------------------------------------------------------------ rematch
-    def _rematch(self, rid: str, tokens: list[int]) -> int:
-        """Baseline only: find the longest cached sequence whose tokens prefix `tokens`
-        (a fresh request's prefix match), take it over, or start a new sequence."""
-        t0 = time.perf_counter()
-        best = None
-        for L in sorted({len(k) for k in self._prefix_cache}, reverse=True):
-            if L < len(tokens):  # a step must feed at least one token
-                key = tuple(tokens[:L])
-                if key in self._prefix_cache:
-                    best = key
-                    break
-        seq = self._prefix_cache.pop(best)[0] if best is not None else self._new_seq()
-        for key, (other, owner) in list(self._prefix_cache.items()):
-            if owner == rid:  # at most one sequence per request and engine
-                for e in self.engines.values():
-                    e.free(other)
-                del self._prefix_cache[key]
-        self.stats.phase_s["bookkeeping"] += time.perf_counter() - t0
-        return seq
-
-    def _park(self, rid: str, r: _Req) -> None:
-        """Baseline only: a departing request leaves; its KV goes to the prefix cache."""
-        fed = self._seq_len(r)
-        key = tuple(r.state.tokens[:fed])
-        old = self._prefix_cache.get(key)
-        if old is not None and old[0] != r.seq:  # an identical context is cached: keep one
-            for e in self.engines.values():
-                e.free(old[0])
-        self._prefix_cache[key] = (r.seq, rid)
-        del self.reqs[rid]
-        self.sched.remove(rid)
-        self.sched.announce(rid)
+    def _fail(self, rid: str, message: str) -> None:
+        """End a request with an error; the frontend's release frees it everywhere."""
+        r = self.reqs.get(rid)
+        self.stats.requests_finished["error"] = self.stats.requests_finished.get("error", 0) + 1
+        self.out.send(FRONTEND, wire.encode(wire.Done(rid=rid, reason="error", n_out=r.n_out if r else 0,
+                                                      written_by=dict(r.state.written_by) if r else {},
+                                                      error=message)))
+        if rid in self.sched:
+            self.sched.depart(rid)
+        elif r is None:
+            self.sched.announce(rid)
 
     # ---------------------------------------------------------------- step
-    def _seq_len(self, r: _Req) -> int:
-        return self.engines[self.members[0]].seq_len(r.seq)
-
     def _step(self, rids: list[str]) -> None:
-        torch = self._torch
         t_start = time.perf_counter()
-        empty = [rid for rid in rids if self._seq_len(self.reqs[rid]) >= len(self.reqs[rid].state.tokens)]
-        for rid in empty:  # a rewrite came straight back: the program would loop forever
-            self._fail(rid, f"{self.writer}: request came back with no new token "
-                            f"(two writers rewrite each other's token in a loop)")
-        rids = [rid for rid in rids if rid not in empty]
-        if not rids:
-            return
         now = time.monotonic_ns()
-        for rid in rids:
-            self.stats.queue_wait_s.observe((now - self.sched.ready_since(rid)) / 1e9)
-        try:
-            if self._fail_steps > 0:
-                self._fail_steps -= 1
-                raise StepFailure(f"{self.writer}: injected step failure (debug_fail)")
-            t0 = time.perf_counter()
-            reqs = [self.reqs[rid] for rid in rids]
-            items = [(r.seq, r.state.tokens[self._seq_len(r):]) for r in reqs]
-            fits = all(e.can_append(items) for e in self.engines.values())
-            self.stats.phase_s["bookkeeping"] += time.perf_counter() - t0
-            if not fits:
-                raise RuntimeError(f"{self.writer}: KV cache full for a batch of {len(items)}")
-            self.stats.prefill_tokens += sum(len(t) for _, t in items)
-
-            t0 = time.perf_counter()
-            outs = [self.engines[m].step(items, self.needs) for m in self.members]
-            t1 = time.perf_counter()
-            self.stats.phase_s["forward"] += t1 - t0
-
-            positions = torch.tensor([len(r.state.tokens) - r.state.prompt_len for r in reqs], dtype=torch.int64)
-            visit = torch.tensor([r.state.visit_tokens + 1 for r in reqs], dtype=torch.int64)
-            seeds = torch.tensor([r.state.seed for r in reqs], dtype=torch.int64)
-            if self.ensemble:
-                member_logits = tuple(o.logits for o in outs)
-                probe = StepTensors(logits=None, sampled=None, visit_tokens=visit, position=positions,
-                                    request_seed=seeds, member_logits=member_logits)
-                logits = self.router.combine(probe)
-            else:
-                member_logits = ()
-                logits = outs[0].logits
-            sampled = self._sample(logits, [r.params for r in reqs], positions.tolist())
-            t2 = time.perf_counter()
-            self.stats.phase_s["sample"] += t2 - t1
-
-            step = StepTensors(logits=None if self.ensemble else logits, sampled=sampled,
-                               visit_tokens=visit, position=positions, request_seed=seeds,
-                               hidden=dict(outs[0].hidden) if not self.ensemble else {},
-                               member_logits=member_logits)
-            if self.needs.token_embedding and not self.ensemble:
-                step.token_embedding = self.engines[self.writer].embed(sampled)
-            decisions = self.router.route(step).tolist()
-            t3 = time.perf_counter()
-            self.stats.phase_s["route"] += t3 - t2
-        except Exception as exc:
-            log.error("%s: step failed:\n%s", self.writer, traceback.format_exc())
-            for rid in rids:
-                self._fail(rid, f"{type(exc).__name__}: {exc}")
-            self._record_step(len(rids), t_start)
+        res = self.runner.run([self.reqs[rid] for rid in rids])
+        for r in res.looped:  # a rewrite came straight back: the program would loop forever
+            self._fail(r.rid, f"{self.writer}: {LOOP_ERROR}")
+        if not res.stepped:
             return
-        try:
-            self._commit(rids, reqs, sampled.tolist(), decisions)
-        except Exception as exc:
-            log.error("%s: commit failed:\n%s", self.writer, traceback.format_exc())
-            for rid in rids:
-                r = self.reqs.get(rid)
-                if r is not None and not r.state.finished:
-                    self._fail_safely(rid, f"{type(exc).__name__}: {exc}")
-        self._record_step(len(rids), t_start)
-
-    def _record_step(self, n: int, t_start: float) -> None:
+        for r in res.stepped:
+            self.stats.queue_wait_s.observe((now - self.sched.ready_since(r.rid)) / 1e9)
+        self.stats.prefill_tokens += res.fed_tokens
+        if res.error is not None:
+            exc = res.error
+            log.error("%s: step failed:\n%s", self.writer,
+                      "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+            for r in res.stepped:
+                self._fail(r.rid, f"{type(exc).__name__}: {exc}")
+        else:
+            try:
+                self._commit(res)
+            except Exception as exc:
+                log.error("%s: commit failed:\n%s", self.writer, traceback.format_exc())
+                for r in res.stepped:
+                    if r.rid in self.reqs and not r.state.finished:
+                        self._fail_safely(r.rid, f"{type(exc).__name__}: {exc}")
         self.stats.steps += 1
-        self.stats.batch_size.observe(n)
+        self.stats.batch_size.observe(len(res.stepped))
         self.stats.step_s.observe(time.perf_counter() - t_start)
 
-    def _commit(self, rids, reqs, sampled, decisions) -> None:
+    def _commit(self, res) -> None:
+        """Tell the frontend and the peers what the step did."""
         t0 = time.perf_counter()
-        dests, keeps = decisions
-        events: list[tuple[str, int, int]] = []
-        stayed, departing, done = [], [], []
-        for rid, r, tok, dest, keep in zip(rids, reqs, sampled, dests, keeps):
-            st = r.state
-            if keep:
-                events.append((rid, len(st.tokens) - st.prompt_len, tok))
-                st.tokens.append(tok)
-                st.visit_tokens += 1
-                st.written_by[self.writer] = st.written_by.get(self.writer, 0) + 1
-                self.stats.tokens_written += 1
-                n_out = len(st.tokens) - st.prompt_len
-                if tok in r.stop:
-                    done.append((rid, "stop"))
-                    continue
-                if n_out >= r.max_tokens or len(st.tokens) >= self.max_model_len:
-                    done.append((rid, "length"))
-                    continue
-            else:
-                self.stats.tokens_rewritten += 1
-            if dest == self.index:
-                stayed.append(rid)
-            else:
-                departing.append((rid, r, self.writers[dest]))
-        self.sched.stepped(stayed, time.monotonic_ns())
+        self.stats.tokens_written += len(res.committed)
+        self.stats.tokens_rewritten += res.rewritten
+        self.sched.stepped([r.rid for r in res.stayed], time.monotonic_ns())
         t1 = time.perf_counter()
         self.stats.phase_s["bookkeeping"] += t1 - t0
-        if events:
+        if res.committed:
+            events = [(r.rid, pos, tok) for r, pos, tok in res.committed]
             self.out.send(FRONTEND, wire.encode(wire.Tokens(writer=self.writer, items=events)))
-        for rid, reason in done:
-            r = self.reqs[rid]
+        for r, reason in res.ended:
             r.state.finished = True
             self.stats.requests_finished[reason] = self.stats.requests_finished.get(reason, 0) + 1
-            self.out.send(FRONTEND, wire.encode(wire.Done(
-                rid=rid, reason=reason, n_out=len(r.state.tokens) - r.state.prompt_len,
-                written_by=dict(r.state.written_by))))
-            self.sched.depart(rid)  # skipped until the frontend's release frees it everywhere
-        for rid, r, dest in departing:
-            self._send(rid, r, dest)
+            self.out.send(FRONTEND, wire.encode(wire.Done(rid=r.rid, reason=reason, n_out=r.n_out,
+                                                          written_by=dict(r.state.written_by))))
+            self.sched.depart(r.rid)  # skipped until the frontend's release frees it everywhere
+        for r, dest in res.departing:
+            self._send(r, dest)
         self.stats.phase_s["messaging"] += time.perf_counter() - t1
 
-    def _send(self, rid: str, r: _Req, dest: str) -> None:
-        st = r.state
-        st.writer, st.visit_tokens = dest, 0
-        if self.spec.rematch:
-            st.peer_read[dest] = 0  # the whole context travels, as to an independent server
+    def _send(self, r: Request, dest: str) -> None:
+        rid = r.rid
+        self.retention.before_send(r.state, dest)
         try:
-            msg = self._compiled_send(st, dest)
+            msg = self._compiled_send(r.state, dest)
         except Exception as exc:
             self._fail(rid, f"{self.writer}: cannot send to {dest}: {exc}")
             return
         self.stats.handoffs_out[dest] = self.stats.handoffs_out.get(dest, 0) + 1
         frame = wire.encode(wire.Handoff(sender=self.writer, dest=dest, msg=msg))
-        self.out.send(FRONTEND if self.spec.relay else dest, frame)
-        if self.spec.rematch:
-            self._park(rid, r)
-        else:
+        self.out.send(self.transport.hop(dest), frame)
+        if self.retention.keep(rid, r.seq, r.state.tokens[:self.runner.fed(r)]):
             self.sched.depart(rid)
+        else:  # forgotten here, as by an independent server; it may still come back
+            del self.reqs[rid]
+            self.sched.remove(rid)
+            self.sched.announce(rid)
 
     def _compiled_send(self, st: RouteState, dest: str) -> PeerMessage:
         """The compiled `send` addresses models; an ensemble writer is reached through one
@@ -572,18 +370,16 @@ class Subserver:
                 st.peer_read[key] = saved
         return msg
 
-    def _fail(self, rid: str, message: str) -> None:
-        """End a request with an error; the frontend's release frees it everywhere."""
-        r = self.reqs.get(rid)
-        n_out = len(r.state.tokens) - r.state.prompt_len if r else 0
-        wb = dict(r.state.written_by) if r else {}
-        self.stats.requests_finished["error"] = self.stats.requests_finished.get("error", 0) + 1
-        self.out.send(FRONTEND, wire.encode(wire.Done(rid=rid, reason="error", n_out=n_out,
-                                                      written_by=wb, error=message)))
-        if rid in self.sched:
-            self.sched.depart(rid)
-        elif r is None:
-            self.sched.announce(rid)
+
+def run_thread(spec: SubserverSpec, ctx=None) -> None:
+    """Start and serve; a start-up failure is reported to the frontend. The entry point of a
+    subserver thread (thread mode, with the caller's ZeroMQ context), and of a process."""
+    try:
+        sub = Subserver(spec, ctx=ctx)
+    except Exception as exc:
+        report_startup_failure(spec, exc, ctx=ctx)
+        return
+    sub.serve()
 
 
 def run_process(spec_dict: dict[str, Any]) -> None:
@@ -600,27 +396,4 @@ def run_process(spec_dict: dict[str, Any]) -> None:
                 os._exit(0)
 
     threading.Thread(target=watch_parent, daemon=True).start()
-    try:
-        sub = Subserver(spec)
-    except Exception as exc:
-        _report_startup_failure(spec, exc)
-        return
-    sub.serve()
-
-
-def _report_startup_failure(spec: SubserverSpec, exc: BaseException, ctx=None) -> None:
-    import zmq
-    log.error("%s: start-up failed:\n%s", spec.writer, traceback.format_exc())
-    c = ctx or zmq.Context()
-    try:
-        sec = Security.load(spec.curve_keys, spec.insecure_tcp)
-    except ValueError:
-        sec = None  # the failure may be the keys themselves: report it in the clear (tcp only)
-    s = Sender(c, {FRONTEND: spec.addresses[FRONTEND]}, sec)
-    s.send(FRONTEND, wire.encode(wire.Ready(
-        writer=spec.writer, pid=os.getpid(), block_size=0, blocks_total=0, max_model_len=0,
-        vocab_size=0, threads=0, batch_threshold=spec.batch_threshold,
-        max_wait_ms=spec.max_wait_ms, error=f"{type(exc).__name__}: {exc}")))
-    s.close()
-    if ctx is None:
-        c.term()
+    run_thread(spec)

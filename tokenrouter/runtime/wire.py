@@ -15,7 +15,7 @@ fails is dropped by the receiver and counted (`tokenrouter_frames_dropped_total`
 Directions:
   frontend -> subserver: submit, announce, release, stats, shutdown, configure, debug_fail
   subserver -> subserver: handoff
-  subserver -> frontend:  ready, tokens, done, handoff (relay mode only), stats_reply
+  subserver -> frontend:  ready, tokens, done, handoff (`relay` transport only), stats_reply
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from tokenrouter.compiler.abi import PeerMessage
+from tokenrouter.runtime.engine.params import DEFAULT_MAX_TOKENS, SamplingParams
 
 CONTROL_VERSION = 1
+FRONTEND = "frontend"  # the frontend's name among the endpoints (the others are writers)
 
 MAX_FRAME = 32 << 20  # bytes; a 1M-token prompt is about 8 MB of JSON
 MAX_TOKENS = 1 << 20  # longest token list (prompt, suffix, stop ids are far shorter)
@@ -45,16 +47,26 @@ Counts = Annotated[dict[Name, Count], Field(max_length=256)]
 
 
 class Sampling(BaseModel):
-    """Sampling parameters of a request, typed and bounded (the engine's `SamplingParams`
-    and the compiled router read them). Strict: a string is never taken for a number."""
+    """The wire form of a request's `SamplingParams`, bounded. Strict: a string is never
+    taken for a number."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     temperature: float = Field(default=0.0, ge=0.0, le=100.0, allow_inf_nan=False)
     top_k: int = Field(default=0, ge=0, le=TOKEN_ID_MAX)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     seed: Seed | None = None
-    max_tokens: int = Field(default=16, ge=1, le=MAX_TOKENS)
+    max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, ge=1, le=MAX_TOKENS)
     stop_token_ids: list[TokenId] = Field(default_factory=list, max_length=MAX_STOP_IDS)
+
+    @classmethod
+    def of(cls, p: SamplingParams) -> "Sampling":
+        """Raises pydantic's ValidationError (a ValueError) for values outside the bounds."""
+        return cls(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=p.seed,
+                   max_tokens=p.max_tokens, stop_token_ids=list(p.stop_token_ids))
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed,
+                              max_tokens=self.max_tokens, stop_token_ids=tuple(self.stop_token_ids))
 
 
 class _Msg(BaseModel):

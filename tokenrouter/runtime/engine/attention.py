@@ -73,9 +73,9 @@ def short_shape(q_len: int, kv_len: int, block_size: int) -> tuple[int, int]:
     return _pow2(q_len), _pow2(-(-kv_len // block_size))
 
 
-def group_meta(reqs: list[tuple[int, int, int, list[int]]], geo: CacheGeometry, dtype: torch.dtype,
-               device: torch.device | str, num_tokens: int, short: bool,
-               shape: tuple[int, int] | None = None) -> AttnGroup:
+def build_group(reqs: list[tuple[int, int, int, list[int]]], geo: CacheGeometry, dtype: torch.dtype,
+                device: torch.device | str, num_tokens: int, short: bool,
+                shape: tuple[int, int] | None = None) -> AttnGroup:
     """reqs: (first token index in T, new tokens, context length after the step, block table);
     `shape`: (new tokens, context blocks) to pad to, else the group's largest.
     A group that is the whole step, unpadded and in order, needs no scatter (dest None)."""
@@ -126,10 +126,10 @@ def build_meta(q_lens: list[int], kv_lens: list[int], block_tables: list[list[in
     for r in reqs:
         if r[1] <= SHORT_Q:
             short.setdefault(short_shape(r[1], r[2], geo.block_size), []).append(r)
-    groups = [group_meta(rs, geo, dtype, device, num_tokens=t, short=True, shape=shp) for shp, rs in short.items()]
+    groups = [build_group(rs, geo, dtype, device, num_tokens=t, short=True, shape=shp) for shp, rs in short.items()]
     for r in reqs:
         if r[1] > SHORT_Q:
-            groups.append(group_meta([r], geo, dtype, device, num_tokens=t, short=False))
+            groups.append(build_group([r], geo, dtype, device, num_tokens=t, short=False))
     slot_mapping = torch.tensor(slots, dtype=torch.long, device=device)
     return AttnMeta(slot_mapping=slot_mapping, groups=groups, num_tokens=t)
 

@@ -1,11 +1,11 @@
-"""Paged KV-cache bookkeeping: blocks, per-sequence block tables, reference counts, pins.
+"""Paged KV-cache bookkeeping: blocks, per-sequence block tables, reference counts.
 
 Integers only (no tensors), so the scheduler's view of memory is tested without a model.
 
-- A block is free when no one references it. A sequence references each block of its table.
-- Pinning is reference-counted per sequence: while a sequence is pinned (a request that
-  is pending at a peer), `free` is deferred until the last `unpin`, so its blocks are never
-  handed to anyone else.
+- A block is free when no one references it. A sequence references each block of its table
+  until it is freed, and appends take only free blocks, so a sequence's blocks are never
+  handed to anyone else while it lives (a request pending at a peer holds its KV so, until
+  the frontend's release frees it).
 - Optional prefix reuse: a full block is registered under (chained hash of the blocks
   before it, its own tokens) once its KV has been computed (`mark_computed`); a *new*
   sequence whose prompt starts with registered blocks shares them (reference count > 1)
@@ -31,8 +31,6 @@ class _Seq:
     tokens: list[int] = field(default_factory=list)  # kept only with prefix reuse
     num_tokens: int = 0
     hashes: list[int] = field(default_factory=list)  # chained hash of each registered full block
-    pins: int = 0
-    free_when_unpinned: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,10 +76,6 @@ class BlockAllocator:
 
     def block_table(self, seq_id: object) -> list[int]:
         return list(self._seqs[seq_id].blocks)
-
-    def is_pinned(self, seq_id: object) -> bool:
-        s = self._seqs.get(seq_id)
-        return s is not None and s.pins > 0
 
     def blocks_needed(self, seq_id: object, n_tokens: int) -> int:
         """New blocks an append of n_tokens needs (ignoring any prefix reuse: an upper bound)."""
@@ -132,29 +126,10 @@ class BlockAllocator:
                     self._key_to_block[key] = b
                     self._block_key[b] = key
 
-    def pin(self, seq_id: object) -> None:
-        """Keep seq_id's blocks allocated until the matching `unpin`, even across `free`."""
-        if seq_id not in self._seqs:
-            raise KeyError(f"cannot pin unknown sequence {seq_id!r}")
-        self._seqs[seq_id].pins += 1
-
-    def unpin(self, seq_id: object) -> None:
-        s = self._seqs.get(seq_id)
-        if s is None or s.pins == 0:
-            raise KeyError(f"sequence {seq_id!r} is not pinned")
-        s.pins -= 1
-        if s.pins == 0 and s.free_when_unpinned:
-            self._release(seq_id)
-
     def free(self, seq_id: object) -> None:
-        """Release seq_id's blocks (deferred while pinned). Unknown ids are a no-op."""
-        s = self._seqs.get(seq_id)
-        if s is None:
-            return
-        if s.pins:
-            s.free_when_unpinned = True
-            return
-        self._release(seq_id)
+        """Release seq_id's blocks. Unknown ids are a no-op."""
+        if seq_id in self._seqs:
+            self._release(seq_id)
 
     # ---- internals -----------------------------------------------------------------
     def _release(self, seq_id: object) -> None:

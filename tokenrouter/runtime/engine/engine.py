@@ -13,13 +13,13 @@ API (what the runtime and the loader call)::
     eng.embed(ids)      # [B] -> [B, H] input embeddings (a router feature)
     eng.seq_len(seq_id) # tokens in seq_id's KV cache (0 if unknown)
     eng.can_append(batch) -> bool   # enough free blocks for this step
-    eng.free(seq_id)    # release seq_id's blocks (unknown id: no-op; deferred while pinned)
-    eng.pin(seq_id), eng.unpin(seq_id)   # keep a pending request's blocks (reference-counted)
+    eng.free(seq_id)    # release seq_id's blocks (unknown id: no-op)
     eng.blocks_used, eng.blocks_total
 
 `step` appends each entry's new tokens to its sequence (a new seq_id starts empty, so a
 prefill is an extend from 0 and a decode an extend of one token) and runs the whole batch
-as one forward. Long work is split internally so memory stays bounded: a step computes at
+as one forward. A sequence holds its blocks until it is freed: appends only ever take free
+blocks, so a request pending at a peer keeps its KV without anything more. Long work is split internally so memory stays bounded: a step computes at
 most `max_batched_tokens` tokens per forward; a longer prefill runs its leading chunks
 first, and a batch with more tokens runs as several forwards. Results are the same either
 way (requests never interact). With `prefix_reuse=True`, a *new* sequence whose prompt
@@ -137,12 +137,6 @@ class Engine:
 
     def free(self, seq_id: object) -> None:
         self.alloc.free(seq_id)
-
-    def pin(self, seq_id: object) -> None:
-        self.alloc.pin(seq_id)
-
-    def unpin(self, seq_id: object) -> None:
-        self.alloc.unpin(seq_id)
 
     @torch.inference_mode()
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import AttnGroup, AttnMeta, CacheGeometry, group_meta
+from .attention import AttnGroup, AttnMeta, CacheGeometry, build_group
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 MAX_Q = 4
@@ -100,8 +100,8 @@ class GraphRunner:
         b = len(q_lens)
         if b:
             t0 = [i * q for i in range(b)]
-            real = group_meta(list(zip(t0, q_lens, kv_lens, tables)), self.geo, grp.mask.dtype, grp.mask.device,
-                          num_tokens=b * q, short=True)
+            real = build_group(list(zip(t0, q_lens, kv_lens, tables)), self.geo, grp.mask.dtype, grp.mask.device,
+                                     num_tokens=b * q, short=True)
             nb = real.kv_blocks.shape[1]
             grp.kv_blocks[:b, :nb].copy_(real.kv_blocks)
             grp.mask[:, :b, :, :nb * self.block_size].copy_(real.mask)

@@ -4,39 +4,17 @@ A request's draw depends only on (its seed, its output position, its logits row)
 on the batch it shares a step with: each sampled row gets its own noise from a generator
 seeded by (seed, position). The draw is the exponential race (argmax of p / E with
 E ~ Exp(1)), which samples exactly from p and needs one uniform vector per row.
-`max_tokens` and `stop_token_ids` travel with the parameters; the scheduler enforces them.
+`SamplingParams` (defined in `params.py`, importable from here) also carries a request's
+`max_tokens` and `stop_token_ids`; the step runner (`runtime/step.py`) ends requests at them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from .params import DEFAULT_MAX_TOKENS, SamplingParams
 
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0  # 0: greedy
-    top_k: int = 0  # 0: no limit
-    top_p: float = 1.0
-    seed: int | None = None  # None: fresh randomness each draw
-    max_tokens: int = 256
-    stop_token_ids: tuple[int, ...] = ()
-
-    def __post_init__(self):
-        if not (self.temperature >= 0.0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+__all__ = ["DEFAULT_MAX_TOKENS", "SamplingParams", "filtered_probs", "sample"]
 
 
 _MIX = 0x9E3779B97F4A7C15
