@@ -5,7 +5,7 @@ API four ways and compares every request's tokens with the first:
 
 - concurrency 1 (one request in flight: the single-request schedule);
 - concurrency N (requests share every step, in changing batches);
-- concurrency N with re-matching (`rematch`: a returning request re-prefix-matched as new);
+- concurrency N with re-matching (`retention = rematch`: a returning request re-prefix-matched as new);
 - concurrency N with re-matching and relayed handoffs (the naive baseline's deployment).
 
 Exactness is the runtime's invariant (docs/architecture.md, invariant 5); with bfloat16
@@ -30,7 +30,8 @@ from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.offline import LLM
 
 DEPLOYMENTS = {"concurrency 1": ({}, 1), "concurrency N": ({}, None),
-               "re-matched": ({"rematch": True}, None), "re-matched, relayed": ({"rematch": True, "relay": True}, None)}
+               "re-matched": ({"retention": "rematch"}, None),
+               "re-matched, relayed": ({"retention": "rematch", "transport": "relay"}, None)}
 
 
 def run(route: str, tasks, max_tokens: int, concurrency: int, launch: dict) -> tuple[list[list[int]], float]:
