@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Literal
 
-from tokenrouter.compiler.ir import Span
+from tokenrouter.dsl.span import Span
 
 Severity = Literal["error", "warning"]
 

@@ -16,7 +16,7 @@ import copy
 import threading
 from pathlib import Path
 
-from tokenrouter.compiler.ir import Span
+from tokenrouter.dsl.span import Span
 from tokenrouter.dsl import ast
 from tokenrouter.dsl.diagnostics import Diagnostic, Note, words
 
