@@ -17,7 +17,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tokenrouter.compiler.frontend import check_source  # noqa: E402
+from tokenrouter.compiler.pipeline import check_source  # noqa: E402
 from tokenrouter.dsl.parser import lark_parser, parse_source  # noqa: E402
 
 FEATURES = ["entropy(m{i}, normalized) > {t}", "top_prob(m{i}) < {t}", "margin(m{i}) <= {t}",

@@ -38,7 +38,7 @@ sys.path.insert(0, REPO)
 from tokenrouter.compiler import ir  # noqa: E402
 from tokenrouter.compiler.abi import StepTensors  # noqa: E402
 from tokenrouter.compiler.compiled import load_routers  # noqa: E402
-from tokenrouter.compiler.frontend import check_file  # noqa: E402
+from tokenrouter.compiler.pipeline import check_file  # noqa: E402
 from tokenrouter.compiler.interpreter import Interpreter, RequestStep  # noqa: E402
 
 BATCHES = (1, 8, 64)

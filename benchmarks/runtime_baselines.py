@@ -114,7 +114,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from tokenrouter.compiler.frontend import load_program
+    from tokenrouter.compiler.pipeline import load_program
     from tokenrouter.runtime.baselines.naive import naive_options, no_delay_options
     from tokenrouter.runtime.engine.sampler import SamplingParams
     from tokenrouter.runtime.launcher import LaunchOptions, batch_thresholds, served_writers

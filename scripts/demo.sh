@@ -22,7 +22,7 @@ done
 .venv/bin/python - "$PORT" "$QUESTION" <<'PY'
 import subprocess, sys, urllib.request
 from openai import OpenAI
-from tokenrouter.compiler.frontend import load_program
+from tokenrouter.compiler.pipeline import load_program
 from tokenrouter.eval.analysis import token_pieces
 from tokenrouter.eval.configs import small_and_large
 from tokenrouter.eval.show import coloured, legend

@@ -6,7 +6,7 @@ from tokenrouter.bench import configs as C
 from tokenrouter.bench import tuning, workload
 from tokenrouter.bench.runlengths import runs_of
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.frontend import load_program
+from tokenrouter.compiler.pipeline import load_program
 
 
 @pytest.fixture

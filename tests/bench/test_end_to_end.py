@@ -88,7 +88,7 @@ def test_runlengths_account_for_every_token(pair, route_file):
     """Each small run ends in a rewritten token except a run cut by the end of the
     request; large visits write one kept token each."""
     from tokenrouter.bench.runlengths import collect
-    from tokenrouter.compiler.frontend import load_program
+    from tokenrouter.compiler.pipeline import load_program
     program = load_program(route_file[0])
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
     complete, last, outs = collect(program, prompts, max_tokens=12, concurrency=2)

@@ -162,7 +162,7 @@ def _map_files(obj, fn):
 def load_example(name: str, tmp: Path) -> ir.Program:
     """An example program checked by the front end, its models pointed at a tiny config
     (hidden size 16) and its weights files moved into `tmp` (the tests write them)."""
-    from tokenrouter.compiler.frontend import check_file
+    from tokenrouter.compiler.pipeline import check_file
     path = REPO / "examples" / f"{name}.route"
     program, diags = check_file(path)
     assert program is not None, [str(d) for d in diags]

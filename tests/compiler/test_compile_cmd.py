@@ -10,7 +10,7 @@ from tests.compiler.conftest import REPO
 from tokenrouter.cli import main
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.codegen import generate_module
-from tokenrouter.compiler.frontend import check_file
+from tokenrouter.compiler.pipeline import check_file
 
 
 def test_writes_module_plan_and_ir(tmp_path, capsys):

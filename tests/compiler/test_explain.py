@@ -11,7 +11,7 @@ import pytest
 from tests.compiler.conftest import REPO
 from tokenrouter.cli import main
 from tokenrouter.compiler.draw import draw, layout
-from tokenrouter.compiler.frontend import check_file
+from tokenrouter.compiler.pipeline import check_file
 
 EXAMPLES = REPO / "examples"
 SVG = "{http://www.w3.org/2000/svg}"

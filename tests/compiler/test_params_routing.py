@@ -12,7 +12,7 @@ import torch
 
 from tests.compiler.conftest import REPO
 from tokenrouter.compiler.compiled import load_routers
-from tokenrouter.compiler.frontend import check_file, check_source
+from tokenrouter.compiler.pipeline import check_file, check_source
 from tokenrouter.compiler.interpreter import Interpreter, RequestStep
 
 RSTITCH = REPO / "examples" / "rstitch.route"

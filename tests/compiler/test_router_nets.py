@@ -270,7 +270,7 @@ def _tiny_folder(path, hidden, seed):
 def test_check_reports_a_misfit_file_and_fingerprints(tmp_path):
     """`tokenrouter check`: E310 at the declaration's line:col, W004 when the file was fitted
     for other models, nothing once the fingerprints match."""
-    from tokenrouter.compiler.frontend import check_file
+    from tokenrouter.compiler.pipeline import check_file
     small, large = _tiny_folder(tmp_path / "small", 8, 0), _tiny_folder(tmp_path / "large", 8, 1)
     src = tmp_path / "p.route"
     src.write_text(f'tokenrouter 1\nmodel slm = "{small}"\nmodel llm = "{large}"\n'

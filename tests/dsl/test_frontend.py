@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.frontend import RouteError, check_file, check_source, load_program
+from tokenrouter.compiler.pipeline import RouteError, check_file, check_source, load_program
 from tokenrouter.compiler.builtins import BUILTIN_MODELS
 
 from .conftest import EXAMPLES, write_model_folder

@@ -7,7 +7,7 @@ import re
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tokenrouter.compiler.frontend import check_source
+from tokenrouter.compiler.pipeline import check_source
 from tokenrouter.dsl.diagnostics import CODES, render_all
 from tokenrouter.dsl.format import format_source
 from tokenrouter.dsl.parser import parse_bytes, parse_source

@@ -12,7 +12,7 @@ import pytest
 from tokenrouter.cli import main
 from tokenrouter.commands._args import add_binding_args, bindings, pairs
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.frontend import RouteError, check_file, check_source, load_program
+from tokenrouter.compiler.pipeline import RouteError, check_file, check_source, load_program
 
 from .conftest import EXAMPLES
 

@@ -70,7 +70,7 @@ def test_routed_program_diff_and_records(tmp_path, pair):
                     else ("broken" if r[base]["correct"] else "both_wrong"))
             assert r["id"] in d["prompts"][cell]
     # the routed tokens and their writers are the single-request reference's
-    from tokenrouter.compiler.frontend import load_program
+    from tokenrouter.compiler.pipeline import load_program
     prog = load_program(program_file(tmp_path, pair, "entropy(slm, normalized) > 0.3"))
     ref = Reference(prog)
     from tokenrouter.runtime.offline import tokenizer_for

@@ -155,7 +155,7 @@ def example_program(name: str, root: str, paths: dict[str, str], dtype: str = "f
 
     from safetensors.torch import save_file
 
-    from tokenrouter.compiler.frontend import load_program
+    from tokenrouter.compiler.pipeline import load_program
     os.makedirs(os.path.join(root, "weights"), exist_ok=True)
     dst = os.path.join(root, f"{name}.route")
     shutil.copy(os.path.join(EXAMPLES, f"{name}.route"), dst)

@@ -35,7 +35,7 @@ def main(argv=None) -> int:
 
     import numpy as np
 
-    from tokenrouter.compiler.frontend import load_program
+    from tokenrouter.compiler.pipeline import load_program
     from tokenrouter.runtime.launcher import LaunchOptions, batch_thresholds
     from tokenrouter.runtime.offline import tokenizer_for
     from tokenrouter.tuner import api, simulate

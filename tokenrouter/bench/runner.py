@@ -33,7 +33,7 @@ class BenchOptions:
     progress: bool = True
     model_paths: dict[str, str] | None = None
     params: dict[str, str] | None = None  # --set NAME=VALUE
-    quant: list[str] | None = None  # `--quant Q` / `NAME=Q` items (compiler.frontend.with_quant)
+    quant: list[str] | None = None  # `--quant Q` / `NAME=Q` items (compiler.pipeline.with_quant)
     threads: int = 1  # threads of lockstep, a single-model server, llamacpp_large and official
     out_dir: str | None = None  # where to save the measured profile
     mode: str = "process"  # "thread": subservers in this process (tests)
@@ -113,11 +113,11 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     import torch
     from tqdm.auto import tqdm
 
-    from tokenrouter.compiler.frontend import load_program
+    from tokenrouter.compiler.pipeline import load_program
     from tokenrouter.runtime.launcher import LaunchOptions
     from tokenrouter.runtime.offline import tokenizer_for
 
-    from tokenrouter.compiler.frontend import with_quant
+    from tokenrouter.compiler.pipeline import with_quant
     program = with_quant(load_program(opts.file, model_paths=opts.model_paths, params=opts.params), opts.quant)
     small, large = C.small_and_large(program)
     writers = C.writers(program)

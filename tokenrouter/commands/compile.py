@@ -102,7 +102,7 @@ def _load(path: str, resolve: bool, params=None, model_paths=None):
         except (OSError, ValueError, KeyError, TypeError) as exc:
             print(f"{path}: error: not a valid IR file ({exc})", file=sys.stderr)
             return None
-    from tokenrouter.compiler.frontend import RouteError, check_file, load_program
+    from tokenrouter.compiler.pipeline import RouteError, check_file, load_program
     if resolve:
         try:
             return load_program(path, model_paths=model_paths, params=params)

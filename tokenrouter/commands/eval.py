@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
             raise EvalError("--concurrency values must be distinct")
         launch = LaunchOptions()
         if args.threads:
-            from tokenrouter.compiler.frontend import check_file
+            from tokenrouter.compiler.pipeline import check_file
             prog, _ = check_file(args.file, model_paths=model_paths, params=params)
             launch.threads = {w: args.threads for w in (prog.writers() if prog else ())}
         summary = evaluate(args.file, args.out, prompts=args.prompts, params=params, model_paths=model_paths, sweep=args.sweep,

@@ -28,7 +28,7 @@ def run(args) -> int:
     import os
 
     from tokenrouter.compiler.describe import describe
-    from tokenrouter.compiler.frontend import check_file
+    from tokenrouter.compiler.pipeline import check_file
     from tokenrouter.dsl.diagnostics import render_all
 
     if report_unreadable([args.file], "explain"):

@@ -24,7 +24,7 @@ def configure(parser) -> None:
 
 
 def run(args) -> int:
-    from tokenrouter.compiler.frontend import RouteError, load_program
+    from tokenrouter.compiler.pipeline import RouteError, load_program
     from tokenrouter.tuner.measure import measure_profile
 
     try:

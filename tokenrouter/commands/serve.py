@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    from tokenrouter.compiler.frontend import RouteError, load_program
+    from tokenrouter.compiler.pipeline import RouteError, load_program
     try:
         opts = _options(args)  # cheap checks first: no model is loaded yet
         params, model_paths = bindings(args)

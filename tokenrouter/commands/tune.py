@@ -40,7 +40,7 @@ def _floats(text: str, what: str, n: int | None = None) -> list[float]:
 
 
 def run(args) -> int:
-    from tokenrouter.compiler.frontend import check_file
+    from tokenrouter.compiler.pipeline import check_file
     from tokenrouter.dsl.diagnostics import render_all
     from tokenrouter.tuner import api, dtmc
     from tokenrouter.tuner.plots import plot_curve

@@ -417,7 +417,7 @@ def load_router_net(router: ir.RouterNet, base_dir: str | None = None,
     if any(w <= 0 for w in input_widths(router)):
         raise RouterWeightsError(
             f"router '{router.name}': the input widths of model '{router.model}' are unknown "
-            f"(load the program with its models resolved, frontend.load_program)")
+            f"(load the program with its models resolved, pipeline.load_program)")
     meta, shapes = read_header(path)
     problems = file_problems(router, meta, shapes)
     if problems:

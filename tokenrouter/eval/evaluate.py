@@ -44,7 +44,7 @@ def parse_sweep(text: str) -> tuple[str, list[float]]:
 
 def load(path: str, params: dict[str, str] | None, model_paths: dict[str, str] | None = None):
     """The checked program with parameters bound; errors become EvalError."""
-    from tokenrouter.compiler.frontend import RouteError, load_program
+    from tokenrouter.compiler.pipeline import RouteError, load_program
     try:
         return load_program(path, model_paths=model_paths, params=dict(params or {}) or None)
     except RouteError as exc:

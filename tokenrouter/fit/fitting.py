@@ -257,7 +257,7 @@ def _atomic(path: str, write) -> str:
 
 def fit(opts: FitOptions) -> FitResult:
     t0 = time.time()
-    from tokenrouter.compiler.frontend import RouteError, load_program
+    from tokenrouter.compiler.pipeline import RouteError, load_program
     if not os.path.isfile(opts.route):
         raise FitError(f"{opts.route}: no such .route file")
     if opts.min_recall is not None and opts.target_share is not None:

@@ -67,7 +67,7 @@ class LLM:
                  launch=None, timeout: float = 300.0, params: dict[str, str] | None = None, **launch_kwargs):
         from tokenrouter.runtime.launcher import LaunchOptions
         if isinstance(program, str):  # model_paths and params: the --model and --set of the commands
-            from tokenrouter.compiler.frontend import load_program
+            from tokenrouter.compiler.pipeline import load_program
             program = load_program(program, model_paths=model_paths, params=params)
         self.program = program
         self.tokenizer = tokenizer_for(program)

@@ -9,7 +9,7 @@ import pytest
 
 from tokenrouter.commands._args import with_quant
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.frontend import check_source
+from tokenrouter.compiler.pipeline import check_source
 
 SRC = """tokenrouter 1
 

@@ -1,6 +1,6 @@
-"""The front end's public entry points: a .route file to a checked `ir.Program`.
+"""The compiler's pipeline, parse -> check -> lower: a .route file to a checked `ir.Program`.
 
-    from tokenrouter.compiler.frontend import check_file, load_program, RouteError
+    from tokenrouter.compiler.pipeline import check_file, load_program, RouteError
     program, diagnostics = check_file(path)        # Program | None, errors and warnings in source order
     program = load_program(path, model_paths=None, params=None)  # raises RouteError (str() = rendered diagnostics)
 
