@@ -7,11 +7,12 @@ from tokenrouter.bench import tuning, workload
 from tokenrouter.bench.runlengths import runs_of
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.pipeline import load_program
+from tokenrouter.runtime.loader import model_facts
 
 
 @pytest.fixture
 def bench_program():
-    return load_program("examples/bench.route")
+    return load_program("examples/bench.route", model_facts=model_facts)
 
 
 def test_parse_configs():

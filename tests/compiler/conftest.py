@@ -25,6 +25,7 @@ from safetensors.torch import save_file
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.abi import StepTensors
 from tokenrouter.compiler.interpreter import RequestStep
+from tokenrouter.runtime.loader import model_facts
 
 UPDATE_GOLDEN = os.environ.get("TOKENROUTER_UPDATE_GOLDEN") == "1"
 REPO = Path(__file__).resolve().parents[2]
@@ -164,14 +165,14 @@ def load_example(name: str, tmp: Path) -> ir.Program:
     (hidden size 16) and its weights files moved into `tmp` (the tests write them)."""
     from tokenrouter.compiler.pipeline import check_file
     path = REPO / "examples" / f"{name}.route"
-    program, diags = check_file(path)
+    program, diags = check_file(path, model_facts=model_facts)
     assert program is not None, [str(d) for d in diags]
     folder = tmp / "tiny-model"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps({"hidden_size": TINY_HIDDEN, "num_hidden_layers": 2}))
     # the shipped weights fit the real models, not these: they are replaced by random ones below
     program, diags = check_file(path, model_paths={m.name: str(folder) for m in program.models},
-                                check_weights=False)
+                                check_weights=False, model_facts=model_facts)
     assert program is not None, [str(d) for d in diags]
     return _map_files(program, lambda f: str(tmp / "weights" / os.path.basename(f)))
 

@@ -13,6 +13,7 @@ from tokenrouter.eval.evaluate import evaluate, parse_sweep
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.launcher import LaunchOptions
 from tokenrouter.runtime.reference import Reference
+from tokenrouter.runtime.loader import model_facts
 
 LAUNCH = LaunchOptions(mode="thread", num_blocks=96)
 ROUTE = """tokenrouter 1
@@ -71,7 +72,7 @@ def test_routed_program_diff_and_records(tmp_path, pair):
             assert r["id"] in d["prompts"][cell]
     # the routed tokens and their writers are the single-request reference's
     from tokenrouter.compiler.pipeline import load_program
-    prog = load_program(program_file(tmp_path, pair, "entropy(slm, normalized) > 0.3"))
+    prog = load_program(program_file(tmp_path, pair, "entropy(slm, normalized) > 0.3"), model_facts=model_facts)
     ref = Reference(prog)
     from tokenrouter.runtime.offline import tokenizer_for
     tok = tokenizer_for(prog)

@@ -15,6 +15,7 @@ import os
 import torch
 
 from tokenrouter.compiler import ir
+from tokenrouter.runtime.loader import model_facts
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EOS = 2
@@ -171,7 +172,7 @@ def example_program(name: str, root: str, paths: dict[str, str], dtype: str = "f
     alias = {"small": "slm", "large": "llm"}
     mp = {m: paths[alias.get(m, m)] for m in models}
     # no weights files yet (the checker reads those that exist): written below
-    prog = load_program(dst, model_paths=mp)
+    prog = load_program(dst, model_paths=mp, model_facts=model_facts)
     hidden_of = {}
     for m in prog.models:
         hidden_of[m.name] = json.load(open(os.path.join(m.path, "config.json")))["hidden_size"]
@@ -196,6 +197,6 @@ def example_program(name: str, root: str, paths: dict[str, str], dtype: str = "f
         g = torch.Generator().manual_seed(99)
         save_file({"weight": torch.randn(hidden_of[model], generator=g) * 0.5, "bias": torch.zeros(1)},
                   os.path.join(root, f))
-    prog = load_program(dst, model_paths=mp)
+    prog = load_program(dst, model_paths=mp, model_facts=model_facts)
     models_ = tuple(dataclasses.replace(m, dtype=dtype) for m in prog.models)
     return dataclasses.replace(prog, models=models_)

@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from tokenrouter.compiler.pipeline import load_program
+    from tokenrouter.runtime.loader import model_facts
     from tokenrouter.runtime.launcher import LaunchOptions, batch_thresholds
     from tokenrouter.runtime.offline import tokenizer_for
     from tokenrouter.tuner import api, simulate
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
     from .deploy import RuntimeDeployment
     from .runlengths import collect
 
-    program = load_program(args.file)
+    program = load_program(args.file, model_facts=model_facts)
     small, large = C.small_and_large(program)
     tok = tokenizer_for(program)
     ids = [tok.encode(p) for p in workload.prompts(args.requests)]

@@ -114,11 +114,13 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     from tqdm.auto import tqdm
 
     from tokenrouter.compiler.pipeline import load_program
+    from tokenrouter.runtime.loader import model_facts
     from tokenrouter.runtime.launcher import LaunchOptions
     from tokenrouter.runtime.offline import tokenizer_for
 
     from tokenrouter.compiler.pipeline import with_quant
-    program = with_quant(load_program(opts.file, model_paths=opts.model_paths, params=opts.params), opts.quant)
+    program = with_quant(load_program(opts.file, model_paths=opts.model_paths, params=opts.params,
+                                        model_facts=model_facts), opts.quant)
     small, large = C.small_and_large(program)
     writers = C.writers(program)
     tok = tokenizer_for(program)

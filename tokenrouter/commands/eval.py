@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from tokenrouter.eval.evaluate import evaluate
     from tokenrouter.runtime.frontend import RuntimeUnavailable
     from tokenrouter.runtime.launcher import LaunchOptions
-    from tokenrouter.runtime.loader import LoadError
+    from tokenrouter.runtime.loader import LoadError, model_facts
 
     from tokenrouter.commands._args import bindings, positive_ints
     try:
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         launch = LaunchOptions()
         if args.threads:
             from tokenrouter.compiler.pipeline import check_file
-            prog, _ = check_file(args.file, model_paths=model_paths, params=params)
+            prog, _ = check_file(args.file, model_paths=model_paths, params=params, model_facts=model_facts)
             launch.threads = {w: args.threads for w in (prog.writers() if prog else ())}
         summary = evaluate(args.file, args.out, prompts=args.prompts, params=params, model_paths=model_paths, sweep=args.sweep,
                  concurrency=concurrency, max_tokens=args.max_tokens, limit=args.limit,

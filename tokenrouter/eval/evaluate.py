@@ -45,8 +45,10 @@ def parse_sweep(text: str) -> tuple[str, list[float]]:
 def load(path: str, params: dict[str, str] | None, model_paths: dict[str, str] | None = None):
     """The checked program with parameters bound; errors become EvalError."""
     from tokenrouter.compiler.pipeline import RouteError, load_program
+    from tokenrouter.runtime.loader import model_facts
     try:
-        return load_program(path, model_paths=model_paths, params=dict(params or {}) or None)
+        return load_program(path, model_paths=model_paths, params=dict(params or {}) or None,
+                            model_facts=model_facts)
     except RouteError as exc:
         raise EvalError(str(exc)) from None
     except ValueError as exc:  # unknown model_paths names, parameter binding errors

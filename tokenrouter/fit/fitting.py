@@ -258,6 +258,7 @@ def _atomic(path: str, write) -> str:
 def fit(opts: FitOptions) -> FitResult:
     t0 = time.time()
     from tokenrouter.compiler.pipeline import RouteError, load_program
+    from tokenrouter.runtime.loader import model_facts
     if not os.path.isfile(opts.route):
         raise FitError(f"{opts.route}: no such .route file")
     if opts.min_recall is not None and opts.target_share is not None:
@@ -272,7 +273,7 @@ def fit(opts: FitOptions) -> FitResult:
     rows = read_prompts(opts.prompts)
     eval_rows = read_prompts(opts.eval_prompts) if opts.eval_prompts else None
     try:
-        program = load_program(opts.route, check_weights=False)
+        program = load_program(opts.route, check_weights=False, model_facts=model_facts)
     except RouteError as exc:
         raise FitError(f"{opts.route} does not load:\n{exc}") from None
     target = find_target(program, opts.route, opts.router)

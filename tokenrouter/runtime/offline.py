@@ -68,7 +68,8 @@ class LLM:
         from tokenrouter.runtime.launcher import LaunchOptions
         if isinstance(program, str):  # model_paths and params: the --model and --set of the commands
             from tokenrouter.compiler.pipeline import load_program
-            program = load_program(program, model_paths=model_paths, params=params)
+            from tokenrouter.runtime.loader import model_facts
+            program = load_program(program, model_paths=model_paths, params=params, model_facts=model_facts)
         self.program = program
         self.tokenizer = tokenizer_for(program)
         opts = launch or LaunchOptions(**launch_kwargs)
