@@ -63,7 +63,8 @@ def needs_of(inputs: tuple) -> FeatureNeeds:
                         token_embedding=any(isinstance(i, ir.InputTokenEmbedding) for i in inputs))
 
 
-def _entropy(logp: torch.Tensor) -> torch.Tensor:
+def entropy(logp: torch.Tensor) -> torch.Tensor:
+    """Normalised entropy (0 to 1) of each row of log-probabilities."""
     return torch.special.entr(logp.exp()).sum(-1) / math.log(logp.shape[-1])
 
 
@@ -135,7 +136,7 @@ def lockstep(small, large, prompts: list[list[int]], inputs: tuple, max_tokens: 
                 out["large_tok"].append(tok_l)
                 out["p_small_of_large"].append(lps.gather(1, tok_l[:, None])[:, 0].exp())
                 out["p_large_top"].append(lpl.gather(1, tok_l[:, None])[:, 0].exp())
-                out["entropy"].append(_entropy(lps))
+                out["entropy"].append(entropy(lps))
                 out["prompt"].append(torch.tensor(alive))
                 out["position"].append(torch.full((len(alive),), t))
                 chosen = torch.where(route, tok_l, tok_s).tolist()

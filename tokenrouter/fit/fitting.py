@@ -465,7 +465,7 @@ def _compare_generation(small, large, ids, inputs, max_tokens, opts, stop, score
 
     def entropy_pass(t):
         def by_entropy(x, logits):
-            return collect._entropy(torch.log_softmax(logits, -1)) > t
+            return collect.entropy(torch.log_softmax(logits, -1)) > t
         return collect.cached_lockstep(key(ids, max_tokens, f"entropy>{t!r}"), layout, small, large, ids, inputs,
                                        max_tokens, opts.batch, stop, by_entropy, desc="entropy rule", **kw)[1]
 

@@ -52,7 +52,7 @@ def gguf_name(hf: str) -> str:
 def pre_tokenizer_name(backend_json: dict[str, Any]) -> str:
     """The llama.cpp pre-tokenizer (`tokenizer.ggml.pre`) that splits text as this
     `tokenizers` pre-tokenizer does; an error for a splitting rule llama.cpp has no name for."""
-    from .gguf_tokenizer import _SPLIT_REGEX
+    from .gguf_tokenizer import SPLIT_REGEX
     pre = backend_json.get("pre_tokenizer") or {}
     kind = pre.get("type")
     if kind == "ByteLevel" and pre.get("use_regex", True):
@@ -65,7 +65,7 @@ def pre_tokenizer_name(backend_json: dict[str, Any]) -> str:
         if types == ["Split", "ByteLevel"]:
             pattern = (parts[0].get("pattern") or {}).get("Regex")
             for name in ("llama-bpe", "qwen2"):
-                if pattern == _SPLIT_REGEX[name]:
+                if pattern == SPLIT_REGEX[name]:
                     return name
     raise UnsupportedArchitecture(f"the tokenizer's pre-tokenizer {json.dumps(pre)[:200]} has no llama.cpp "
                                   "name; pass pre=NAME to export_gguf if you know the matching one")
