@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-import tiny
+from tests.helpers import tiny
 from tokenrouter.eval.configs import EvalError, alone, small_and_large
 from tokenrouter.eval.evaluate import evaluate, parse_sweep
 from tokenrouter.runtime.engine.sampler import SamplingParams

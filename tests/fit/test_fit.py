@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from conftest import disturbed_pair, other_tokenizer, write_program, write_prompts
+from tests.helpers.fitting import disturbed_pair, other_tokenizer, write_program, write_prompts
 from tokenrouter.cli import main
 from tokenrouter.compiler import router_nets as rn
 from tokenrouter.fit.fitting import FitOptions, fit

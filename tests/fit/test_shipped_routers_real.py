@@ -10,8 +10,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "runtime"))
-from serving import wait_until_healthy  # noqa: E402
+from tests.helpers.serving import wait_until_healthy
 from tokenrouter.runtime.loader import model_facts
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")

@@ -2,7 +2,7 @@
 
 import os
 
-import tiny
+from tests.helpers import tiny
 from tokenrouter.compiler import ir
 from tokenrouter.runtime.launcher import LaunchOptions, batch_thresholds, plan, served_writers
 

@@ -61,7 +61,7 @@ def test_generate_native_says_paris():
 
 
 def test_models_measure_kernels_rewrites_the_cached_plan(tmp_path, tmp_cache, capsys):
-    from loader_helpers import hf_config, transformers_model, write_gguf
+    from tests.helpers.checkpoints import hf_config, transformers_model, write_gguf
     from tokenrouter.cli import main
     config = hf_config("llama", vocab=272)
     path = str(tmp_path / "m.gguf")
