@@ -17,14 +17,22 @@ built-in models are converted once and cached as checkpoint folders under `$TOKE
 the matrices come as `QuantTensor`s read straight from the GGUF file's blocks (no cache
 entry needed); `quant="int4" | "int8"` loads floats, which the engine quantises. Every
 failure is a `LoadError` with a message meant for the user.
+
+`tokenrouter check` imports this package for `model_facts`, so the package, `registry.py` and
+`tokenizer.py` import the weight readers (torch, gguf, the engine: `hf.py`, `gguf_loader.py`,
+`derive.py`, `bench_pair.py`) and the chat-template renderer inside the functions that use
+them, not at the top: measured after the compiler on a 2-core host, importing the package
+takes 0.03 s this way and 0.26-0.35 s with those imports at the top.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cache import file_key
 from .errors import (LoadError, MissingFile, ShapeMismatch, UnsupportedArchitecture,
                      UnsupportedQuantization)
 from .facts import model_facts
@@ -49,9 +57,6 @@ class LoadedModel:
 
     def model_id(self) -> str:
         """What identifies these weights for a cached kernel plan."""
-        import json
-
-        from .cache import file_key
         return json.dumps(file_key(self.source) if self.source else {"folder": os.path.realpath(self.folder)},
                           sort_keys=True)
 
