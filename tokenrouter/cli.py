@@ -1,8 +1,6 @@
 """The `tokenrouter` command line: one subcommand per module in tokenrouter/commands/.
 
 Each command module defines `HELP` (one line), `configure(parser)` and `run(args) -> int`.
-Modules import their heavy dependencies (torch, zmq) inside `run`, so `--help` and
-`check` stay fast.
 """
 
 from __future__ import annotations
@@ -11,6 +9,10 @@ import argparse
 import importlib
 import sys
 
+# Building the parser imports every command module, so each imports the layers it drives
+# (compiler, runtime, tuner, bench, eval, fit: torch, zmq, uvicorn) inside `run` and its
+# helpers, not at the top. Measured on a 2-core host: `tokenrouter --help` takes 0.06-0.19 s
+# this way; importing what the commands' `run` import first takes 4.2-4.7 s.
 # name -> module under tokenrouter.commands; the order is the order of `--help`.
 COMMANDS = {
     "check": "check",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 
 def positive_ints(text: str, what: str) -> list[int]:
     """'1,8,16' -> [1, 8, 16] (sorted, unique, each >= 1); ValueError names the flag."""
@@ -16,8 +19,6 @@ def positive_ints(text: str, what: str) -> list[int]:
 
 def report_unreadable(files: list[str], command: str) -> bool:
     """Print a usage error for each path that is not a readable file; True if any was."""
-    import os
-    import sys
     bad = [f for f in files if not os.path.isfile(f)]
     for f in bad:
         why = "is a directory" if os.path.isdir(f) else "no such file"

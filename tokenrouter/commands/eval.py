@@ -7,12 +7,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tokenrouter.commands._args import add_binding_args, bindings, positive_ints
+
 HELP = "is routing worth it? score a program against its small and large model alone"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from tokenrouter.commands._args import add_binding_args
-
     parser.add_argument("file", help="the .route program")
     parser.add_argument("--out", required=True, help="folder for summary.json, report.html and frontier.png")
     parser.add_argument("--prompts", action="append", default=None, metavar="P.jsonl",
@@ -42,7 +42,6 @@ def run(args: argparse.Namespace) -> int:
     from tokenrouter.runtime.launcher import LaunchOptions
     from tokenrouter.runtime.loader import LoadError, model_facts
 
-    from tokenrouter.commands._args import bindings, positive_ints
     try:
         params, model_paths = bindings(args)
         positive_ints(args.concurrency, "--concurrency")  # a clear error for a bad list

@@ -11,6 +11,7 @@ Exit status: 0, 1 when the program does not check, 2 on usage errors.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from tokenrouter.commands._args import add_binding_args, bindings, report_unreadable
@@ -25,8 +26,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    import os
-
     from tokenrouter.compiler.describe import describe
     from tokenrouter.compiler.pipeline import check_file
     from tokenrouter.runtime.loader import model_facts

@@ -8,8 +8,11 @@ it runs just that subserver (for a multi-host deployment, see docs/runtime.md).
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import logging
 import os
 import sys
+from contextlib import asynccontextmanager
 
 from tokenrouter.commands._args import QUANT_HELP, add_binding_args, bindings, with_quant
 
@@ -105,8 +108,6 @@ def _tune(program, opts, profile) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import logging
-
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from tokenrouter.compiler.pipeline import RouteError, load_program
     from tokenrouter.runtime.loader import model_facts
@@ -145,7 +146,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _is_loopback(host: str) -> bool:
-    import ipaddress
     if host == "localhost":
         return True
     try:
@@ -191,8 +191,6 @@ def _run_subserver(args, program, opts) -> int:
 
 
 def _run_http(args, program, opts, limits) -> int:
-    from contextlib import asynccontextmanager
-
     import uvicorn
 
     from tokenrouter.runtime.frontend import close_runtime, open_runtime
