@@ -1,7 +1,7 @@
 """Shared fixtures of the compiler back-end tests.
 
-`PROGRAMS` builds one hand-written `ir.Program` per algorithm (the front end's example
-files are tested the same way once they exist, see `example_programs`). `make_batch`
+`PROGRAMS` builds one hand-written `ir.Program` per algorithm; the example files are
+tested the same way (`EXAMPLES`, `load_example`, `get_program("example:NAME")`). `make_batch`
 draws one random batch for a writer of any program: random logits with edge-case rows
 (uniform, one-hot, ties, NaN, +inf, -inf, all -inf), hidden states and token embeddings of
 the declared widths, per-request visit counts, positions and seeds, as both the batched
