@@ -17,8 +17,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tokenrouter.compiler.frontend import check_source  # noqa: E402
+from tokenrouter.compiler.pipeline import check_source  # noqa: E402
 from tokenrouter.dsl.parser import lark_parser, parse_source  # noqa: E402
+from tokenrouter.runtime.loader import model_facts
 
 FEATURES = ["entropy(m{i}, normalized) > {t}", "top_prob(m{i}) < {t}", "margin(m{i}) <= {t}",
             "entropy(m{i}, raw) >= {t}"]
@@ -68,11 +69,11 @@ def main() -> int:
     rows = []
     for rules in (100, 250, 500, 1000):
         text = generate(rules)
-        program, diags = check_source(text, "generated.route", base_dir=".")
+        program, diags = check_source(text, "generated.route", base_dir=".", model_facts=model_facts)
         assert program is not None and not diags, [str(d) for d in diags[:3]]
         assert len(program.transitions) == rules
         parse_s = timed(lambda: parse_source(text, "generated.route"), args.repeat)
-        total_s = timed(lambda: check_source(text, "generated.route", base_dir="."), args.repeat)
+        total_s = timed(lambda: check_source(text, "generated.route", base_dir=".", model_facts=model_facts), args.repeat)
         rows.append({"rules": rules, "bytes": len(text), "parse_s": parse_s, "parse_and_check_s": total_s,
                      "parse_and_check_cpu_s": timed.cpu})
         print(f"{rules:5d} rules  {len(text) / 1024:6.1f} KiB  parse {parse_s * 1000:7.1f} ms  "

@@ -38,8 +38,9 @@ sys.path.insert(0, REPO)
 from tokenrouter.compiler import ir  # noqa: E402
 from tokenrouter.compiler.abi import StepTensors  # noqa: E402
 from tokenrouter.compiler.compiled import load_routers  # noqa: E402
-from tokenrouter.compiler.frontend import check_file  # noqa: E402
+from tokenrouter.compiler.pipeline import check_file  # noqa: E402
 from tokenrouter.compiler.interpreter import Interpreter, RequestStep  # noqa: E402
+from tokenrouter.runtime.loader import model_facts
 
 BATCHES = (1, 8, 64)
 CONTEXT = 64
@@ -59,8 +60,8 @@ def example(name: str, folder: str, weights_dir: str) -> ir.Program:
     """The example, its models pointed at the small model's folder (input widths from its
     config), router weights moved to `weights_dir` with random values of the right shapes."""
     path = os.path.join(REPO, "examples", f"{name}.route")
-    program, diags = check_file(path)
-    program, diags = check_file(path, model_paths={m.name: folder for m in program.models})
+    program, diags = check_file(path, model_facts=model_facts)
+    program, diags = check_file(path, model_paths={m.name: folder for m in program.models}, model_facts=model_facts)
     if program is None:
         raise SystemExit("\n".join(map(str, diags)))
     from safetensors.torch import save_file

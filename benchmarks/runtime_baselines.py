@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+from tokenrouter.runtime.loader import model_facts
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
@@ -114,13 +115,13 @@ def main(argv=None) -> int:
 
     import torch
 
-    from tokenrouter.compiler.frontend import load_program
+    from tokenrouter.compiler.pipeline import load_program
     from tokenrouter.runtime.baselines.naive import naive_options, no_delay_options
     from tokenrouter.runtime.engine.sampler import SamplingParams
     from tokenrouter.runtime.launcher import LaunchOptions, batch_thresholds, served_writers
     from tokenrouter.runtime.offline import tokenizer_for
 
-    program = load_program(args.program)
+    program = load_program(args.program, model_facts=model_facts)
     tokenizer = tokenizer_for(program)
     prompts = _prompts(args.requests)
     params = SamplingParams(max_tokens=args.max_tokens)

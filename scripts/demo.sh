@@ -22,17 +22,18 @@ done
 .venv/bin/python - "$PORT" "$QUESTION" <<'PY'
 import subprocess, sys, urllib.request
 from openai import OpenAI
-from tokenrouter.compiler.frontend import load_program
+from tokenrouter.compiler.pipeline import load_program
 from tokenrouter.eval.analysis import token_pieces
 from tokenrouter.eval.configs import small_and_large
 from tokenrouter.eval.show import coloured, legend
+from tokenrouter.runtime.loader import model_facts
 from tokenrouter.runtime.offline import tokenizer_for
 port, question = sys.argv[1], sys.argv[2]
 client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
 reply = client.chat.completions.create(model="demo", max_tokens=64, temperature=0,
                                        messages=[{"role": "user", "content": question}])
 choice = reply.choices[0].model_extra
-program = load_program("examples/demo.route")
+program = load_program("examples/demo.route", model_facts=model_facts)
 small, large = small_and_large(program)
 tty = sys.stdout.isatty()
 pieces = token_pieces(tokenizer_for(program), choice["token_ids"])

@@ -6,12 +6,13 @@ from tokenrouter.bench import configs as C
 from tokenrouter.bench import tuning, workload
 from tokenrouter.bench.runlengths import runs_of
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.frontend import load_program
+from tokenrouter.compiler.pipeline import load_program
+from tokenrouter.runtime.loader import model_facts
 
 
 @pytest.fixture
 def bench_program():
-    return load_program("examples/bench.route")
+    return load_program("examples/bench.route", model_facts=model_facts)
 
 
 def test_parse_configs():

@@ -10,6 +10,7 @@ from tokenrouter import cli
 from tokenrouter.bench import plots, results
 from tokenrouter.bench.configs import CONFIGS, PEERS_ROUTED
 from tokenrouter.bench.runner import BenchOptions, run_bench
+from tokenrouter.runtime.loader import model_facts
 
 ROUTE = """tokenrouter 1
 model small = "{slm}"
@@ -88,8 +89,8 @@ def test_runlengths_account_for_every_token(pair, route_file):
     """Each small run ends in a rewritten token except a run cut by the end of the
     request; large visits write one kept token each."""
     from tokenrouter.bench.runlengths import collect
-    from tokenrouter.compiler.frontend import load_program
-    program = load_program(route_file[0])
+    from tokenrouter.compiler.pipeline import load_program
+    program = load_program(route_file[0], model_facts=model_facts)
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
     complete, last, outs = collect(program, prompts, max_tokens=12, concurrency=2)
     assert all(k == 1 for k in complete.get("large", []) + last.get("large", []))

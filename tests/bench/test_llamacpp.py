@@ -3,8 +3,6 @@ loopback, with tiny random-weight models: llama.cpp loads what we export and its
 tokens are ours; the per-token dispatcher routes as the program says."""
 
 import functools
-import os
-import sys
 
 import pytest
 
@@ -13,8 +11,7 @@ pytest.importorskip("xllamacpp")
 from tokenrouter.bench.llamacpp import LlamaCppLarge, LlamaCppServer, LlamaCppStandard, logits_row  # noqa: E402
 from tokenrouter.runtime.loader.gguf_export import export_gguf, pre_tokenizer_name  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "runtime"))
-import tiny  # noqa: E402
+from tests.helpers import tiny  # noqa: E402
 
 PROMPTS = [[5, 6, 7, 8], [40, 41, 42], [100, 3, 77, 9, 12], [200, 201]]
 STEPS = 12

@@ -1,7 +1,7 @@
 """Shared fixtures of the compiler back-end tests.
 
-`PROGRAMS` builds one hand-written `ir.Program` per algorithm (the front end's example
-files are tested the same way once they exist, see `example_programs`). `make_batch`
+`PROGRAMS` builds one hand-written `ir.Program` per algorithm; the example files are
+tested the same way (`EXAMPLES`, `load_example`, `get_program("example:NAME")`). `make_batch`
 draws one random batch for a writer of any program: random logits with edge-case rows
 (uniform, one-hot, ties, NaN, +inf, -inf, all -inf), hidden states and token embeddings of
 the declared widths, per-request visit counts, positions and seeds, as both the batched
@@ -25,6 +25,7 @@ from safetensors.torch import save_file
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.abi import StepTensors
 from tokenrouter.compiler.interpreter import RequestStep
+from tokenrouter.runtime.loader import model_facts
 
 UPDATE_GOLDEN = os.environ.get("TOKENROUTER_UPDATE_GOLDEN") == "1"
 REPO = Path(__file__).resolve().parents[2]
@@ -162,16 +163,16 @@ def _map_files(obj, fn):
 def load_example(name: str, tmp: Path) -> ir.Program:
     """An example program checked by the front end, its models pointed at a tiny config
     (hidden size 16) and its weights files moved into `tmp` (the tests write them)."""
-    from tokenrouter.compiler.frontend import check_file
+    from tokenrouter.compiler.pipeline import check_file
     path = REPO / "examples" / f"{name}.route"
-    program, diags = check_file(path)
+    program, diags = check_file(path, model_facts=model_facts)
     assert program is not None, [str(d) for d in diags]
     folder = tmp / "tiny-model"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps({"hidden_size": TINY_HIDDEN, "num_hidden_layers": 2}))
     # the shipped weights fit the real models, not these: they are replaced by random ones below
     program, diags = check_file(path, model_paths={m.name: str(folder) for m in program.models},
-                                check_weights=False)
+                                check_weights=False, model_facts=model_facts)
     assert program is not None, [str(d) for d in diags]
     return _map_files(program, lambda f: str(tmp / "weights" / os.path.basename(f)))
 

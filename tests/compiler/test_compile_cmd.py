@@ -10,13 +10,14 @@ from tests.compiler.conftest import REPO
 from tokenrouter.cli import main
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.codegen import generate_module
-from tokenrouter.compiler.frontend import check_file
+from tokenrouter.compiler.pipeline import check_file
+from tokenrouter.runtime.loader import model_facts
 
 
 def test_writes_module_plan_and_ir(tmp_path, capsys):
     out = tmp_path / "build"
     assert main(["compile", str(REPO / "examples" / "r2r.route"), "-o", str(out)]) == 0
-    program, _ = check_file(REPO / "examples" / "r2r.route")
+    program, _ = check_file(REPO / "examples" / "r2r.route", model_facts=model_facts)
     source = (out / "router.py").read_text()
     assert source == generate_module(program)
     compile(source, "router.py", "exec")
@@ -33,14 +34,14 @@ def test_writes_module_plan_and_ir(tmp_path, capsys):
 def test_emit_python_and_ir(capsys):
     path = str(REPO / "examples" / "rstitch.route")
     assert main(["compile", path, "--emit", "python"]) == 0
-    program, _ = check_file(path)
+    program, _ = check_file(path, model_facts=model_facts)
     assert capsys.readouterr().out == generate_module(program)
     assert main(["compile", path, "--emit", "ir"]) == 0
     assert ir.Program.from_json(capsys.readouterr().out) == program
 
 
 def test_ir_json_is_accepted_as_input(tmp_path, capsys):
-    program, _ = check_file(REPO / "examples" / "ensemble.route")
+    program, _ = check_file(REPO / "examples" / "ensemble.route", model_facts=model_facts)
     (tmp_path / "p.json").write_text(program.to_json())
     assert main(["compile", str(tmp_path / "p.json"), "--emit", "python"]) == 0
     assert capsys.readouterr().out == generate_module(program)

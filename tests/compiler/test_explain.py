@@ -11,7 +11,8 @@ import pytest
 from tests.compiler.conftest import REPO
 from tokenrouter.cli import main
 from tokenrouter.compiler.draw import draw, layout
-from tokenrouter.compiler.frontend import check_file
+from tokenrouter.compiler.pipeline import check_file
+from tokenrouter.runtime.loader import model_facts
 
 EXAMPLES = REPO / "examples"
 SVG = "{http://www.w3.org/2000/svg}"
@@ -30,7 +31,7 @@ def svg_content(path):
 
 
 def test_rstitch_drawing_has_both_writers_and_both_handoffs(tmp_path):
-    program, _ = check_file(EXAMPLES / "rstitch.route")
+    program, _ = check_file(EXAMPLES / "rstitch.route", model_facts=model_facts)
     out = tmp_path / "rstitch.svg"
     lay = draw(program, str(out))
     ids, labels, lines = svg_content(out)
@@ -51,7 +52,7 @@ def test_rstitch_drawing_has_both_writers_and_both_handoffs(tmp_path):
 
 
 def test_png_is_drawn(tmp_path):
-    program, _ = check_file(EXAMPLES / "rstitch.route")
+    program, _ = check_file(EXAMPLES / "rstitch.route", model_facts=model_facts)
     out = tmp_path / "rstitch.png"
     draw(program, str(out))
     from PIL import Image
@@ -64,7 +65,7 @@ def test_png_is_drawn(tmp_path):
 
 
 def test_bounds_ensembles_and_set_values():
-    program, _ = check_file(EXAMPLES / "ensemble.route", params={"tau": "0.45"})
+    program, _ = check_file(EXAMPLES / "ensemble.route", params={"tau": "0.45"}, model_facts=model_facts)
     lay = layout(program)
     assert [n.name for n in lay.nodes] == ["slm", "duo"]  # members do not write on their own
     assert "ensemble (average of llm 0.8, aux 0.2" in lay.node("duo").subtitle

@@ -12,8 +12,9 @@ import torch
 
 from tests.compiler.conftest import REPO
 from tokenrouter.compiler.compiled import load_routers
-from tokenrouter.compiler.frontend import check_file, check_source
+from tokenrouter.compiler.pipeline import check_file, check_source
 from tokenrouter.compiler.interpreter import Interpreter, RequestStep
+from tokenrouter.runtime.loader import model_facts
 
 RSTITCH = REPO / "examples" / "rstitch.route"
 V = 32
@@ -55,7 +56,7 @@ def _generated(program, rows: np.ndarray, writer: str):
 def test_set_tau_moves_rstitch_decisions(tau):
     rows = _rows(400)
     h = np.array([_entropy(r) for r in rows])
-    program, diags = check_file(RSTITCH, params={"tau": tau} if tau else None)
+    program, diags = check_file(RSTITCH, params={"tau": tau} if tau else None, model_facts=model_facts)
     assert diags == []
     t = float(tau) if tau else 0.02
     assert program.param("tau").value == t
@@ -71,11 +72,11 @@ def test_set_tau_moves_rstitch_decisions(tau):
 
 def test_settings_change_decisions_and_the_default_changes_nothing():
     rows = _rows(400, seed=1)
-    by_tau = {tau: _decisions(check_file(RSTITCH, params={"tau": tau})[0], rows, "slm") for tau in ("0.3", "0.8")}
+    by_tau = {tau: _decisions(check_file(RSTITCH, params={"tau": tau}, model_facts=model_facts)[0], rows, "slm") for tau in ("0.3", "0.8")}
     assert by_tau["0.3"] != by_tau["0.8"]
-    default, _ = check_file(RSTITCH)
+    default, _ = check_file(RSTITCH, model_facts=model_facts)
     text = RSTITCH.read_text().replace("> tau rewrite", "> 0.02 rewrite").replace("<= tau keep", "<= 0.02 keep")
-    literal, diags = check_source(text, str(RSTITCH))  # the program as it was before it had a parameter
+    literal, diags = check_source(text, str(RSTITCH), model_facts=model_facts)  # the program as it was before it had a parameter
     assert [d.code for d in diags] == ["W002"]  # tau is now unused
     assert _decisions(default, rows, "slm") == _decisions(literal, rows, "slm")
     assert _decisions(default, rows, "llm") == _decisions(literal, rows, "llm")

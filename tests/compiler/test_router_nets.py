@@ -153,6 +153,7 @@ from tests.compiler.conftest import S, make_batch, write_random_weights  # noqa:
 from tests.compiler.test_differential import _SETTINGS, _check, _coverage  # noqa: E402
 from tokenrouter.compiler import router_nets as rn  # noqa: E402
 from tokenrouter.compiler.interpreter import Interpreter  # noqa: E402
+from tokenrouter.runtime.loader import model_facts
 
 
 def _kind_program(arch: str) -> ir.Program:
@@ -270,7 +271,7 @@ def _tiny_folder(path, hidden, seed):
 def test_check_reports_a_misfit_file_and_fingerprints(tmp_path):
     """`tokenrouter check`: E310 at the declaration's line:col, W004 when the file was fitted
     for other models, nothing once the fingerprints match."""
-    from tokenrouter.compiler.frontend import check_file
+    from tokenrouter.compiler.pipeline import check_file
     small, large = _tiny_folder(tmp_path / "small", 8, 0), _tiny_folder(tmp_path / "large", 8, 1)
     src = tmp_path / "p.route"
     src.write_text(f'tokenrouter 1\nmodel slm = "{small}"\nmodel llm = "{large}"\n'
@@ -284,7 +285,7 @@ def test_check_reports_a_misfit_file_and_fingerprints(tmp_path):
     meta = {**rn.arch_metadata(router), rn.META_MODELS: json.dumps(prints)}
     save_file(t, str(tmp_path / "r.safetensors"), metadata=meta)
     save_file({"weight": torch.zeros(9)}, str(tmp_path / "h.safetensors"), metadata={rn.META_ARCH: "co_llm"})
-    program, diags = check_file(src)
+    program, diags = check_file(src, model_facts=model_facts)
     got = sorted((d.code, d.span.line, d.span.col) for d in diags)
     assert got == [("E310", 11, 32), ("W004", 4, 1)], [str(d.message) for d in diags]
     w004 = next(d for d in diags if d.code == "W004")
@@ -294,5 +295,5 @@ def test_check_reports_a_misfit_file_and_fingerprints(tmp_path):
     prints["large"]["fingerprint"] = rn.folder_fingerprint(str(large))
     save_file(t, str(tmp_path / "r.safetensors"), metadata={**meta, rn.META_MODELS: json.dumps(prints)})
     save_file({"weight": torch.zeros(8)}, str(tmp_path / "h.safetensors"), metadata={rn.META_ARCH: "co_llm"})
-    program, diags = check_file(src)
+    program, diags = check_file(src, model_facts=model_facts)
     assert program is not None and diags == []

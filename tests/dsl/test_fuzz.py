@@ -7,10 +7,11 @@ import re
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tokenrouter.compiler.frontend import check_source
+from tokenrouter.compiler.pipeline import check_source
 from tokenrouter.dsl.diagnostics import CODES, render_all
 from tokenrouter.dsl.format import format_source
 from tokenrouter.dsl.parser import parse_bytes, parse_source
+from tokenrouter.runtime.loader import model_facts
 
 from .conftest import EXAMPLES
 
@@ -39,7 +40,7 @@ def test_random_bytes(data):
         assert diags == sorted(diags, key=lambda d: d.sort_key())
         render_all(diags, text)
         return
-    assert_own_diagnostics(*check_source(text, "fuzz.route", base_dir="/nonexistent"), text)
+    assert_own_diagnostics(*check_source(text, "fuzz.route", base_dir="/nonexistent", model_facts=model_facts), text)
 
 
 def tokens(text):
@@ -69,7 +70,7 @@ def mutated(draw):
 @SETTINGS
 @given(mutated())
 def test_mutated_examples(text):
-    program, diags = check_source(text, "mutant.route", base_dir=str(EXAMPLES))
+    program, diags = check_source(text, "mutant.route", base_dir=str(EXAMPLES), model_facts=model_facts)
     assert_own_diagnostics(program, diags, text)
     tree, _ = parse_source(text)
     if tree is not None:  # whatever parses also formats, round-trips and is idempotent
@@ -113,7 +114,7 @@ def test_random_settings_and_bindings(path, params, models):
     """Whatever --set and --model say, the result is a program or the language's own
     diagnostics, and a program's parameters are exactly what was set or defaulted."""
     text = path.read_text()
-    program, diags = check_source(text, str(path), params=params, model_paths=models or None)
+    program, diags = check_source(text, str(path), params=params, model_paths=models or None, model_facts=model_facts)
     assert_own_diagnostics(program, diags, text)
     if program is not None:
         assert set(params) <= {p.name for p in program.params}
@@ -150,7 +151,7 @@ def param_programs(draw):
 def test_random_parameter_programs(case):
     text, given_values = case
     program, diags = check_source(text, "p.route", base_dir="/nonexistent", params=given_values,
-                                  model_paths={"llm": "smollm2-135m"})
+                                  model_paths={"llm": "smollm2-135m"}, model_facts=model_facts)
     assert_own_diagnostics(program, diags, text)
     tree, _ = parse_source(text)
     out, _ = format_source(text)

@@ -12,7 +12,8 @@ import pytest
 from tokenrouter.cli import main
 from tokenrouter.commands._args import add_binding_args, bindings, pairs
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.frontend import RouteError, check_file, check_source, load_program
+from tokenrouter.compiler.pipeline import RouteError, check_file, check_source, load_program
+from tokenrouter.runtime.loader import model_facts
 
 from .conftest import EXAMPLES
 
@@ -48,7 +49,7 @@ def thresholds(program):
 
 
 def test_defaults_are_bound_and_recorded():
-    p, diags = check_file(RSTITCH)
+    p, diags = check_file(RSTITCH, model_facts=model_facts)
     assert diags == []
     (tau,) = p.params
     assert (tau.name, tau.type, tau.value, tau.origin, tau.text, tau.lo, tau.hi) == \
@@ -60,7 +61,7 @@ def test_defaults_are_bound_and_recorded():
 
 
 def test_set_overrides_and_the_ir_says_so():
-    p, diags = check_file(RSTITCH, params={"tau": "0.3"})
+    p, diags = check_file(RSTITCH, params={"tau": "0.3"}, model_facts=model_facts)
     assert diags == [] and thresholds(p) == [0.3, 0.3]
     assert (p.param("tau").value, p.param("tau").origin, p.param("tau").text) == (0.3, "set", "0.3")
     again = ir.Program.from_json(p.to_json())
@@ -70,7 +71,7 @@ def test_set_overrides_and_the_ir_says_so():
 def test_every_type_and_where_it_is_used(tmp_path):
     src = tmp_path / "typed.route"
     src.write_text(TYPED)
-    p, diags = check_file(src, model_paths={"llm": "smollm2-135m"})
+    p, diags = check_file(src, model_paths={"llm": "smollm2-135m"}, model_facts=model_facts)
     assert diags == []
     assert [(q.name, q.type, q.value) for q in p.params] == [
         ("tau", "float", 0.3), ("steps", "int", 2), ("wait", "duration", 20.0),
@@ -80,7 +81,7 @@ def test_every_type_and_where_it_is_used(tmp_path):
     assert dict(p.schedule.placement) == {"llm": "cpu"}
     p, diags = check_file(src, model_paths={"llm": "smollm2-135m"},
                           params={"steps": "4", "wait": "1s", "weights": "other.safetensors", "where": "cuda:1",
-                                  "tau": "1"})
+                                  "tau": "1"}, model_facts=model_facts)
     assert diags == [], diags
     assert p.bounds[0].max_tokens == 4 and dict(p.schedule.max_wait_ms)["slm"] == 1000.0
     assert p.routers[0].file == os.path.abspath("other.safetensors")  # a --set path is relative to the cwd
@@ -100,7 +101,7 @@ def test_every_type_and_where_it_is_used(tmp_path):
 def test_bad_values_name_the_parameter_and_the_declaration(tmp_path, given, code, words):
     src = tmp_path / "typed.route"
     src.write_text(TYPED)
-    p, diags = check_file(src, model_paths={"llm": "smollm2-135m"}, params=given)
+    p, diags = check_file(src, model_paths={"llm": "smollm2-135m"}, params=given, model_facts=model_facts)
     assert p is None and codes(diags) == [code]
     d = diags[0]
     text = d.message + " " + (d.hint or "")
@@ -116,25 +117,25 @@ def test_bad_values_name_the_parameter_and_the_declaration(tmp_path, given, code
 def test_model_declared_by_role_needs_a_binding(tmp_path):
     src = tmp_path / "typed.route"
     src.write_text(TYPED)
-    p, diags = check_file(src)
+    p, diags = check_file(src, model_facts=model_facts)
     assert p is None and codes(diags) == ["E706"] and "--model llm=PATH" in diags[0].hint
-    p, diags = check_source(TYPED, str(src), model_paths={"llm": "./models/big"})
+    p, diags = check_source(TYPED, str(src), model_paths={"llm": "./models/big"}, model_facts=model_facts)
     assert diags == [] and p.model("llm").path == os.path.abspath("models/big")  # relative to the cwd
     assert p.model("llm").role == "large"
 
 
 def test_model_paths_still_replace_declared_paths(tmp_path):
-    p, diags = check_file(RSTITCH, model_paths={"llm": "smollm2-135m-small", "slm": str(tmp_path)})
+    p, diags = check_file(RSTITCH, model_paths={"llm": "smollm2-135m-small", "slm": str(tmp_path)}, model_facts=model_facts)
     assert diags == []
     assert p.model("llm").path == "smollm2-135m-small"  # a built-in name stays a name
     assert p.model("slm").path == str(tmp_path)
 
 
 def test_load_program_takes_params(tiny_pair):
-    p = load_program(RSTITCH, model_paths=tiny_pair, params={"tau": "0.4"})
+    p = load_program(RSTITCH, model_paths=tiny_pair, params={"tau": "0.4"}, model_facts=model_facts)
     assert thresholds(p) == [0.4, 0.4] and p.param("tau").origin == "set"
     with pytest.raises(RouteError) as err:
-        load_program(RSTITCH, model_paths=tiny_pair, params={"tau": "x"})
+        load_program(RSTITCH, model_paths=tiny_pair, params={"tau": "x"}, model_facts=model_facts)
     assert "E702" in str(err.value) and "rstitch.route:" in str(err.value)
 
 
@@ -144,8 +145,8 @@ def test_default_is_the_old_literal():
     text = RSTITCH.read_text()
     literal = text.replace("> tau rewrite", "> 0.02 rewrite").replace("<= tau keep", "<= 0.02 keep")
     literal = "\n".join(l for l in literal.splitlines() if not l.startswith("param tau"))
-    a, _ = check_source(text, "a.route")
-    b, diags = check_source(literal, "a.route")
+    a, _ = check_source(text, "a.route", model_facts=model_facts)
+    b, diags = check_source(literal, "a.route", model_facts=model_facts)
     assert diags == []
     strip = lambda p: [(t.source, t.dest, t.when.op, t.when.right.value, t.action) for t in p.transitions]
     assert strip(a) == strip(b)
@@ -220,11 +221,11 @@ def test_serve_and_bench_take_the_same_flags(capsys):
 def test_every_example_takes_its_thresholds_as_parameters(path):
     """Each example declares a parameter; a bad value for it is one diagnostic (no cascade
     where it is used), and a good one checks clean."""
-    p, _ = check_file(path)
+    p, _ = check_file(path, model_facts=model_facts)
     assert p.params, path.name
     for param in p.params:
-        q, diags = check_file(path, params={param.name: "not-a-number"})
+        q, diags = check_file(path, params={param.name: "not-a-number"}, model_facts=model_facts)
         assert q is None and codes(diags) == ["E702"], (param.name, diags)
         good = str((param.lo + param.hi) / 2) if param.lo is not None else "0.5"
-        q, diags = check_file(path, params={param.name: good})
+        q, diags = check_file(path, params={param.name: good}, model_facts=model_facts)
         assert diags == [] and q.param(param.name).origin == "set"

@@ -7,12 +7,13 @@ import os
 
 import pytest
 
-import tiny
+from tests.helpers import tiny
 from tokenrouter.eval.configs import EvalError, alone, small_and_large
 from tokenrouter.eval.evaluate import evaluate, parse_sweep
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.launcher import LaunchOptions
 from tokenrouter.runtime.reference import Reference
+from tokenrouter.runtime.loader import model_facts
 
 LAUNCH = LaunchOptions(mode="thread", num_blocks=96)
 ROUTE = """tokenrouter 1
@@ -70,8 +71,8 @@ def test_routed_program_diff_and_records(tmp_path, pair):
                     else ("broken" if r[base]["correct"] else "both_wrong"))
             assert r["id"] in d["prompts"][cell]
     # the routed tokens and their writers are the single-request reference's
-    from tokenrouter.compiler.frontend import load_program
-    prog = load_program(program_file(tmp_path, pair, "entropy(slm, normalized) > 0.3"))
+    from tokenrouter.compiler.pipeline import load_program
+    prog = load_program(program_file(tmp_path, pair, "entropy(slm, normalized) > 0.3"), model_facts=model_facts)
     ref = Reference(prog)
     from tokenrouter.runtime.offline import tokenizer_for
     tok = tokenizer_for(prog)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from cdp import Browser, chromium_path
+from tests.helpers.cdp import Browser, chromium_path
 from test_eval import run_eval
 from tokenrouter.eval.report import visible
 

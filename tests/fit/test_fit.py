@@ -11,11 +11,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from conftest import disturbed_pair, other_tokenizer, write_program, write_prompts
+from tests.helpers.fitting import disturbed_pair, other_tokenizer, write_program, write_prompts
 from tokenrouter.cli import main
 from tokenrouter.compiler import router_nets as rn
 from tokenrouter.fit.fitting import FitOptions, fit
 from tokenrouter.fit.train import Hyper
+from tokenrouter.runtime.loader import model_facts
 
 
 def _fit(route, name, prompts, out, lr=1e-3, rows_per_step=1024, **kw):
@@ -49,15 +50,15 @@ def test_fit_is_deterministic_for_a_seed(pair, tmp_path):
     for k in ("recall", "precision", "large_share", "auc"):
         assert raw.report["heldout"][k] == pytest.approx(a.report["heldout"][k], nan_ok=True), k
     # the file serves: the program checks clean against it, and warns once its large model differs
-    from tokenrouter.compiler.frontend import check_file
+    from tokenrouter.compiler.pipeline import check_file
     os.makedirs(tmp_path / "w", exist_ok=True)
     os.replace(a.out, tmp_path / "w" / "r2r.safetensors")
-    _, diags = check_file(route)
+    _, diags = check_file(route, model_facts=model_facts)
     assert diags == []
     os.makedirs(tmp_path / "x" / "w")
     other = write_program(str(tmp_path / "x"), {**pair, "llm": pair["slm"]}, "r2r")
     os.replace(tmp_path / "w" / "r2r.safetensors", tmp_path / "x" / "w" / "r2r.safetensors")
-    _, diags = check_file(other)
+    _, diags = check_file(other, model_facts=model_facts)
     assert [d.code for d in diags] == ["W004"] and "the large model" in diags[0].message
 
 

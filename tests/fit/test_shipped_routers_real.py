@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "runtime"))
-from serving import wait_until_healthy  # noqa: E402
+from tests.helpers.serving import wait_until_healthy
+from tokenrouter.runtime.loader import model_facts
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
@@ -19,8 +19,8 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 @pytest.mark.real_weights
 @pytest.mark.parametrize("example", ["r2r", "citer", "co_llm"])
 def test_shipped_router_serves_an_openai_client_with_both_models_writing(example):
-    from tokenrouter.compiler.frontend import check_file
-    _, diags = check_file(os.path.join(ROOT, "examples", f"{example}.route"), full=True)
+    from tokenrouter.compiler.pipeline import check_file
+    _, diags = check_file(os.path.join(ROOT, "examples", f"{example}.route"), full=True, model_facts=model_facts)
     assert diags == [], [d.message for d in diags]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

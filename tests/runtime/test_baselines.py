@@ -3,7 +3,7 @@ and the naive one really re-sends the context while this runtime sends suffixes.
 
 import pytest
 
-import tiny
+from tests.helpers import tiny
 from tokenrouter.runtime.baselines.lockstep import Lockstep
 from tokenrouter.runtime.baselines.naive import naive_options
 from tokenrouter.runtime.engine.sampler import SamplingParams

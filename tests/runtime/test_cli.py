@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-import tiny
-from serving import wait_until_healthy
+from tests.helpers import tiny
+from tests.helpers.serving import wait_until_healthy
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.reference import Reference
 

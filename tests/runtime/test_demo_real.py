@@ -9,7 +9,7 @@ import sys
 
 import httpx
 import pytest
-from serving import wait_until_healthy
+from tests.helpers.serving import wait_until_healthy
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 

@@ -8,8 +8,8 @@ import time
 import httpx
 import pytest
 
-import tiny
-from serving import ServerThread, complete_many, stream_completion
+from tests.helpers import tiny
+from tests.helpers.serving import ServerThread, complete_many, stream_completion
 from tokenrouter.runtime.http import Limits
 from tokenrouter.runtime.launcher import LaunchOptions
 

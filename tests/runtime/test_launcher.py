@@ -2,7 +2,7 @@
 
 import os
 
-import tiny
+from tests.helpers import tiny
 from tokenrouter.compiler import ir
 from tokenrouter.runtime.launcher import LaunchOptions, batch_thresholds, plan, served_writers
 
@@ -29,13 +29,15 @@ def test_ensemble_members_share_the_ensemble_subserver(pair):
 
 def test_auto_thresholds_from_the_tuner_when_the_program_fixes_routing(pair):
     from tokenrouter.tuner.profile import Profile
+    from tokenrouter.tuner.program import auto_thresholds
     prof = Profile.affine({"slm": (6.0, 0.1), "llm": (28.0, 0.5)}, colocation=0.5)
     p = tiny.coin(pair, 0.2, batch=(("llm", "auto"),))
-    b = batch_thresholds(p, ["slm", "llm"], concurrency=8, profile=prof)
+    b = batch_thresholds(p, ["slm", "llm"], concurrency=8, tuned=auto_thresholds(p, prof, 8, ["slm", "llm"]))
     assert b["slm"] == 1 and 1 <= b["llm"] <= 8
     # an entropy rule does not fix the routing probabilities: the default applies
     r = tiny.rstitch(pair, 0.2, batch=(("llm", "auto"),))
-    assert batch_thresholds(r, ["slm", "llm"], concurrency=8, profile=prof) == {"slm": 1, "llm": 4}
+    assert batch_thresholds(r, ["slm", "llm"], concurrency=8,
+                            tuned=auto_thresholds(r, prof, 8, ["slm", "llm"])) == {"slm": 1, "llm": 4}
 
 
 def test_unreachable_writers_get_no_subserver(pair):

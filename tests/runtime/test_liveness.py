@@ -14,8 +14,8 @@ import time
 import httpx
 import pytest
 
-import tiny
-from serving import ServerThread
+from tests.helpers import tiny
+from tests.helpers.serving import ServerThread
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.launcher import LaunchOptions
 from tokenrouter.runtime.reference import Reference

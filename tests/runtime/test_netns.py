@@ -19,8 +19,8 @@ import httpx
 import pytest
 import zmq
 
-import tiny
-from serving import ServerThread
+from tests.helpers import tiny
+from tests.helpers.serving import ServerThread
 from test_liveness import _check_reference, _kill_under_load
 from tokenrouter.runtime.launcher import LaunchOptions
 

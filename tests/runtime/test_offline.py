@@ -2,7 +2,7 @@
 
 import pytest
 
-import tiny
+from tests.helpers import tiny
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.launcher import LaunchOptions
 from tokenrouter.runtime.offline import LLM

@@ -10,7 +10,7 @@ import threading
 import pytest
 import zmq
 
-import tiny
+from tests.helpers import tiny
 from tokenrouter.compiler.abi import PeerMessage
 from tokenrouter.runtime import wire
 from tokenrouter.runtime.launcher import LaunchOptions, plan

@@ -9,8 +9,8 @@ import asyncio
 
 import pytest
 
-import tiny
-from serving import ServerThread, complete_many
+from tests.helpers import tiny
+from tests.helpers.serving import ServerThread, complete_many
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.launcher import LaunchOptions
 from tokenrouter.runtime.reference import Reference

@@ -12,7 +12,7 @@ import pytest
 import torch
 import zmq
 
-import tiny
+from tests.helpers import tiny
 from tokenrouter.runtime import wire
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.engine.sampler import SamplingParams

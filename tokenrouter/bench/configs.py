@@ -24,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 
 from tokenrouter.compiler import ir
+from tokenrouter.runtime.baselines.naive import naive_options, no_pending_options
+from tokenrouter.runtime.launcher import served_writers
 
 CONFIGS = ("tokenrouter", "no_delay", "no_pending", "lockstep", "naive", "large_only", "small_only",
            "llamacpp_std", "llamacpp_large", "official", "bound")
@@ -75,13 +77,11 @@ def single_model(program: ir.Program, name: str) -> ir.Program:
 
 
 def writers(program: ir.Program) -> list[str]:
-    from tokenrouter.runtime.launcher import served_writers
     return served_writers(program)
 
 
 def launch_options(name: str, program: ir.Program, base):
     """LaunchOptions of a runtime configuration (None for lockstep, which is in-process)."""
-    from tokenrouter.runtime.baselines.naive import naive_options, no_pending_options
     if name in ("tokenrouter", "no_delay", "large_only", "small_only"):
         return base
     if name in PER_LEVEL or name in DERIVED or name == "official":

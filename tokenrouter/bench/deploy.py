@@ -15,6 +15,11 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+import torch
+
+from tokenrouter.runtime.baselines.lockstep import Lockstep
+from tokenrouter.runtime.engine.sampler import SamplingParams
+from tokenrouter.runtime.frontend import Delta
 from tokenrouter.runtime.offline import LLM
 
 
@@ -79,8 +84,6 @@ class RuntimeDeployment(LLM):
         return m
 
     async def _timed_requests(self, prompts, sampling, concurrency):
-        from tokenrouter.runtime.engine.params import SamplingParams
-        from tokenrouter.runtime.frontend import Delta
         sem = asyncio.Semaphore(max(1, concurrency))
         params = SamplingParams(**{**sampling, "stop_token_ids": tuple(sampling["stop_token_ids"])})
 
@@ -104,15 +107,11 @@ class LockstepDeployment:
     """The lockstep baseline in this process (threads: the machine's cores)."""
 
     def __init__(self, program, threads: int, num_blocks: int | None):
-        from tokenrouter.runtime.baselines.lockstep import Lockstep
         self.threads = threads
         self.ls = Lockstep(program, threads=threads, num_blocks=num_blocks)
 
     def measure(self, name: str, prompts: list[list[int]], sampling: dict, concurrency: int,
                 batch: dict[str, int] | None = None) -> Measurement:
-        import torch
-
-        from tokenrouter.runtime.engine.sampler import SamplingParams
         torch.set_num_threads(self.threads)
         params = SamplingParams(temperature=0.0, max_tokens=sampling["max_tokens"],
                                 stop_token_ids=tuple(sampling["stop_token_ids"]))

@@ -25,10 +25,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import selectors
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
+
+import numpy as np
+
+from tokenrouter.compiler.compiled import default_base_dir
+from tokenrouter.compiler.interpreter import Interpreter, RequestStep
+from tokenrouter.runtime.reference import needs_of
 
 from .deploy import Measurement
 
@@ -52,7 +60,6 @@ class LlamaCppServer:
         self.url = self._wait_ready(timeout)
 
     def _wait_ready(self, timeout: float) -> str:
-        import selectors
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)
         deadline = time.monotonic() + timeout
@@ -93,7 +100,6 @@ def logits_row(top: list[dict[str, Any]], vocab: int):
     """A float64 log-probability row rebuilt from the top-N entries (`id`, `logprob`): the
     mass they leave is spread evenly over the other ids (so argmax, top probabilities and
     margins are exact; entropy is approximated only in the tail)."""
-    import numpy as np
     row = np.empty(vocab, dtype=np.float64)
     ids = np.array([t["id"] for t in top], dtype=np.int64)
     lp = np.array([t["logprob"] for t in top], dtype=np.float64)
@@ -108,7 +114,6 @@ class _Loop:
     """A private asyncio loop in a thread, for the synchronous `measure` interface."""
 
     def __init__(self):
-        import threading
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -174,9 +179,6 @@ class LlamaCppStandard:
 
     def __init__(self, program, ggufs: dict[str, str], parallel: int, threads: dict[str, int], ctx_per_slot: int,
                  vocab: int):
-        from tokenrouter.compiler.compiled import default_base_dir
-        from tokenrouter.compiler.interpreter import Interpreter
-        from tokenrouter.runtime.reference import needs_of
         if program.ensembles:
             raise ValueError("llamacpp_std cannot serve an ensemble: llama.cpp returns no full distribution")
         for m in program.models:
@@ -234,7 +236,6 @@ class LlamaCppStandard:
         return m
 
     async def _request(self, clients, calls, busy, prompt, sampling, slot, seed):
-        from tokenrouter.compiler.interpreter import RequestStep
         tokens = list(prompt)
         out: list[int] = []
         written: dict[str, int] = {}

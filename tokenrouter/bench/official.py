@@ -22,6 +22,14 @@ from __future__ import annotations
 
 import time
 
+import torch
+
+from tokenrouter.compiler.compiled import default_base_dir
+from tokenrouter.compiler.interpreter import Interpreter, RequestStep
+from tokenrouter.runtime.loader import resolve_folder
+from tokenrouter.runtime.reference import needs_of
+
+from .configs import small_and_large
 from .deploy import Measurement
 
 
@@ -39,20 +47,14 @@ _CACHE_KW = _cache_keyword()
 
 class CiterOfficial:
     def __init__(self, program, threads: int):
-        import torch
         from transformers import AutoModelForCausalLM
 
-        from tokenrouter.compiler.compiled import default_base_dir
-        from tokenrouter.compiler.interpreter import Interpreter
-        from tokenrouter.runtime.loader import resolve_folder
-        from tokenrouter.runtime.reference import needs_of
         if program.ensembles:
             raise ValueError("official: ensembles have no single-writer serving loop to reproduce")
         for m in program.models:
             n = needs_of(program, m.name)
             if n.hidden_layers or n.token_embedding:
                 raise ValueError(f"official: {m.name}'s routing reads hidden states; not reproduced")
-        from .configs import small_and_large
         self.small, self.large = small_and_large(program)
         self.program = program
         self.threads = threads
@@ -65,7 +67,6 @@ class CiterOfficial:
         self.pad = 0
 
     def measure(self, name: str, prompts, sampling, concurrency: int, batch=None) -> Measurement:
-        import torch
         torch.set_num_threads(self.threads)
         outs, lats, written, calls = [], [], {}, {m: 0 for m in self.models}
         t0 = time.perf_counter()
@@ -85,9 +86,6 @@ class CiterOfficial:
         return m
 
     def _static_batch(self, prompts, seed0: int, sampling, calls):
-        import torch
-
-        from tokenrouter.compiler.interpreter import RequestStep
         n = len(prompts)
         width = max(map(len, prompts))
         ids = torch.full((n, width), self.pad, dtype=torch.long)

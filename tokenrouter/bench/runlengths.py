@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from itertools import groupby
 
+from tokenrouter.runtime.baselines.lockstep import Lockstep
+from tokenrouter.runtime.engine.sampler import SamplingParams
+
 
 def runs_of(writers: list[str]) -> list[tuple[str, int]]:
     """[(writer, steps)] for consecutive steps by the same writer."""
@@ -24,9 +27,6 @@ def collect(program, prompts: list[list[int]], max_tokens: int, concurrency: int
     """Generate greedily on the lockstep baseline; return (complete run lengths per
     writer, the request's last, truncated run per writer, outputs). A run cut off by the
     end of the request is not a complete visit and is kept apart."""
-    from tokenrouter.runtime.baselines.lockstep import Lockstep
-    from tokenrouter.runtime.engine.sampler import SamplingParams
-
     seq: dict[str, list[str]] = {}
 
     class Recording(Lockstep):

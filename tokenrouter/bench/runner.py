@@ -6,6 +6,7 @@ machine noise hits them alike; report the median round and ratios from the same 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -13,9 +14,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from tokenrouter.compiler.pipeline import load_program, with_quant
+from tokenrouter.runtime.launcher import LaunchOptions
+from tokenrouter.runtime.loader import model_facts, resolve_folder
+from tokenrouter.runtime.loader.gguf_export import exported_gguf
+from tokenrouter.runtime.offline import tokenizer_for
+
 from . import configs as C
 from . import results as R
 from . import tuning, workload
+from .deploy import LockstepDeployment, RuntimeDeployment
+from .llamacpp import LlamaCppLarge, LlamaCppStandard
+from .official import CiterOfficial
 
 
 @dataclass
@@ -33,7 +47,7 @@ class BenchOptions:
     progress: bool = True
     model_paths: dict[str, str] | None = None
     params: dict[str, str] | None = None  # --set NAME=VALUE
-    quant: list[str] | None = None  # `--quant Q` / `NAME=Q` items (compiler.frontend.with_quant)
+    quant: list[str] | None = None  # `--quant Q` / `NAME=Q` items (compiler.pipeline.with_quant)
     threads: int = 1  # threads of lockstep, a single-model server, llamacpp_large and official
     out_dir: str | None = None  # where to save the measured profile
     mode: str = "process"  # "thread": subservers in this process (tests)
@@ -71,7 +85,6 @@ def calibrated_requests(base: int, concurrency: int, max_tokens: int, tokens_per
 
 def _start(c: str, program, opts: BenchOptions, base, n: int, ctx: int, small: str, large: str):
     """A running deployment of configuration c (n: the level, for the per-level peers)."""
-    from .deploy import LockstepDeployment, RuntimeDeployment
     cores = os.cpu_count() or 1
     if c == "lockstep":
         return LockstepDeployment(program, threads=opts.threads, num_blocks=base.num_blocks)
@@ -79,12 +92,8 @@ def _start(c: str, program, opts: BenchOptions, base, n: int, ctx: int, small: s
         one = C.single_model(program, large if c == "large_only" else small)
         return RuntimeDeployment(one, dataclasses.replace(base, threads={one.start: opts.threads}))
     if c == "official":
-        from .official import CiterOfficial
         return CiterOfficial(program, threads=opts.threads)
     if c in C.PER_LEVEL:
-        from tokenrouter.runtime.loader.gguf_export import exported_gguf
-
-        from .llamacpp import LlamaCppLarge, LlamaCppStandard
         if c == "llamacpp_large":
             m = program.model(large)
             return LlamaCppLarge(exported_gguf(m.path), parallel=n, threads=opts.threads, ctx_per_slot=ctx)
@@ -96,9 +105,6 @@ def _start(c: str, program, opts: BenchOptions, base, n: int, ctx: int, small: s
 
 
 def _vocab(program) -> int:
-    import json
-
-    from tokenrouter.runtime.loader import resolve_folder
     sizes = set()
     for m in program.models:
         with open(os.path.join(resolve_folder(m.path)[1], "config.json")) as f:
@@ -110,15 +116,8 @@ def _vocab(program) -> int:
 
 def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     """Returns (details, summary)."""
-    import torch
-    from tqdm.auto import tqdm
-
-    from tokenrouter.compiler.frontend import load_program
-    from tokenrouter.runtime.launcher import LaunchOptions
-    from tokenrouter.runtime.offline import tokenizer_for
-
-    from tokenrouter.compiler.frontend import with_quant
-    program = with_quant(load_program(opts.file, model_paths=opts.model_paths, params=opts.params), opts.quant)
+    program = with_quant(load_program(opts.file, model_paths=opts.model_paths, params=opts.params,
+                                        model_facts=model_facts), opts.quant)
     small, large = C.small_and_large(program)
     writers = C.writers(program)
     tok = tokenizer_for(program)
@@ -294,7 +293,6 @@ def host_info() -> dict[str, Any]:
 def read_bandwidth_gb_s(mb: int = 256, repeats: int = 3) -> float:
     """Measured memory read bandwidth: the best of a few sums over a buffer far larger than
     the caches (decode steps are bandwidth-bound, so this is the host figure that matters)."""
-    import numpy as np
     a = np.ones(mb * 2**20 // 8, dtype=np.float64)
     best = float("inf")
     for _ in range(repeats):

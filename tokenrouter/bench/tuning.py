@@ -1,8 +1,8 @@
 """The tuned B_i and the tuner's predictions for the benchmark.
 
-B_i come from the same call the runtime makes for `batch X = auto` with a profile
-(`launcher.batch_thresholds(..., profile=...)`), so the bench runs exactly what
-`tokenrouter serve --profile` would. The profile is read from `--profile` or measured
+B_i come from the same calls `tokenrouter serve --profile` makes for `batch X = auto`
+(`tuner.program.auto_thresholds`, handed to `launcher.batch_thresholds`), so the bench
+runs exactly what the server would. The profile is read from `--profile` or measured
 here once (`tuner.measure.measure_profile`, the code behind `tokenrouter profile`).
 Predictions (`tuner.api.predict`) are kept next to the measurements so the report can
 say how far the chain is from the runtime.
@@ -12,6 +12,12 @@ from __future__ import annotations
 
 import math
 from typing import Any
+
+from tokenrouter.runtime.launcher import batch_thresholds, served_writers
+from tokenrouter.tuner import api
+from tokenrouter.tuner.measure import measure_profile
+from tokenrouter.tuner.profile import Profile
+from tokenrouter.tuner.program import auto_thresholds, inputs_from_program
 
 
 def profile_batch_sizes(max_concurrency: int) -> list[int]:
@@ -25,24 +31,21 @@ def profile_batch_sizes(max_concurrency: int) -> list[int]:
 
 
 def load_or_measure(program, path: str | None, max_concurrency: int, repeats: int, progress: bool, source: str):
-    from tokenrouter.tuner.profile import Profile
     if path:
         return Profile.load(path)
-    from tokenrouter.tuner.measure import measure_profile
     return measure_profile(program, profile_batch_sizes(max_concurrency), repeats=repeats, progress=progress,
                            source=source)
 
 
 def tuned_thresholds(program, concurrency: int, profile) -> dict[str, int]:
-    from tokenrouter.runtime.launcher import batch_thresholds, served_writers
-    return batch_thresholds(program, served_writers(program), concurrency, profile=profile)
+    writers = served_writers(program)
+    return batch_thresholds(program, writers, concurrency,
+                            tuned=auto_thresholds(program, profile, concurrency, writers))
 
 
 def predict(program, profile, concurrency: int, batch: dict[str, int]) -> dict[str, Any] | None:
     """The tuner's predicted tokens/s for this schedule, or None when the program does
     not fix its routing probabilities (then they must be measured first)."""
-    from tokenrouter.tuner import api
-    from tokenrouter.tuner.program import inputs_from_program
     try:
         pi = inputs_from_program(program)
         if not set(pi.route_probs) >= set(pi.models):

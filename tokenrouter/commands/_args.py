@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 
 def positive_ints(text: str, what: str) -> list[int]:
     """'1,8,16' -> [1, 8, 16] (sorted, unique, each >= 1); ValueError names the flag."""
@@ -16,8 +19,6 @@ def positive_ints(text: str, what: str) -> list[int]:
 
 def report_unreadable(files: list[str], command: str) -> bool:
     """Print a usage error for each path that is not a readable file; True if any was."""
-    import os
-    import sys
     bad = [f for f in files if not os.path.isfile(f)]
     for f in bad:
         why = "is a directory" if os.path.isdir(f) else "no such file"
@@ -57,7 +58,7 @@ def pairs(values, flag: str, form: str = "NAME=VALUE") -> dict[str, str]:
 
 def bindings(args) -> tuple[dict[str, str] | None, dict[str, str] | None]:
     """(params, model_paths) from `add_binding_args`' flags, each None when not given, ready
-    for `frontend.check_file` / `load_program`. ValueError on a malformed item (a usage
+    for `compiler.pipeline.check_file` / `load_program`. ValueError on a malformed item (a usage
     error: exit 2); the values themselves are checked against the program by the checker."""
     params = pairs(getattr(args, "set_params", None), "--set")
     models = pairs(getattr(args, "model_bindings", None), "--model", "NAME=PATH")
@@ -72,8 +73,8 @@ QUANT_HELP = ("weight format: none (float, exact), native (a GGUF file's own Q4_
 
 
 def with_quant(program, items: list[str] | None):
-    """`--quant` applied to a loaded program (`compiler.frontend.with_quant`; imported here
+    """`--quant` applied to a loaded program (`compiler.pipeline.with_quant`; imported here
     lazily so that building the command line does not import the compiler)."""
-    from tokenrouter.compiler.frontend import with_quant as apply
+    from tokenrouter.compiler.pipeline import with_quant as apply
 
     return apply(program, items)

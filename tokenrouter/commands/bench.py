@@ -141,7 +141,7 @@ def run(args) -> int:
         return 2
     from tokenrouter.bench import plots, results
     from tokenrouter.bench.runner import run_bench
-    from tokenrouter.compiler.frontend import RouteError
+    from tokenrouter.compiler.pipeline import RouteError
     from tokenrouter.runtime.frontend import RuntimeUnavailable
     from tokenrouter.runtime.loader import LoadError
 

@@ -26,7 +26,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from tokenrouter.compiler.frontend import check_file
+    from tokenrouter.compiler.pipeline import check_file
+    from tokenrouter.runtime.loader import model_facts
     from tokenrouter.dsl.diagnostics import render, to_json
 
     try:
@@ -42,7 +43,7 @@ def run(args) -> int:
         return 2
     status = 0
     for path in args.files:
-        program, diags = check_file(path, model_paths=model_paths, params=params)
+        program, diags = check_file(path, model_paths=model_paths, params=params, model_facts=model_facts)
         if args.format == "json":
             for d in diags:
                 print(json.dumps(to_json(d, path), ensure_ascii=False))

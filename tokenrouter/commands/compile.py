@@ -102,14 +102,15 @@ def _load(path: str, resolve: bool, params=None, model_paths=None):
         except (OSError, ValueError, KeyError, TypeError) as exc:
             print(f"{path}: error: not a valid IR file ({exc})", file=sys.stderr)
             return None
-    from tokenrouter.compiler.frontend import RouteError, check_file, load_program
+    from tokenrouter.compiler.pipeline import RouteError, check_file, load_program
+    from tokenrouter.runtime.loader import model_facts
     if resolve:
         try:
-            return load_program(path, model_paths=model_paths, params=params)
+            return load_program(path, model_paths=model_paths, params=params, model_facts=model_facts)
         except RouteError as exc:
             print(str(exc), file=sys.stderr)
             return None
-    program, diags = check_file(path, model_paths=model_paths, params=params)
+    program, diags = check_file(path, model_paths=model_paths, params=params, model_facts=model_facts)
     if diags:
         from tokenrouter.dsl.diagnostics import render
         try:

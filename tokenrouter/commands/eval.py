@@ -7,12 +7,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tokenrouter.commands._args import add_binding_args, bindings, positive_ints
+
 HELP = "is routing worth it? score a program against its small and large model alone"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from tokenrouter.commands._args import add_binding_args
-
     parser.add_argument("file", help="the .route program")
     parser.add_argument("--out", required=True, help="folder for summary.json, report.html and frontier.png")
     parser.add_argument("--prompts", action="append", default=None, metavar="P.jsonl",
@@ -40,9 +40,8 @@ def run(args: argparse.Namespace) -> int:
     from tokenrouter.eval.evaluate import evaluate
     from tokenrouter.runtime.frontend import RuntimeUnavailable
     from tokenrouter.runtime.launcher import LaunchOptions
-    from tokenrouter.runtime.loader import LoadError
+    from tokenrouter.runtime.loader import LoadError, model_facts
 
-    from tokenrouter.commands._args import bindings, positive_ints
     try:
         params, model_paths = bindings(args)
         positive_ints(args.concurrency, "--concurrency")  # a clear error for a bad list
@@ -51,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
             raise EvalError("--concurrency values must be distinct")
         launch = LaunchOptions()
         if args.threads:
-            from tokenrouter.compiler.frontend import check_file
-            prog, _ = check_file(args.file, model_paths=model_paths, params=params)
+            from tokenrouter.compiler.pipeline import check_file
+            prog, _ = check_file(args.file, model_paths=model_paths, params=params, model_facts=model_facts)
             launch.threads = {w: args.threads for w in (prog.writers() if prog else ())}
         summary = evaluate(args.file, args.out, prompts=args.prompts, params=params, model_paths=model_paths, sweep=args.sweep,
                  concurrency=concurrency, max_tokens=args.max_tokens, limit=args.limit,

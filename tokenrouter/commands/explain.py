@@ -11,6 +11,7 @@ Exit status: 0, 1 when the program does not check, 2 on usage errors.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from tokenrouter.commands._args import add_binding_args, bindings, report_unreadable
@@ -25,10 +26,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    import os
-
     from tokenrouter.compiler.describe import describe
-    from tokenrouter.compiler.frontend import check_file
+    from tokenrouter.compiler.pipeline import check_file
+    from tokenrouter.runtime.loader import model_facts
     from tokenrouter.dsl.diagnostics import render_all
 
     if report_unreadable([args.file], "explain"):
@@ -42,7 +42,7 @@ def run(args) -> int:
     except ValueError as exc:
         print(f"tokenrouter explain: error: {exc}", file=sys.stderr)
         return 2
-    program, diags = check_file(args.file, model_paths=model_paths, params=params)
+    program, diags = check_file(args.file, model_paths=model_paths, params=params, model_facts=model_facts)
     if diags:
         with open(args.file, encoding="utf-8", errors="replace") as f:
             print(render_all(diags, f.read()), file=sys.stderr)

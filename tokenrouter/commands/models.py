@@ -4,6 +4,7 @@ it is already converted in the cache (the first use of an uncached one converts 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -29,8 +30,6 @@ def _fmt_params(n: int | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
     from ..runtime.loader import BUILTIN_MODELS, LoadError
     from ..runtime.loader.cache import cache_root
 

@@ -24,7 +24,8 @@ def configure(parser) -> None:
 
 
 def run(args) -> int:
-    from tokenrouter.compiler.frontend import RouteError, load_program
+    from tokenrouter.compiler.pipeline import RouteError, load_program
+    from tokenrouter.runtime.loader import model_facts
     from tokenrouter.tuner.measure import measure_profile
 
     try:
@@ -35,7 +36,7 @@ def run(args) -> int:
         if args.repeats < 1:
             raise ValueError("--repeats must be >= 1")
         params, model_paths = bindings(args)
-        program = load_program(args.file, model_paths=model_paths, params=params)
+        program = load_program(args.file, model_paths=model_paths, params=params, model_facts=model_facts)
     except RouteError as exc:
         print(str(exc), file=sys.stderr)
         return 1

@@ -8,8 +8,11 @@ it runs just that subserver (for a multi-host deployment, see docs/runtime.md).
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import logging
 import os
 import sys
+from contextlib import asynccontextmanager
 
 from tokenrouter.commands._args import QUANT_HELP, add_binding_args, bindings, with_quant
 
@@ -81,30 +84,37 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _options(args):
+    """(LaunchOptions, the --profile or None); B_i for `auto` are added once the program is
+    loaded (`_tune`)."""
     from tokenrouter.runtime.launcher import LaunchOptions
-    profile = None
-    if args.profile:
-        from tokenrouter.tuner.profile import Profile
-        profile = Profile.load(args.profile)
+    from tokenrouter.tuner.profile import Profile
+    profile = Profile.load(args.profile) if args.profile else None
     binds = _pairs(args.bind, "--bind") or None
     return LaunchOptions(
         mode="process", concurrency=args.concurrency, batch=_pairs(args.batch, "--batch", int),
         max_wait_ms=_pairs(args.max_wait_ms, "--max-wait-ms", float),
         threads=_pairs(args.threads, "--threads", int), addresses=binds,
         remote=tuple(args.remote or ()), block_size=args.block_size, num_blocks=args.num_blocks,
-        max_model_len=args.max_model_len, profile=profile, curve_keys=args.curve_keys,
-        insecure_tcp=args.insecure_tcp)
+        max_model_len=args.max_model_len, curve_keys=args.curve_keys,
+        insecure_tcp=args.insecure_tcp), profile
+
+
+def _tune(program, opts, profile) -> None:
+    """The tuner's B_i for the program's `auto` writers, from --profile, handed to the
+    launcher as numbers (without a profile the launcher's default applies)."""
+    from tokenrouter.runtime.launcher import served_writers
+    from tokenrouter.tuner.program import auto_thresholds
+    opts.tuned_batch = auto_thresholds(program, profile, opts.concurrency, served_writers(program), opts.batch)
 
 
 def run(args: argparse.Namespace) -> int:
-    import logging
-
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    from tokenrouter.compiler.frontend import RouteError, load_program
+    from tokenrouter.compiler.pipeline import RouteError, load_program
+    from tokenrouter.runtime.loader import model_facts
     try:
-        opts = _options(args)  # cheap checks first: no model is loaded yet
+        opts, profile = _options(args)  # cheap checks first: no model is loaded yet
         params, model_paths = bindings(args)
-        program = with_quant(load_program(args.file, model_paths=model_paths, params=params), args.quant)
+        program = with_quant(load_program(args.file, model_paths=model_paths, params=params, model_facts=model_facts), args.quant)
         for w in [*opts.batch, *opts.max_wait_ms, *opts.threads, *opts.remote]:
             if w not in program.writers():
                 raise ValueError(f"{w!r} is not a writer of {args.file} ({', '.join(program.writers())})")
@@ -118,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
                     check_bind(addr, sec)
         if args.heartbeat_timeout <= 0 or args.max_restarts < 0:
             raise ValueError("--heartbeat-timeout must be positive and --max-restarts at least 0")
+        _tune(program, opts, profile)
     except RouteError as exc:
         print(str(exc), file=sys.stderr)
         return 1
@@ -135,7 +146,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _is_loopback(host: str) -> bool:
-    import ipaddress
     if host == "localhost":
         return True
     try:
@@ -181,8 +191,6 @@ def _run_subserver(args, program, opts) -> int:
 
 
 def _run_http(args, program, opts, limits) -> int:
-    from contextlib import asynccontextmanager
-
     import uvicorn
 
     from tokenrouter.runtime.frontend import close_runtime, open_runtime

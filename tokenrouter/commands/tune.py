@@ -40,7 +40,8 @@ def _floats(text: str, what: str, n: int | None = None) -> list[float]:
 
 
 def run(args) -> int:
-    from tokenrouter.compiler.frontend import check_file
+    from tokenrouter.compiler.pipeline import check_file
+    from tokenrouter.runtime.loader import model_facts
     from tokenrouter.dsl.diagnostics import render_all
     from tokenrouter.tuner import api, dtmc
     from tokenrouter.tuner.plots import plot_curve
@@ -50,7 +51,7 @@ def run(args) -> int:
 
     try:
         params, model_paths = bindings(args)
-        program, diags = check_file(args.file, model_paths=model_paths, params=params)
+        program, diags = check_file(args.file, model_paths=model_paths, params=params, model_facts=model_facts)
         if program is None:
             try:
                 source = Path(args.file).read_text(encoding="utf-8", errors="replace")

@@ -21,6 +21,7 @@ from typing import Any, Callable
 from tokenrouter.compiler import ir
 from tokenrouter.dsl import ast
 from tokenrouter.dsl.diagnostics import Note, did_you_mean, words
+from tokenrouter.dsl.format import expr as format_expr
 
 PARAM_TYPES = ("float", "int", "duration", "path", "string")
 _RANGED = ("float", "int", "duration")
@@ -118,9 +119,7 @@ def literal_value(ptype: str, node, base_dir: str) -> Any:
 
 
 def _literal_text(node) -> str:
-    from tokenrouter.dsl.format import expr
-
-    return expr(node)
+    return format_expr(node)
 
 
 def bind(decls: list[ast.ParamDecl], given: dict[str, str], base_dir: str,

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from safetensors.numpy import load_file
+from scipy.special import erf
 
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.abi import PeerMessage, RouteState
@@ -146,7 +148,6 @@ def _activation(name: str, x: np.ndarray) -> np.ndarray:
     if name == "silu":
         return x / (1.0 + np.exp(-x))
     if name == "gelu":  # the exact (erf) form
-        from scipy.special import erf
         return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
     raise InterpreterError(f"unknown activation {name!r}")
 
@@ -192,7 +193,6 @@ def _sigmoid(z: float) -> float:
 
 
 def _load_safetensors(path: str) -> dict[str, np.ndarray]:
-    from safetensors.numpy import load_file
     try:
         return {k: np.asarray(v, dtype=np.float64) for k, v in load_file(path).items()}
     except FileNotFoundError:

@@ -22,19 +22,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
+from tokenrouter.dsl.span import Span
+
 IR_VERSION = 1
-
-
-@dataclass(frozen=True)
-class Span:
-    file: str
-    line: int
-    col: int
-    end_line: int
-    end_col: int
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.col}"
 
 
 # ---------------------------------------------------------------- expressions

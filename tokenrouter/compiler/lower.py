@@ -3,9 +3,12 @@
 The checker already speaks IR; what is left needs the models themselves: the widths of
 router inputs that are hidden states or token embeddings (the model's hidden size), the
 range of `hidden(LAYER)` (its layer count), and the check that routed models share a
-tokenizer. `load_program` resolves models fully (building a built-in model's cache on
-first use); `check_file` only reads what is cheap (a checkpoint folder's config.json) and
-leaves other widths 0, since `tokenrouter check` must stay fast and never load weights.
+tokenizer. Where a model's files are, and its tokenizer's fingerprint, come from the
+caller's `ModelFactsFn` (`model_facts.py`); this module reads only a checkpoint folder's
+config.json. With `full` (`load_program`) models are resolved fully (the caller's function
+may build a built-in model's cache on first use); without (`check_file`) only what exists
+is read, and other widths stay 0, since `tokenrouter check` must stay fast and never load
+weights.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import json
 import os
 
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.check import Checked
-from tokenrouter.compiler.weights_check import cached_folder, weight_diagnostics
+from tokenrouter.compiler.check import Checked, bound_model_path
+from tokenrouter.compiler.model_facts import ModelFacts, ModelFactsFn, folders_only
+from tokenrouter.compiler.weights_check import weight_diagnostics
 from tokenrouter.dsl.diagnostics import Diagnostic, Note
 
 
@@ -35,27 +39,15 @@ def _read_config(folder: str) -> ModelShape | None:
         return None
 
 
-def model_folder(path: str, full: bool) -> str | None:
-    """The checkpoint folder of a model path or built-in name; with `full`, GGUF files and
-    built-in names are converted (and cached) by the loader."""
-    if os.path.isdir(path):
-        return path
-    if not full:
-        return None
-    from tokenrouter.runtime.loader import resolve_folder
-
-    return resolve_folder(path)[1]
-
-
 def lower(checked: Checked, model_paths: dict[str, str] | None = None,
-          full: bool = False, check_weights: bool = True) -> tuple[ir.Program | None, list[Diagnostic]]:
+          full: bool = False, check_weights: bool = True,
+          model_facts: ModelFactsFn = folders_only) -> tuple[ir.Program | None, list[Diagnostic]]:
     """(Program, diagnostics); the program is None when a model cannot be read (full mode).
-    `check_weights=False` skips reading router/head files (`fit` is about to replace them)."""
+    `check_weights=False` skips reading router/head files (`fit` is about to replace them).
+    `model_facts` tells where each model's files are (`model_facts.py`)."""
     diags: list[Diagnostic] = []
     models = list(checked.models)
     if model_paths:  # the front end binds models while checking; this is for callers of lower() alone
-        from tokenrouter.compiler.check import bound_model_path
-
         names = {m.name for m in models}
         unknown = sorted(set(model_paths) - names)
         if unknown:
@@ -65,17 +57,30 @@ def lower(checked: Checked, model_paths: dict[str, str] | None = None,
                   if m.name in model_paths else m for m in models]
     by_name = {m.name: m for m in models}
 
-    folders: dict[str, str | None] = {}
+    facts: dict[str, ModelFacts | None] = {}
 
-    def folder_of(model: ir.Model) -> str | None:
-        if model.name not in folders:
+    def facts_of(model: ir.Model) -> ModelFacts | None:
+        """Full mode: the model resolved (built if need be); otherwise only a folder path."""
+        if model.name not in facts:
             try:
-                folders[model.name] = model_folder(model.path, full)
+                if full:
+                    facts[model.name] = model_facts(model.path, True)
+                else:
+                    facts[model.name] = ModelFacts(model.path) if os.path.isdir(model.path) else None
             except Exception as exc:  # the loader's errors are meant for users: pass them on
-                folders[model.name] = None
+                facts[model.name] = None
                 diags.append(Diagnostic("E308", f"cannot load model '{model.name}' ({model.path}): {exc}",
                                         model.span))
-        return folders[model.name]
+        return facts[model.name]
+
+    def folder_of(model: ir.Model) -> str | None:
+        f = facts_of(model)
+        return f.folder if f else None
+
+    def cached_folder(model: ir.Model) -> str | None:
+        """The model's folder if it exists without building anything."""
+        f = model_facts(model.path, False)
+        return f.folder if f else None
 
     routers = []
     for router in checked.routers:
@@ -112,7 +117,7 @@ def lower(checked: Checked, model_paths: dict[str, str] | None = None,
     if check_weights:
         diags.extend(weight_diagnostics(routers, checked.transitions, models, known_folder, hidden_size_of))
     if full:
-        _check_tokenizers(models, folder_of, diags)
+        _check_tokenizers(models, facts_of, diags)
     if any(d.is_error for d in diags):
         return None, diags
     program = ir.Program(
@@ -123,20 +128,19 @@ def lower(checked: Checked, model_paths: dict[str, str] | None = None,
     return program, diags
 
 
-def _check_tokenizers(models, folder_of, diags):
+def _check_tokenizers(models, facts_of, diags):
     """Routed models must share a tokenizer: compare vocabulary fingerprints of the models
     whose folders have a tokenizer.json."""
     prints = []
     for model in models:
-        folder = folder_of(model)
-        if not folder or not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        facts = facts_of(model)
+        if facts is None:
             continue
-        try:
-            from tokenrouter.runtime.loader import Tokenizer
-
-            prints.append((model, Tokenizer.from_dir(folder).fingerprint))
-        except Exception as exc:
-            diags.append(Diagnostic("E308", f"cannot read the tokenizer of model '{model.name}': {exc}", model.span))
+        if facts.tokenizer_error is not None:
+            diags.append(Diagnostic("E308", f"cannot read the tokenizer of model '{model.name}': "
+                                    f"{facts.tokenizer_error}", model.span))
+        elif facts.tokenizer is not None:
+            prints.append((model, facts.tokenizer))
     for model, fp in prints[1:]:
         first, first_fp = prints[0]
         if fp != first_fp:

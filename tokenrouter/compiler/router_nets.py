@@ -39,6 +39,8 @@ import os
 import re
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
 from torch import nn
 
 from tokenrouter.compiler import ir
@@ -120,7 +122,6 @@ def resolve(path: str, base_dir: str | None) -> str:
 
 def read_header(path: str) -> tuple[dict[str, str], dict[str, tuple[int, ...]]]:
     """(metadata, {tensor: shape}) of a safetensors file, reading only its header."""
-    from safetensors import safe_open
     if not os.path.isfile(path):
         raise RouterWeightsError(f"{path}: no such weights file")
     try:
@@ -134,7 +135,6 @@ def read_header(path: str) -> tuple[dict[str, str], dict[str, tuple[int, ...]]]:
 
 def read_tensors(path: str) -> dict[str, torch.Tensor]:
     """All tensors of a safetensors file, with a clear error when that is impossible."""
-    from safetensors.torch import load_file
     if not os.path.isfile(path):
         raise RouterWeightsError(f"{path}: no such weights file")
     try:
@@ -417,7 +417,7 @@ def load_router_net(router: ir.RouterNet, base_dir: str | None = None,
     if any(w <= 0 for w in input_widths(router)):
         raise RouterWeightsError(
             f"router '{router.name}': the input widths of model '{router.model}' are unknown "
-            f"(load the program with its models resolved, frontend.load_program)")
+            f"(load the program with its models resolved, pipeline.load_program)")
     meta, shapes = read_header(path)
     problems = file_problems(router, meta, shapes)
     if problems:

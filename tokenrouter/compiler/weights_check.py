@@ -17,18 +17,6 @@ from tokenrouter.compiler import router_nets as rn
 from tokenrouter.dsl.diagnostics import Diagnostic
 
 
-def cached_folder(model: ir.Model) -> str | None:
-    """A model's checkpoint folder if it exists without building anything."""
-    if os.path.isdir(model.path):
-        return model.path
-    try:
-        from tokenrouter.runtime.loader.registry import BUILTIN_MODELS
-    except ImportError:
-        return None
-    entry = BUILTIN_MODELS.get(model.path)
-    return entry.folder() if entry is not None and entry.is_cached() else None
-
-
 def _heads(transitions: Iterable[ir.Transition]) -> list[ir.HeadLogit]:
     out, seen = [], set()
 

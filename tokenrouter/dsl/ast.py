@@ -3,7 +3,7 @@
 Nodes are frozen dataclasses. Spans (and the literal text of numbers) are excluded from
 equality, so two trees compare equal when they say the same thing however they were laid
 out: that is what `parse(fmt(x)) == parse(x)` means. No meaning is attached here; names
-are resolved and checked by `tokenrouter.compiler.check`.
+are resolved and checked by the compiler (`compiler/check.py`), the layer above.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from tokenrouter.compiler.ir import Span
+from tokenrouter.dsl.span import Span
 
 
 def _span() -> Span | None:

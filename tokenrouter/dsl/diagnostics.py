@@ -7,10 +7,11 @@ a test keeps them in step). Codes never change meaning once released.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Iterable, Literal
 
-from tokenrouter.compiler.ir import Span
+from tokenrouter.dsl.span import Span
 
 Severity = Literal["error", "warning"]
 
@@ -176,8 +177,6 @@ def words(items: Iterable[str], conj: str = "or") -> str:
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
     """A close match among `candidates`, by edit similarity, or None."""
-    import difflib
-
     pool = [c for c in candidates if c != name]
     match = difflib.get_close_matches(name, pool, n=1, cutoff=0.6)
     if not match:

@@ -13,12 +13,17 @@ broken statement gives one diagnostic. Semantic checks are not done here.
 from __future__ import annotations
 
 import copy
+import re
 import threading
 from pathlib import Path
 
-from tokenrouter.compiler.ir import Span
+import lark
+from lark import Token, Tree
+from lark.lexer import BasicLexer, LexerState, PatternStr, TextSlice
+
 from tokenrouter.dsl import ast
 from tokenrouter.dsl.diagnostics import Diagnostic, Note, words
+from tokenrouter.dsl.span import Span
 
 MAX_BYTES = 2 * 1024 * 1024  # a routing program is a page; refuse megabytes politely
 MAX_DEPTH = 200  # syntax-tree nesting; deeper input is rejected before any recursion
@@ -31,9 +36,7 @@ class GrammarNotFound(RuntimeError):
 def grammar_path() -> Path:
     """grammars/route.lark: inside the package when installed from a wheel (setup.py copies
     it there), else at the root of the source tree next to the package (editable install)."""
-    import tokenrouter
-
-    package = Path(tokenrouter.__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]
     candidates = [package / "grammars" / "route.lark", package.parent / "grammars" / "route.lark"]
     for path in candidates:
         if path.is_file():
@@ -62,8 +65,6 @@ def lark_parser():
     if _parser is None:
         with _parser_lock:
             if _parser is None:
-                import lark
-
                 # Spans are computed from the tokens by _Builder: keeping every token and
                 # skipping Lark's position propagation makes parsing about twice as fast.
                 _parser = lark.Lark(grammar_path().read_text(encoding="utf-8"), parser="lalr",
@@ -96,8 +97,6 @@ def parse_bytes(data: bytes, path: str = "<input>") -> tuple[ast.File | None, li
 
 def parse_source(text: str, path: str = "<input>") -> tuple[ast.File | None, list[Diagnostic]]:
     """Parse `text`; on a syntax error returns (None, [one diagnostic])."""
-    import lark
-
     if text.startswith("\ufeff"):
         text = text[1:]
     if len(text) > MAX_BYTES:
@@ -139,7 +138,6 @@ def _describe(terminal: str) -> str:
         pattern = lark_parser().get_terminal(terminal).pattern
     except KeyError:
         return terminal.lower()
-    from lark.lexer import PatternStr
 
     return f"'{pattern.value}'" if isinstance(pattern, PatternStr) else terminal.lower()
 
@@ -219,8 +217,6 @@ RECOVER_LIMIT = 64 * 1024  # characters (a program is a page); larger files repo
 
 
 def _first_syntax_error(exc, text: str, path: str) -> Diagnostic:
-    import lark
-
     if isinstance(exc, lark.exceptions.UnexpectedCharacters):
         return _unexpected_char(exc, text, path)
     if isinstance(exc, lark.exceptions.UnexpectedToken):
@@ -231,10 +227,6 @@ def _first_syntax_error(exc, text: str, path: str) -> Diagnostic:
 def _keyword_types() -> frozenset[str]:
     """Terminals that are words (`model`, `when`, `max`, ...): the contextual lexer reads
     them as names where a keyword is not expected."""
-    import re
-
-    from lark.lexer import PatternStr
-
     return frozenset(t.name for t in lark_parser().terminals
                      if isinstance(t.pattern, PatternStr) and re.fullmatch(r"[A-Za-z_]\w*", t.pattern.value))
 
@@ -246,8 +238,6 @@ _basic_lexer = None
 def _lexer():
     global _basic_lexer
     if _basic_lexer is None:
-        from lark.lexer import BasicLexer
-
         conf = copy.copy(lark_parser().lexer_conf)
         conf.skip_validation = True  # the parser has validated these terminals (strict mode) already
         with _parser_lock:
@@ -258,9 +248,6 @@ def _lexer():
 def _lex_all(text: str, path: str, diags: list[Diagnostic]) -> list:
     """Every token, skipping what cannot be a token: a bad character (one E002 each), or
     an unterminated string (E002, the rest of its line skipped)."""
-    import lark
-    from lark.lexer import LexerState, TextSlice
-
     lexer = _lexer()
     state = LexerState(TextSlice.cast_from(text))
     tokens = []
@@ -319,9 +306,6 @@ def _level(tokens, i: int, tok) -> int | None:
 
 def _all_syntax_errors(text: str, path: str) -> list[Diagnostic]:
     """Every syntax error in `text`, each positioned; see the module docstring."""
-    import lark
-    from lark import Token
-
     diags: list[Diagnostic] = []
     tokens = _lex_all(text, path, diags)
     skipped = [t.start_pos for t in tokens if isinstance(t, _Skipped)]
@@ -451,8 +435,6 @@ def _bracket_depth_error(text: str, path: str) -> Diagnostic | None:
 
 def _tree_depth_error(tree, path: str) -> Diagnostic | None:
     """Iterative depth measure, so the (recursive) conversion below never overflows."""
-    from lark import Tree
-
     stack = [(tree, 1)]
     while stack:
         node, depth = stack.pop()
@@ -473,8 +455,6 @@ _SIGNIFICANT = frozenset({"NAME", "STRING", "NUMBER", "DURATION", "KEEP", "REWRI
 
 
 def _first_token(tree):
-    from lark import Token
-
     node = tree
     while not isinstance(node, Token):
         node = next(c for c in node.children if c is not None)
@@ -482,8 +462,6 @@ def _first_token(tree):
 
 
 def _last_token(tree):
-    from lark import Token
-
     node = tree
     while not isinstance(node, Token):
         node = next(c for c in reversed(node.children) if c is not None)
@@ -491,8 +469,6 @@ def _last_token(tree):
 
 
 def _parts(tree) -> list:
-    from lark import Token
-
     return [c for c in tree.children if c is not None and (not isinstance(c, Token) or c.type in _SIGNIFICANT)]
 
 
@@ -541,8 +517,6 @@ class _Builder:
 
     def _split(self, children):
         """Tokens/trees before an optional trailing `attrs` tree, and the attrs."""
-        from lark import Tree
-
         children = [c for c in children if c is not None and (not hasattr(c, "type") or c.type in _SIGNIFICANT)]
         if children and isinstance(children[-1], Tree) and children[-1].data == "attrs":
             return children[:-1], self.attrs(children[-1])
@@ -553,8 +527,6 @@ class _Builder:
                      for a in tree.children if not hasattr(a, "type"))
 
     def param_decl(self, tree):
-        from lark import Token
-
         name, type_, default, range_ = None, None, None, None
         after_in = False
         for child in tree.children:

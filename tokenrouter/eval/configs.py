@@ -1,5 +1,5 @@
 """The three configurations an evaluation compares: the small model alone, the large model
-alone, and the routing program.
+alone, and the routing program (`load`: the program with its parameters bound).
 
 A model alone is served as a real program of its own: the routed program with every other
 writer, transition, visit bound, router and ensemble removed, so the same runtime
@@ -12,10 +12,23 @@ from __future__ import annotations
 import dataclasses
 
 from tokenrouter.compiler import ir
+from tokenrouter.compiler.pipeline import RouteError, load_program
+from tokenrouter.runtime.loader import model_facts
 
 
 class EvalError(ValueError):
     """An evaluation that cannot run as asked; the message says why."""
+
+
+def load(path: str, params: dict[str, str] | None, model_paths: dict[str, str] | None = None):
+    """The checked program with parameters bound; errors become EvalError."""
+    try:
+        return load_program(path, model_paths=model_paths, params=dict(params or {}) or None,
+                            model_facts=model_facts)
+    except RouteError as exc:
+        raise EvalError(str(exc)) from None
+    except ValueError as exc:  # unknown model_paths names, parameter binding errors
+        raise EvalError(str(exc)) from None
 
 
 def small_and_large(program: ir.Program, small: str | None = None, large: str | None = None) -> tuple[str, str]:

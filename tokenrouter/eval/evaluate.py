@@ -20,10 +20,12 @@ import time
 from typing import Any, Sequence
 
 from tokenrouter.eval.analysis import score, summarize
-from tokenrouter.eval.configs import EvalError, alone, small_and_large
-from tokenrouter.eval.reuse import declaration
+from tokenrouter.eval.configs import EvalError, alone, load, small_and_large
+from tokenrouter.eval.report import frontier_png, render_html
+from tokenrouter.eval.reuse import declaration, load_baselines
 from tokenrouter.eval.run import check_fit, context_length, encode_prompts, run_program
 from tokenrouter.eval.tasks import SHIPPED_TASKS, TaskError, load_all
+from tokenrouter.runtime.offline import tokenizer_for
 
 
 def parse_sweep(text: str) -> tuple[str, list[float]]:
@@ -40,17 +42,6 @@ def parse_sweep(text: str) -> tuple[str, list[float]]:
         raise EvalError(f"--sweep N must be >= 1, got {n}")
     vals = [lo] if n == 1 else [lo + (hi - lo) * i / (n - 1) for i in range(n)]
     return name.strip(), [float(f"{v:.6g}") for v in vals]
-
-
-def load(path: str, params: dict[str, str] | None, model_paths: dict[str, str] | None = None):
-    """The checked program with parameters bound; errors become EvalError."""
-    from tokenrouter.compiler.frontend import RouteError, load_program
-    try:
-        return load_program(path, model_paths=model_paths, params=dict(params or {}) or None)
-    except RouteError as exc:
-        raise EvalError(str(exc)) from None
-    except ValueError as exc:  # unknown model_paths names, parameter binding errors
-        raise EvalError(str(exc)) from None
 
 
 def spread(items: list, n: int) -> list:
@@ -103,7 +94,6 @@ def evaluate(path: str, out: str, prompts: Sequence[str] | None = None, params: 
     sweep_programs = [load(path, {**params, sweep_name: f"{v:g}"}, model_paths) for v in sweep_vals]
     names = small_and_large(program, small, large)
 
-    from tokenrouter.runtime.offline import tokenizer_for
     tokenizer = tokenizer_for(program)
     ids = encode_prompts(tokenizer, tasks, chat)
     check_fit(tasks, ids, context_length(program, getattr(launch, "max_model_len", None)))
@@ -113,7 +103,6 @@ def evaluate(path: str, out: str, prompts: Sequence[str] | None = None, params: 
 
     reused = {}
     if reuse:
-        from tokenrouter.eval.reuse import load_baselines
         reused = load_baselines(reuse, program, names, tasks, max_tokens, chat, concurrency)
         log(f"reusing {', '.join(sorted(reused)) or 'nothing'} from {reuse}")
     t0 = time.time()
@@ -147,7 +136,6 @@ def evaluate(path: str, out: str, prompts: Sequence[str] | None = None, params: 
 def write_report(summary: dict[str, Any], out: str) -> None:
     """Write summary.json, frontier.png and report.html into `out`, all or nothing: they are
     written next to it first and moved in once complete."""
-    from tokenrouter.eval.report import frontier_png, render_html
     out = os.path.abspath(out)
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)

@@ -17,9 +17,10 @@ import os
 from typing import Any
 
 from tokenrouter.compiler import ir
-from tokenrouter.eval.configs import EvalError
+from tokenrouter.eval.configs import EvalError, load
 from tokenrouter.eval.run import ConfigRun
 from tokenrouter.eval.tasks import Task
+from tokenrouter.runtime.offline import RequestOutput
 
 
 def declaration(model: ir.Model) -> dict[str, Any]:
@@ -32,7 +33,6 @@ def _recorded_models(meta: dict[str, Any]) -> dict[str, Any]:
     if "models" in meta:
         return meta["models"]
     # summaries written before the declarations were recorded: rebuild them from the program
-    from tokenrouter.eval.evaluate import load
     prog = load(meta["program"], meta.get("params") or None, meta.get("model_paths") or None)
     return {m.name: declaration(m) for m in prog.models}
 
@@ -41,7 +41,6 @@ def load_baselines(folder: str, program: ir.Program, names: tuple[str, str], tas
                    max_tokens: int, chat: bool, concurrency: list[int]) -> dict[str, ConfigRun]:
     """{'small': ConfigRun, 'large': ConfigRun} for the baselines of `folder` that match (see
     the module docstring); the ones that do not match are left out."""
-    from tokenrouter.runtime.offline import RequestOutput
     path = os.path.join(folder, "summary.json")
     try:
         with open(path, encoding="utf-8") as f:

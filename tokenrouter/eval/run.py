@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from tokenrouter.compiler import ir
 from tokenrouter.eval.configs import EvalError
 from tokenrouter.eval.tasks import Task
+from tokenrouter.runtime.engine.sampler import SamplingParams
+from tokenrouter.runtime.launcher import LaunchOptions
+from tokenrouter.runtime.loader import resolve_folder
+from tokenrouter.runtime.offline import LLM
 
 
 @dataclass
@@ -57,7 +61,6 @@ def encode_prompts(tokenizer, tasks: list[Task], chat: bool = True) -> list[list
 def context_length(program: ir.Program, max_model_len: int | None = None) -> int:
     """The longest sequence every model of the program serves (as the subservers compute it),
     read from the models' config.json without loading weights."""
-    from tokenrouter.runtime.loader import resolve_folder
     lengths = []
     for m in program.models:
         _, folder = resolve_folder(m.path)
@@ -80,10 +83,6 @@ def run_program(program: ir.Program, label: str, ids: list[list[int]], tasks: li
     """Serve `program`, generate greedily for every prompt at each concurrency in turn (one
     deployment, so the rates see the same start-up and load), stop. Raises EvalError if any
     request failed (nothing is reported from a partial run)."""
-    from tokenrouter.runtime.engine.sampler import SamplingParams
-    from tokenrouter.runtime.launcher import LaunchOptions
-    from tokenrouter.runtime.offline import LLM
-
     opts = dataclasses.replace(launch or LaunchOptions(), concurrency=max(concurrency))
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     runs = []

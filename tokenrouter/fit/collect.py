@@ -23,9 +23,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
 
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.abi import FeatureNeeds
+from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.loader import load_model
+from tokenrouter.runtime.loader.cache import cache_root
 
 ALWAYS = "always"
 
@@ -63,7 +68,8 @@ def needs_of(inputs: tuple) -> FeatureNeeds:
                         token_embedding=any(isinstance(i, ir.InputTokenEmbedding) for i in inputs))
 
 
-def _entropy(logp: torch.Tensor) -> torch.Tensor:
+def entropy(logp: torch.Tensor) -> torch.Tensor:
+    """Normalised entropy (0 to 1) of each row of log-probabilities."""
     return torch.special.entr(logp.exp()).sum(-1) / math.log(logp.shape[-1])
 
 
@@ -90,8 +96,6 @@ def assemble(inputs: tuple, logits: torch.Tensor, hidden: dict, emb: torch.Tenso
 
 
 def make_engine(model: ir.Model, max_len: int, batch: int):
-    from tokenrouter.runtime.engine.engine import Engine
-    from tokenrouter.runtime.loader import load_model
     lm = load_model(model.path, dtype=getattr(torch, model.dtype))
     blocks = batch * (-(-max_len // 16) + 1) + 4
     return Engine(lm.config, lm.weights, dtype=getattr(torch, model.dtype), max_model_len=max_len,
@@ -102,7 +106,6 @@ def lockstep(small, large, prompts: list[list[int]], inputs: tuple, max_tokens: 
              stop: set[int], decide: Callable | str | None = None, desc: str = "label",
              progress: bool = True) -> tuple[Rows, Rollout]:
     """Step both engines over `prompts` in batches; rows of every position, and the text."""
-    from tqdm.auto import tqdm
     needs = needs_of(inputs)
     out: dict[str, list[torch.Tensor]] = {k: [] for k in Rows.__dataclass_fields__}
     roll = Rollout([[] for _ in prompts], [[] for _ in prompts])
@@ -135,7 +138,7 @@ def lockstep(small, large, prompts: list[list[int]], inputs: tuple, max_tokens: 
                 out["large_tok"].append(tok_l)
                 out["p_small_of_large"].append(lps.gather(1, tok_l[:, None])[:, 0].exp())
                 out["p_large_top"].append(lpl.gather(1, tok_l[:, None])[:, 0].exp())
-                out["entropy"].append(_entropy(lps))
+                out["entropy"].append(entropy(lps))
                 out["prompt"].append(torch.tensor(alive))
                 out["position"].append(torch.full((len(alive),), t))
                 chosen = torch.where(route, tok_l, tok_s).tolist()
@@ -166,7 +169,6 @@ CACHE_VERSION = 1
 
 
 def cache_dir() -> str:
-    from tokenrouter.runtime.loader.cache import cache_root
     return os.path.join(cache_root(), "fit")
 
 
@@ -185,7 +187,6 @@ def cached_lockstep(key: str | None, layout: str, *args, **kwargs) -> tuple[Rows
     and the decisions, which `key` names, and of the input layout: a pass cached for a
     layout that begins with this one (R2R's `hidden(-1), token_embedding, topk_logits(100)`
     begins with CITER's `hidden(-1)`) serves it by slicing its columns."""
-    from safetensors.torch import load_file, save_file
     if key is None:
         return lockstep(*args, **kwargs)
     folder = cache_dir()

@@ -14,6 +14,7 @@ nothing behind.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import platform
@@ -22,11 +23,19 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from safetensors.torch import save_file
 
 from tokenrouter.compiler import ir
 from tokenrouter.compiler import router_nets as rn
+from tokenrouter.compiler.check import resolve_path
+from tokenrouter.compiler.pipeline import RouteError, load_program
+from tokenrouter.dsl import ast
+from tokenrouter.dsl.parser import parse_bytes
 from tokenrouter.fit import collect, train
 from tokenrouter.fit.prompts import FitError, read_prompts
+from tokenrouter.fit.report import plot
+from tokenrouter.runtime.loader import model_facts, resolve_folder
+from tokenrouter.runtime.offline import tokenizer_for
 
 LABELS = {
     "r2r": "divergent: the small model's greedy token differs from the large model's greedy token at the same "
@@ -131,9 +140,6 @@ def find_target(program: ir.Program, route_path: str, name: str) -> Target:
 
 
 def _head_decls(route_path: str) -> dict[str, tuple[str, str]]:
-    from tokenrouter.compiler.check import resolve_path
-    from tokenrouter.dsl import ast
-    from tokenrouter.dsl.parser import parse_bytes
     with open(route_path, "rb") as f:
         tree, _, _ = parse_bytes(f.read(), route_path)
     base = os.path.dirname(os.path.abspath(route_path))
@@ -224,7 +230,6 @@ def _output_bias(arch: str, tensors: dict[str, torch.Tensor]) -> str:
 
 
 def _digest(tensors: dict[str, torch.Tensor]) -> str:
-    import hashlib
     h = hashlib.sha256()
     for k in sorted(tensors):
         h.update(k.encode())
@@ -257,7 +262,6 @@ def _atomic(path: str, write) -> str:
 
 def fit(opts: FitOptions) -> FitResult:
     t0 = time.time()
-    from tokenrouter.compiler.frontend import RouteError, load_program
     if not os.path.isfile(opts.route):
         raise FitError(f"{opts.route}: no such .route file")
     if opts.min_recall is not None and opts.target_share is not None:
@@ -272,7 +276,7 @@ def fit(opts: FitOptions) -> FitResult:
     rows = read_prompts(opts.prompts)
     eval_rows = read_prompts(opts.eval_prompts) if opts.eval_prompts else None
     try:
-        program = load_program(opts.route, check_weights=False)
+        program = load_program(opts.route, check_weights=False, model_facts=model_facts)
     except RouteError as exc:
         raise FitError(f"{opts.route} does not load:\n{exc}") from None
     target = find_target(program, opts.route, opts.router)
@@ -286,8 +290,6 @@ def fit(opts: FitOptions) -> FitResult:
             target_share = 0.3
 
     torch.set_num_threads(opts.threads)
-    from tokenrouter.runtime.loader import resolve_folder
-    from tokenrouter.runtime.offline import tokenizer_for
     tok = tokenizer_for(program)
     stop = set(tok.eos_token_ids)
     ids = _encode(tok, rows)
@@ -354,7 +356,6 @@ def fit(opts: FitOptions) -> FitResult:
     if router is not None:
         meta[rn.META_INPUTS] = rn.layout_text(router)
     meta[rn.META_MODELS] = json.dumps(fps, sort_keys=True)
-    from safetensors.torch import save_file
     probe = _atomic(opts.out, lambda p: save_file(tensors, p, metadata=meta))
     try:
         if router is not None:
@@ -435,7 +436,6 @@ def fit(opts: FitOptions) -> FitResult:
         os.unlink(probe)
     stem = opts.report or opts.out[: -len(".safetensors")] + ".report"
     json_tmp = _atomic(stem + ".json", lambda p: open(p, "w").write(json.dumps(report, indent=1) + "\n"))
-    from tokenrouter.fit.report import plot
     png_tmp = _atomic(stem + ".png", lambda p: plot(report, p))
     for tmp, dst in ((final, opts.out), (json_tmp, stem + ".json"), (png_tmp, stem + ".png")):
         os.replace(tmp, dst)
@@ -464,7 +464,7 @@ def _compare_generation(small, large, ids, inputs, max_tokens, opts, stop, score
 
     def entropy_pass(t):
         def by_entropy(x, logits):
-            return collect._entropy(torch.log_softmax(logits, -1)) > t
+            return collect.entropy(torch.log_softmax(logits, -1)) > t
         return collect.cached_lockstep(key(ids, max_tokens, f"entropy>{t!r}"), layout, small, large, ids, inputs,
                                        max_tokens, opts.batch, stop, by_entropy, desc="entropy rule", **kw)[1]
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from tqdm.auto import trange
 
 from tokenrouter.compiler import ir
 from tokenrouter.compiler import router_nets as rn
@@ -113,7 +114,6 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, hp: Hyper, seed: i
           aux: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[float]:
     """Fit `model` in place; returns the mean loss of each epoch. `aux` = (p_small(y),
     p_large(y)) switches the second half of the epochs to Co-LLM's marginal likelihood."""
-    from tqdm.auto import trange
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
     bce = nn.BCEWithLogitsLoss()

@@ -3,8 +3,10 @@
 What each subserver gets comes from the program's serving schedule:
 
 * batch threshold B_i: the number given, or for `auto` (and for a writer the schedule does
-  not mention) B = 1 for the start writer and min(4, concurrency // 2 or 1) for the
-  others, until the tuner chooses it from a profile (`choose_batch_thresholds`);
+  not mention) the one chosen above the runtime and handed in as a number
+  (`LaunchOptions.tuned_batch`: `tokenrouter serve --profile` and the bench ask the tuner,
+  `tuner.program.auto_thresholds`), else B = 1 for the start writer and
+  min(4, concurrency // 2 or 1) for the others;
 * max wait: the schedule's, else 20 ms;
 * CPU threads: the schedule's, else the machine's cores divided among the local
   subservers (each subserver process calls torch.set_num_threads; shown in /metrics).
@@ -49,7 +51,7 @@ class LaunchOptions:
     max_model_len: int | None = None
     retention: str = "pending"  # KV of a departed request: "pending" | "rematch" (policies.py)
     transport: str = "peer"  # handoffs: "peer" | "relay" through the frontend (policies.py)
-    profile: Any = None  # a tuner profile for `auto`, when available
+    tuned_batch: dict[str, int] = field(default_factory=dict)  # B_i for `auto` writers, chosen by the caller
     base_dir: str | None = None
     test_hooks: bool = False  # subservers accept test-only messages (tests only)
     curve_keys: str | None = None  # CURVE key folder (`tokenrouter keygen`) for tcp
@@ -73,42 +75,23 @@ def served_writers(program: ir.Program) -> list[str]:
 
 
 def batch_thresholds(program: ir.Program, writers: list[str], concurrency: int,
-                     overrides: dict[str, int] | None = None, profile: Any = None) -> dict[str, int]:
+                     overrides: dict[str, int] | None = None, tuned: dict[str, int] | None = None) -> dict[str, int]:
+    """B_i per writer: `overrides` (`--batch`), else the schedule's number, else for `auto`
+    the caller's `tuned` value, else the default (module docstring)."""
     given = dict(program.schedule.batch)
     out: dict[str, int] = {}
-    auto = [w for w in writers if given.get(w, "auto") == "auto" and w not in (overrides or {})]
-    tuned = _tuned(program, profile, concurrency) if auto and profile is not None else {}
     for w in writers:
         if overrides and w in overrides:
             out[w] = int(overrides[w])
         elif given.get(w, "auto") != "auto":
             out[w] = int(given[w])
-        elif w in tuned:
+        elif tuned and w in tuned:
             out[w] = int(tuned[w])
         elif w == program.start:
             out[w] = 1
         else:
             out[w] = min(4, max(1, concurrency // 2))
     return out
-
-
-def _tuned(program: ir.Program, profile: Any, concurrency: int) -> dict[str, int]:
-    """B_i from the DTMC tuner, when the program fixes its routing probabilities (seeded
-    coins, one-token visits); otherwise they must be measured first (`tokenrouter tune`),
-    and the documented default applies."""
-    from tokenrouter.tuner.api import TuneError, choose_batch_thresholds
-    from tokenrouter.tuner.program import inputs_from_program
-    try:
-        pi = inputs_from_program(program)
-        if not set(pi.route_probs) >= set(pi.models):
-            log.warning("auto thresholds: the program does not fix its routing probabilities; "
-                        "using the default (run `tokenrouter tune` for measured ones)")
-            return {}
-        return dict(choose_batch_thresholds(profile, concurrency, pi.route_probs, models=pi.models,
-                                            start=pi.start, rewrite=pi.rewrite, max_wait_ms=pi.max_wait_ms))
-    except TuneError as exc:
-        log.warning("auto thresholds: the tuner could not decide (%s); using the default", exc)
-        return {}
 
 
 def plan(program: ir.Program, opts: LaunchOptions) -> dict[str, SubserverSpec]:
@@ -120,7 +103,7 @@ def plan(program: ir.Program, opts: LaunchOptions) -> dict[str, SubserverSpec]:
         addresses = {n: opts.addresses[n] for n in [FRONTEND, *writers]}
     else:
         addresses = make_addresses([FRONTEND, *writers], "inproc" if opts.mode == "thread" else "ipc")
-    thresholds = batch_thresholds(program, writers, opts.concurrency, opts.batch, opts.profile)
+    thresholds = batch_thresholds(program, writers, opts.concurrency, opts.batch, opts.tuned_batch)
     waits = dict(program.schedule.max_wait_ms)
     threads = dict(program.schedule.threads)
     placement = dict(program.schedule.placement)

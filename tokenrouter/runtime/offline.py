@@ -21,7 +21,14 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from tqdm.auto import tqdm
+
 from tokenrouter.compiler import ir
+from tokenrouter.compiler.pipeline import load_program
+from tokenrouter.runtime.engine.sampler import SamplingParams
+from tokenrouter.runtime.frontend import Delta, close_runtime, open_runtime
+from tokenrouter.runtime.launcher import LaunchOptions
+from tokenrouter.runtime.loader import Tokenizer, model_facts, resolve_folder
 
 
 @dataclass
@@ -39,7 +46,6 @@ class RequestOutput:
 def tokenizer_for(program: ir.Program):
     """The tokenizer of the start writer's model (an ensemble's first member), read without
     loading any weights. Routed models share it (the compiler checks their fingerprints)."""
-    from tokenrouter.runtime.loader import Tokenizer, resolve_folder
     ens = {e.name: e for e in program.ensembles}
     name = ens[program.start].members[0] if program.start in ens else program.start
     _, folder = resolve_folder(program.model(name).path)
@@ -66,17 +72,14 @@ class LLM:
 
     def __init__(self, program: str | ir.Program, model_paths: dict[str, str] | None = None,
                  launch=None, timeout: float = 300.0, params: dict[str, str] | None = None, **launch_kwargs):
-        from tokenrouter.runtime.launcher import LaunchOptions
         if isinstance(program, str):  # model_paths and params: the --model and --set of the commands
-            from tokenrouter.compiler.frontend import load_program
-            program = load_program(program, model_paths=model_paths, params=params)
+            program = load_program(program, model_paths=model_paths, params=params, model_facts=model_facts)
         self.program = program
         self.tokenizer = tokenizer_for(program)
         opts = launch or LaunchOptions(**launch_kwargs)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tokenrouter-offline", daemon=True)
         self._thread.start()
-        from tokenrouter.runtime.frontend import open_runtime
         try:
             self.launcher, self.frontend = self._call(open_runtime(program, opts, timeout))
         except BaseException:
@@ -93,7 +96,6 @@ class LLM:
                  desc: str = "generate") -> list[RequestOutput]:
         """Generate for every prompt (text or token ids); outputs in prompt order.
         `concurrency` caps the requests in flight (default: all, as KV capacity allows)."""
-        from tokenrouter.runtime.engine.params import SamplingParams
         if isinstance(prompts, str):
             prompts = [prompts]
         params = with_eos(params or SamplingParams(), self.tokenizer, ignore_eos)
@@ -101,9 +103,6 @@ class LLM:
         return self._call(self._run(list(prompts), ids, params, concurrency, use_tqdm, seeds, desc))
 
     async def _run(self, prompts, ids, params, concurrency, use_tqdm, seeds, desc) -> list[RequestOutput]:
-        from tqdm.auto import tqdm
-
-        from tokenrouter.runtime.frontend import Delta
         sem = asyncio.Semaphore(concurrency or len(ids) or 1)
         bar = tqdm(total=len(ids), desc=desc, unit="req", disable=not use_tqdm)
         stop = set(params.stop_token_ids)
@@ -143,7 +142,6 @@ class LLM:
         if self._closed:
             return
         self._closed = True
-        from tokenrouter.runtime.frontend import close_runtime
         try:
             self._call(close_runtime(self.launcher, self.frontend), timeout=60)
         finally:

@@ -17,8 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.abi import FeatureNeeds
+from tokenrouter.compiler.compiled import default_base_dir
+from tokenrouter.compiler.interpreter import Interpreter, RequestStep
+from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.engine.sampler import sample
+from tokenrouter.runtime.loader import load_model, quant_kwargs
 
 
 class ReferenceRunError(RuntimeError):
@@ -66,14 +73,6 @@ class Reference:
 
     def __init__(self, program: ir.Program, models: dict[str, Any] | None = None,
                  base_dir: str | None = None, max_model_len: int | None = None, block_size: int = 16):
-        import torch
-
-        from tokenrouter.compiler.compiled import default_base_dir
-        from tokenrouter.compiler.interpreter import Interpreter
-        from tokenrouter.runtime.engine.engine import Engine
-        from tokenrouter.runtime.loader import load_model, quant_kwargs
-
-        self.torch = torch
         self.program = program
         self.interp = Interpreter(program, base_dir or default_base_dir(program))
         self.engines = {}
@@ -101,10 +100,6 @@ class Reference:
 
     def generate(self, prompt: list[int], sampling, seed: int = 0,
                  max_model_len: int | None = None) -> ReferenceOutput:
-        from tokenrouter.compiler.interpreter import RequestStep
-        from tokenrouter.runtime.engine.sampler import sample
-
-        torch = self.torch
         tokens = list(prompt)
         writer, visit = self.program.start, 0
         out = ReferenceOutput([], "length")

@@ -28,6 +28,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 import zmq
+import zmq.auth
+import zmq.auth.thread
+
+from tokenrouter.runtime.wire import MAX_FRAME
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +42,6 @@ RCVHWM = 10_000  # frames a PULL socket queues before senders hold theirs (bound
 def bound_receive(sock: zmq.Socket) -> None:
     """Bound what a PULL socket accepts: at most `wire.MAX_FRAME` bytes per frame (ZeroMQ
     drops a connection that sends more, before the frame is read) and `RCVHWM` frames."""
-    from tokenrouter.runtime.wire import MAX_FRAME
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME)
     sock.setsockopt(zmq.RCVHWM, RCVHWM)
 
@@ -64,7 +67,6 @@ class SecurityError(ValueError):
 def generate_keys(folder: str) -> tuple[str, str]:
     """Write a new CURVE key pair into `folder` (created); the secret file is made
     readable by its owner only. Returns (public file, secret file)."""
-    import zmq.auth
     os.makedirs(folder, exist_ok=True)
     public, secret = (os.path.join(folder, KEY_NAME + ext) for ext in (".key", ".key_secret"))
     if os.path.exists(secret):
@@ -86,7 +88,6 @@ class Security:
     def load(cls, folder: str | None, insecure: bool = False) -> "Security":
         if folder is None:
             return cls(insecure=insecure)
-        import zmq.auth
         path = os.path.join(folder, KEY_NAME + ".key_secret")
         try:
             public, secret = zmq.auth.load_certificate(path)
@@ -108,7 +109,6 @@ _AUTH_LOCK = threading.Lock()
 
 def _start_authenticator(sock: zmq.Socket, sec: Security) -> None:
     """Start (once per context) the ZAP handler that admits only our own public key."""
-    import zmq.auth.thread
     ctx = sock.context
     key = ctx.underlying
     with _AUTH_LOCK:

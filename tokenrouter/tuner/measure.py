@@ -20,8 +20,15 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import random
 import statistics
 import time
+
+import torch
+from tqdm import tqdm
+
+from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.loader import load_model
 
 from .profile import Curve, ModelProfile, Profile, machine_info, timestamp
 
@@ -30,11 +37,6 @@ BG_CONTEXT = 256
 
 
 def _engine(path: str, dtype_name: str, threads: int, max_len: int):
-    import torch
-
-    from tokenrouter.runtime.engine.engine import Engine
-    from tokenrouter.runtime.loader import load_model
-
     if threads > 0:
         torch.set_num_threads(threads)
     dtype = getattr(torch, dtype_name)
@@ -43,8 +45,6 @@ def _engine(path: str, dtype_name: str, threads: int, max_len: int):
 
 
 def _time_steps(engine, vocab: int, batch: int, tokens: int, warmup: int, repeats: int, tag: str) -> float:
-    import random
-
     rng = random.Random(batch * 7919 + tokens)
     ids = [(tag, batch, i) for i in range(batch)]
     engine.step([(s, [rng.randrange(vocab) for _ in range(PROMPT)]) for s in ids])
@@ -98,8 +98,6 @@ def measure_profile(program, batch_sizes, *, extend_tokens=DEFAULT_EXTEND_TOKENS
                     repeats: int = 5, warmup: int = 2, threads: dict[str, int] | None = None, progress: bool = True,
                     source: str = "") -> Profile:
     """A `Profile` of `program`'s models on this machine."""
-    from tqdm import tqdm
-
     models = list(program.models)
     threads = dict(threads or {})
     default_threads = max(1, (os.cpu_count() or 1) // max(1, len(models)))
@@ -155,7 +153,6 @@ def measure_profile(program, batch_sizes, *, extend_tokens=DEFAULT_EXTEND_TOKENS
     finally:
         bar.close()
     info = machine_info()
-    import torch
     info.update({"torch": torch.__version__, "device": "cpu", "torch_threads_default": torch.get_num_threads(),
                  "co_located_with": (f"another process decoding batch 1 back to back (contexts up to {BG_CONTEXT}); "
                                      "slowdown timed in pairs, paused/running") if others else None,

@@ -13,7 +13,10 @@ from typing import Any, Callable
 
 import torch
 
-from .hf import expected_shapes
+from ..engine.config import ModelConfig
+from . import cache
+from .hf import expected_shapes, write_folder
+from .tokenizer import Tokenizer
 
 SEED = 20240611
 _COMMON = {
@@ -36,7 +39,6 @@ def bench_config(which: str) -> dict[str, Any]:
 
 def random_weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
     """Deterministic random weights for `config`: N(0, 0.02) matrices, unit norms, small biases."""
-    from ..engine.config import ModelConfig
     gen = torch.Generator().manual_seed(seed)
     out = {}
     for name, shape in sorted(expected_shapes(ModelConfig.from_hf(config)).items()):
@@ -49,13 +51,10 @@ def random_weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]
 
 def bench_entry(which: str, smollm2_entry: tuple[str, dict[str, Any], Callable[[str], None]]):
     """(slug, key, build) of `bench-small` or `bench-large`."""
-    from . import cache
     config = bench_config(which)
     seed = SEED + (0 if which == "small" else 1)
 
     def build(tmp: str) -> None:
-        from .hf import write_folder
-        from .tokenizer import Tokenizer
         tokenizer = Tokenizer.from_dir(cache.get_or_build(*smollm2_entry))
         write_folder(tmp, config, random_weights(config, seed), tokenizer)
 

@@ -24,8 +24,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ...compiler.abi import FeatureNeeds
+from ..engine.engine import Engine
+from ..engine.sampler import SamplingParams, sample
 from . import cache
 from .errors import LoadError
+from .hf import parse_config, read_folder, write_folder
 
 # Chosen by benchmarks/bench_small_model.py (see docs/models.md).
 SMALL_RECIPE: dict[str, Any] = {"keep_layers": [0, 1, 2, 3, 4, 5], "lens": "ridge", "ridge": 0.05,
@@ -80,10 +84,6 @@ def collect_hidden(model_config, weights: dict[str, torch.Tensor], prompts: list
                    temperature: float = 0.8) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
     """({layer: rmsnorm(h_layer)}, final normed hidden) at every position the large model
     samples while answering `prompts` (seeded sampling, all prompts in one batch)."""
-    from ...compiler.abi import FeatureNeeds
-    from ..engine.engine import Engine
-    from ..engine.sampler import SamplingParams, sample
-
     max_len = max(map(len, prompts)) + steps + 1
     eng = Engine(model_config, weights, max_model_len=max_len, num_blocks=len(prompts) * (max_len // 16 + 2))
     needs = FeatureNeeds(hidden_layers=(*layers, -1))
@@ -112,7 +112,6 @@ def fit_lens(x: torch.Tensor, y: torch.Tensor, ridge: float = 1e-3) -> torch.Ten
 def derive_small(raw_config: dict[str, Any], weights: dict[str, torch.Tensor], tokenizer,
                  recipe: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(config, weights) of the small model `recipe` describes."""
-    from .hf import parse_config
     keep = list(recipe["keep_layers"])
     config, small = subset_layers(raw_config, weights, keep)
     if recipe.get("lens") != "ridge":
@@ -152,7 +151,6 @@ def small_entry(large_entry: tuple[str, dict[str, Any], Callable[[str], None]], 
     large_slug, large_key, large_build = large_entry
 
     def build(tmp: str) -> None:
-        from .hf import read_folder, write_folder
         folder = cache.get_or_build(large_slug, large_key, large_build)
         _, weights, tokenizer, raw = read_folder(folder)
         config, small = derive_small(raw, weights, tokenizer, recipe)

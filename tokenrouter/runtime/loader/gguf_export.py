@@ -15,14 +15,21 @@ kernels) or, on request, F16.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
 from typing import Any
 
+import gguf
 import numpy as np
+import torch
 
+from . import LoadedModel, load_model, resolve_folder
+from .cache import cache_root
 from .errors import LoadError, UnsupportedArchitecture
+from .gguf_loader import permute_rows
+from .gguf_tokenizer import SPLIT_REGEX
 
 # Hugging Face name -> llama.cpp name, the inverse of gguf_loader's maps.
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
@@ -52,7 +59,6 @@ def gguf_name(hf: str) -> str:
 def pre_tokenizer_name(backend_json: dict[str, Any]) -> str:
     """The llama.cpp pre-tokenizer (`tokenizer.ggml.pre`) that splits text as this
     `tokenizers` pre-tokenizer does; an error for a splitting rule llama.cpp has no name for."""
-    from .gguf_tokenizer import _SPLIT_REGEX
     pre = backend_json.get("pre_tokenizer") or {}
     kind = pre.get("type")
     if kind == "ByteLevel" and pre.get("use_regex", True):
@@ -65,7 +71,7 @@ def pre_tokenizer_name(backend_json: dict[str, Any]) -> str:
         if types == ["Split", "ByteLevel"]:
             pattern = (parts[0].get("pattern") or {}).get("Regex")
             for name in ("llama-bpe", "qwen2"):
-                if pattern == _SPLIT_REGEX[name]:
+                if pattern == SPLIT_REGEX[name]:
                     return name
     raise UnsupportedArchitecture(f"the tokenizer's pre-tokenizer {json.dumps(pre)[:200]} has no llama.cpp "
                                   "name; pass pre=NAME to export_gguf if you know the matching one")
@@ -103,12 +109,6 @@ def tokenizer_metadata(tokenizer, vocab_size: int, pre: str | None = None) -> di
 
 def export_gguf(model, path: str, *, dtype: str = "F32", pre: str | None = None) -> str:
     """Write `model` (a LoadedModel, a built-in name, a folder or a GGUF file) to `path`."""
-    import gguf
-    import torch
-
-    from . import LoadedModel, load_model
-    from .gguf_loader import permute_rows
-
     m = model if isinstance(model, LoadedModel) else load_model(model)
     cfg = m.config
     arch = m.raw_config.get("model_type")
@@ -167,10 +167,6 @@ def export_gguf(model, path: str, *, dtype: str = "F32", pre: str | None = None)
 def exported_gguf(name_or_path: str, dtype: str = "F32") -> str:
     """The model exported to GGUF once and kept in the model cache (keyed by the checkpoint
     folder it came from and that folder's cache key, so a rebuilt model is re-exported)."""
-    from . import resolve_folder
-    from .cache import cache_root
-    import hashlib
-
     _, folder = resolve_folder(name_or_path)
     key_file = os.path.join(folder, "cache_key.json")
     ident = open(key_file).read() if os.path.isfile(key_file) else json.dumps(

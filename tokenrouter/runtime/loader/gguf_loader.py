@@ -18,8 +18,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader
+from gguf.quants import dequantize
 
+from ..engine.quant import QuantTensor
 from .errors import LoadError, MissingFile, UnsupportedArchitecture, UnsupportedQuantization
+from .gguf_tokenizer import tokenizer_from_gguf
 
 _HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
@@ -140,9 +145,6 @@ def config_from_metadata(meta: dict[str, Any], tensor_names: set[str],
 
 
 def _dequantize(tensor) -> np.ndarray:
-    from gguf import GGMLQuantizationType as Q
-    from gguf.quants import dequantize
-
     if tensor.tensor_type == Q.F64:
         return np.asarray(tensor.data).view(np.float64).astype(np.float32)
     try:
@@ -160,7 +162,6 @@ _FLOAT = ("F32", "F16", "BF16", "F64")
 def _native_tensor(tensor):
     """A GGUF matrix as a `QuantTensor` of its own blocks (Q4_0, Q4_1, Q8_0), unpacked with numpy
     (the blocks' layout as the gguf package's dequantiser reads it)."""
-    from ..engine.quant import QuantTensor
     kind = tensor.tensor_type.name
     k, n = int(tensor.shape[0]), int(tensor.shape[1])
     g = k // 32
@@ -186,10 +187,6 @@ def read_gguf(path: str, native: bool = False):
     """(config dict, {hf name: float32 tensor}, Tokenizer) of a GGUF file. With `native`, matrices
     stored as Q4_0, Q4_1 or Q8_0 come as `QuantTensor`s of their own blocks instead (float
     tensors stay float; any other block type is an `UnsupportedQuantization` naming the tensor)."""
-    from gguf import GGUFReader
-
-    from .gguf_tokenizer import tokenizer_from_gguf
-
     if not os.path.isfile(path):
         raise MissingFile(f"no such GGUF file: {path}")
     try:

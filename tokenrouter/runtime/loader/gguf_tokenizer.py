@@ -24,7 +24,7 @@ _LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_SPLIT_REGEX = {
+SPLIT_REGEX = {
     **{name: _LLAMA3_REGEX for name in ("llama-bpe", "llama3", "llama-v3", "smaug-bpe", "falcon3", "dbrx")},
     **{name: _QWEN2_REGEX for name in ("qwen2", "deepseek-r1-qwen", "megrez")},
 }
@@ -37,10 +37,10 @@ def _pre_tokenizer(pre: str):
                                         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
     if pre in _GPT2:
         return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in _SPLIT_REGEX:
-        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_SPLIT_REGEX[pre]), behavior="isolated"),
+    if pre in SPLIT_REGEX:
+        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(SPLIT_REGEX[pre]), behavior="isolated"),
                                         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    known = sorted(_DIGITS_THEN_GPT2 | _GPT2 | set(_SPLIT_REGEX))
+    known = sorted(_DIGITS_THEN_GPT2 | _GPT2 | set(SPLIT_REGEX))
     raise UnsupportedArchitecture(
         f"GGUF pre-tokenizer {pre!r} is not supported (known: {', '.join(known)}); "
         "use the model's Hugging Face folder with its tokenizer.json instead")

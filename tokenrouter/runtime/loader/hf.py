@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from ..engine.config import ModelConfig, UnsupportedModel
 from .errors import LoadError, MissingFile, ShapeMismatch, UnsupportedArchitecture
@@ -81,8 +82,6 @@ def _read_json(path: str) -> dict[str, Any]:
 
 
 def read_weights(path: str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         if glob.glob(os.path.join(path, "*.bin")):
@@ -118,8 +117,6 @@ def read_folder(path: str, dtype: torch.dtype = torch.float32):
 def write_folder(path: str, config: dict[str, Any], weights: dict[str, torch.Tensor],
                  tokenizer: Tokenizer | None) -> None:
     """Write a checkpoint folder (not atomic by itself: `cache.py` writes into a temp dir)."""
-    from safetensors.torch import save_file
-
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=1)

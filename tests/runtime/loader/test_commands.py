@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from loader_helpers import hf_config, transformers_model, write_gguf, write_hf_folder
+from tests.helpers.checkpoints import hf_config, transformers_model, write_gguf, write_hf_folder
 from tokenrouter.cli import main
 from tokenrouter.runtime.loader import Tokenizer
 

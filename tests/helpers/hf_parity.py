@@ -1,8 +1,8 @@
-"""Tiny random-weight models of each supported family, built with `transformers` (the oracle)."""
+"""Tiny random-weight models of each family the engine runs, built with `transformers` (the
+oracle of the logit-parity tests), in float64."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from tokenrouter.runtime.engine.config import ModelConfig
@@ -10,7 +10,7 @@ from tokenrouter.runtime.engine.config import ModelConfig
 FAMILIES = ["llama", "llama_tied_llama3rope", "qwen2", "qwen3"]
 
 
-def _rms_norm_f64(self, x):
+def rms_norm_f64(self, x):
     """The same RMSNorm as HF's, without the float32 round trip (so float64 parity is tight)."""
     var = x.pow(2).mean(-1, keepdim=True)
     return self.weight * (x * torch.rsqrt(var + self.variance_epsilon))
@@ -44,7 +44,7 @@ def build_hf(family: str, seed: int = 0, **over):
     model = cls(cfg).double().eval()
     for mod in model.modules():  # HF's RMSNorm computes in float32 even for float64 inputs
         if type(mod).__name__.endswith("RMSNorm"):
-            mod.forward = _rms_norm_f64.__get__(mod)
+            mod.forward = rms_norm_f64.__get__(mod)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -60,17 +60,3 @@ def hf_logits(model, tokens: list[int]) -> torch.Tensor:
     """Logits at every position of one full forward [L, V] (float64)."""
     with torch.no_grad():
         return model(torch.tensor([tokens])).logits[0]
-
-
-@pytest.fixture(scope="session")
-def tiny():
-    """family -> (hf model, ModelConfig, state dict), built once per session."""
-    cache = {}
-
-    def get(family: str):
-        if family not in cache:
-            model, cfg = build_hf(family)
-            cache[family] = (model, cfg, {k: v.clone() for k, v in model.state_dict().items()})
-        return cache[family]
-
-    return get

@@ -10,7 +10,7 @@ import torch
 from tokenrouter.compiler.abi import FeatureNeeds
 from tokenrouter.runtime.engine.engine import Engine
 
-from .conftest import FAMILIES, hf_logits
+from tests.helpers.hf_parity import FAMILIES, hf_logits
 
 
 def _splits(rng: random.Random, n: int) -> list[int]:

@@ -1,4 +1,4 @@
-"""Tiny random-weight checkpoints and routing programs for the runtime tests.
+"""Tiny random-weight checkpoints and routing programs for the tests (runtime, bench, eval, fit, tuner).
 
 Models are written as Hugging Face checkpoint folders (config.json, safetensors, a
 byte-level tokenizer.json built with `tokenizers`), so they go through the real loader.
@@ -9,12 +9,22 @@ written in float64 so greedy decisions never hinge on rounding.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
+import shutil
 
 import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, pre_tokenizers
+from tokenizers import models as tokenizer_models
 
-from tokenrouter.compiler import ir
+from tokenrouter.compiler import ir, router_nets
+from tokenrouter.compiler.pipeline import load_program
+from tokenrouter.runtime.engine.config import ModelConfig
+from tokenrouter.runtime.loader import model_facts
+from tokenrouter.runtime.loader.hf import expected_shapes
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 EOS = 2
@@ -24,12 +34,11 @@ CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n
 
 def write_tokenizer(folder: str) -> int:
     """A byte-level BPE with no merges: 3 special tokens + 256 bytes. Returns the vocab size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {t: i for i, t in enumerate(SPECIALS)}
     for ch in alphabet:
         vocab[ch] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok = Tokenizer(tokenizer_models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
@@ -76,7 +85,6 @@ def write_model(folder: str, *, layers: int, hidden: int, seed: int, heads: int 
         if family == "qwen3":
             w[p + "self_attn.q_norm.weight"] = 1 + 0.1 * torch.randn(hd, generator=g)
             w[p + "self_attn.k_norm.weight"] = 1 + 0.1 * torch.randn(hd, generator=g)
-    from safetensors.torch import save_file
     save_file({k: v.float().contiguous() for k, v in w.items()}, os.path.join(folder, "model.safetensors"))
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(cfg, f)
@@ -132,7 +140,6 @@ EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 
 
 def _random_mlp(path: str, width: int, hidden: int, seed: int, scale: float) -> None:
-    from safetensors.torch import save_file
     g = torch.Generator().manual_seed(seed)
     save_file({"layers.0.weight": torch.randn(hidden, width, generator=g) * scale / width ** 0.5,
                "layers.0.bias": torch.randn(hidden, generator=g) * 0.1,
@@ -149,13 +156,6 @@ def example_program(name: str, root: str, paths: dict[str, str], dtype: str = "f
     """examples/<name>.route pointed at tiny models, with random router and head weights
     written where the file expects them (a copy of the file lives in `root`; its entropy
     thresholds set to TINY_ENTROPY_TAU[name] where given)."""
-    import dataclasses
-    import re
-    import shutil
-
-    from safetensors.torch import save_file
-
-    from tokenrouter.compiler.frontend import load_program
     os.makedirs(os.path.join(root, "weights"), exist_ok=True)
     dst = os.path.join(root, f"{name}.route")
     shutil.copy(os.path.join(EXAMPLES, f"{name}.route"), dst)
@@ -171,7 +171,7 @@ def example_program(name: str, root: str, paths: dict[str, str], dtype: str = "f
     alias = {"small": "slm", "large": "llm"}
     mp = {m: paths[alias.get(m, m)] for m in models}
     # no weights files yet (the checker reads those that exist): written below
-    prog = load_program(dst, model_paths=mp)
+    prog = load_program(dst, model_paths=mp, model_facts=model_facts)
     hidden_of = {}
     for m in prog.models:
         hidden_of[m.name] = json.load(open(os.path.join(m.path, "config.json")))["hidden_size"]
@@ -184,18 +184,42 @@ def example_program(name: str, root: str, paths: dict[str, str], dtype: str = "f
         if r.arch == "mlp":
             _random_mlp(path, width, 16, 10 + i, 2.0)
         else:  # the papers' network kinds (router_nets.py), with the metadata naming them
-            from tokenrouter.compiler import router_nets
             t = router_nets.random_tensors(r, torch.Generator().manual_seed(10 + i), width=16)
             for k in [k for k in t if k.startswith("inputs.")]:
                 t[k] = t[k] * 0.05  # the tiny models' top-k logits are large and alike: damp them
             t["out.weight" if r.arch == "r2r" else "layers.2.weight"] *= 4.0  # decisions both ways
             save_file(t, path, metadata=router_nets.arch_metadata(r))
-    from safetensors.torch import save_file
     for rel in re.findall(r'^head \w+ on (\w+) = "([^"]+)"', src, re.M):
         model, f = rel
         g = torch.Generator().manual_seed(99)
         save_file({"weight": torch.randn(hidden_of[model], generator=g) * 0.5, "bias": torch.zeros(1)},
                   os.path.join(root, f))
-    prog = load_program(dst, model_paths=mp)
+    prog = load_program(dst, model_paths=mp, model_facts=model_facts)
     models_ = tuple(dataclasses.replace(m, dtype=dtype) for m in prog.models)
     return dataclasses.replace(prog, models=models_)
+
+
+# ------------------------------------------------------------------ the tuner tests' model
+
+def write_tiny_model(folder: str, hidden: int, layers: int, seed: int) -> str:
+    """A tiny random-weight Llama checkpoint folder with a byte-level tokenizer of 257 ids
+    (no chat template; weights of spread 0.05, unit norms): the tuner tests' models."""
+    os.makedirs(folder, exist_ok=True)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {"<|endoftext|>": 0, **{ch: i + 1 for i, ch in enumerate(alphabet)}}
+    tok = Tokenizer(tokenizer_models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.add_special_tokens(["<|endoftext|>"])
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": len(vocab),
+           "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": layers,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": hidden // 4,
+           "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 256,
+           "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "silu"}
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    g = torch.Generator().manual_seed(seed)
+    weights = {n: (torch.ones(s) if n.endswith("norm.weight") else torch.randn(s, generator=g) * 0.05)
+               for n, s in expected_shapes(ModelConfig.from_hf(cfg)).items()}
+    save_file(weights, os.path.join(folder, "model.safetensors"))
+    return folder

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from loader_helpers import FAMILIES, engine_weights, hf_config, transformers_model, write_gguf
+from tests.helpers.checkpoints import FAMILIES, engine_weights, hf_config, transformers_model, write_gguf
 from tokenrouter.runtime.loader import (LoadError, MissingFile, UnsupportedArchitecture,
                                         UnsupportedQuantization, load_model)
 from tokenrouter.runtime.loader.gguf_loader import _unpermute, permute_rows

@@ -10,7 +10,7 @@ import torch
 from tokenrouter.compiler.abi import FeatureNeeds
 from tokenrouter.runtime.engine.engine import Engine
 
-from .conftest import hf_logits
+from tests.helpers.hf_parity import hf_logits
 
 
 def _engine(cfg, sd, **kw):

@@ -4,7 +4,7 @@ transformers' own hidden states), and the benchmark pair is deterministic and we
 import pytest
 import torch
 
-from loader_helpers import hf_config, transformers_model
+from tests.helpers.checkpoints import hf_config, transformers_model
 from tokenrouter.runtime.loader import LoadError
 from tokenrouter.runtime.loader.bench_pair import SHAPES, bench_config, random_weights
 from tokenrouter.runtime.loader.derive import apply_lens, derive_small, fit_lens, subset_layers
@@ -55,7 +55,7 @@ def test_fit_lens_recovers_a_linear_map():
 
 
 def test_derive_small_end_to_end_is_deterministic(tmp_path):
-    from loader_helpers import tiny_tokenizer_json
+    from tests.helpers.checkpoints import tiny_tokenizer_json
     from tokenrouter.runtime.loader import Tokenizer
     tiny_tokenizer_json(str(tmp_path))
     tok = Tokenizer.from_dir(str(tmp_path))

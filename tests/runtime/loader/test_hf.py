@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from loader_helpers import FAMILIES, engine_weights, hf_config, transformers_model, write_hf_folder
+from tests.helpers.checkpoints import FAMILIES, engine_weights, hf_config, transformers_model, write_hf_folder
 from tokenrouter.runtime.loader import (LoadError, MissingFile, ShapeMismatch, UnsupportedArchitecture,
                                         load_model)
 

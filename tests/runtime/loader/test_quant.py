@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from loader_helpers import hf_config, transformers_model, write_gguf
+from tests.helpers.checkpoints import hf_config, transformers_model, write_gguf
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.engine.quant import QuantError, QuantTensor, quantize_int4, quantize_int8
 from tokenrouter.runtime.loader import UnsupportedQuantization, load_model

@@ -1,12 +1,15 @@
-"""The front end's public entry points: a .route file to a checked `ir.Program`.
+"""The compiler's pipeline, parse -> check -> lower: a .route file to a checked `ir.Program`.
 
-    from tokenrouter.compiler.frontend import check_file, load_program, RouteError
-    program, diagnostics = check_file(path)        # Program | None, errors and warnings in source order
-    program = load_program(path, model_paths=None, params=None)  # raises RouteError (str() = rendered diagnostics)
+    from tokenrouter.compiler.pipeline import check_file, load_program, RouteError
+    from tokenrouter.runtime.loader import model_facts
+    program, diagnostics = check_file(path, model_facts=model_facts)  # Program | None, diagnostics in source order
+    program = load_program(path, model_facts=model_facts)  # raises RouteError (str() = rendered diagnostics)
 
 `check_file` parses and checks without loading any model (router input widths of models
 that are not checkpoint folders stay 0). `load_program` also resolves the models: input
-widths, layer ranges, a shared tokenizer.
+widths, layer ranges, a shared tokenizer. What is known about a model comes from
+`model_facts`, a function the caller passes (`model_facts.py`): the compiler loads no
+model itself. `check_file` without one knows checkpoint folders only.
 
 Both take the deployment's bindings, as the commands' `--model` and `--set` give them:
 - `model_paths` ({"slm": "/tmp/x"}) binds models to paths (a checkpoint folder, a .gguf
@@ -22,11 +25,14 @@ Both take the deployment's bindings, as the commands' `--model` and `--set` give
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.check import check
+from tokenrouter.compiler.builtins import QUANTS
 from tokenrouter.compiler.lower import lower
+from tokenrouter.compiler.model_facts import ModelFactsFn, folders_only
 from tokenrouter.dsl.diagnostics import Diagnostic, render_all, sort_diagnostics
 from tokenrouter.dsl.parser import parse_bytes, parse_source
 
@@ -44,20 +50,25 @@ class RouteError(Exception):
 
 def check_source(text: str, path: str = "<input>", base_dir: str | None = None,
                  model_paths: dict[str, str] | None = None, full: bool = False,
-                 params: dict[str, str] | None = None) -> tuple[ir.Program | None, list[Diagnostic]]:
+                 params: dict[str, str] | None = None,
+                 model_facts: ModelFactsFn | None = None) -> tuple[ir.Program | None, list[Diagnostic]]:
     """Parse, check and lower `text`; paths in it are relative to `base_dir` (default: the
     folder of `path`)."""
     tree, diags = parse_source(text, path)
-    return _finish(tree, diags, path, base_dir, model_paths, full, params)
+    return _finish(tree, diags, path, base_dir, model_paths, full, params, True, model_facts)
 
 
-def _finish(tree, diags, path, base_dir, model_paths, full, params, check_weights=True):
+def _finish(tree, diags, path, base_dir, model_paths, full, params, check_weights, model_facts):
+    if full and model_facts is None:
+        raise TypeError("resolving the models (full=True, load_program) needs model_facts "
+                        "(tokenrouter.runtime.loader.model_facts)")
     if tree is None:
         return None, diags
     checked, diags = check(tree, base_dir, params=params, model_paths=model_paths)
     if checked is None:
         return None, diags
-    program, more = lower(checked, None, full, check_weights)  # the checker has applied model_paths
+    # the checker has applied model_paths
+    program, more = lower(checked, None, full, check_weights, model_facts or folders_only)
     return program, sort_diagnostics(diags + more)
 
 
@@ -71,19 +82,20 @@ def _read(path) -> tuple[bytes | None, list[Diagnostic]]:
 
 
 def check_file(path, model_paths: dict[str, str] | None = None, full: bool = False,
-               params: dict[str, str] | None = None,
-               check_weights: bool = True) -> tuple[ir.Program | None, list[Diagnostic]]:
+               params: dict[str, str] | None = None, check_weights: bool = True,
+               model_facts: ModelFactsFn | None = None) -> tuple[ir.Program | None, list[Diagnostic]]:
     """Program (or None on any error) and every diagnostic, in source order."""
     path = os.fspath(path)
     data, diags = _read(path)
     if data is None:
         return None, diags
     tree, diags, _ = parse_bytes(data, path)
-    return _finish(tree, diags, path, None, model_paths, full, params, check_weights)
+    return _finish(tree, diags, path, None, model_paths, full, params, check_weights, model_facts)
 
 
 def load_program(path, model_paths: dict[str, str] | None = None,
-                 params: dict[str, str] | None = None, check_weights: bool = True) -> ir.Program:
+                 params: dict[str, str] | None = None, check_weights: bool = True, *,
+                 model_facts: ModelFactsFn) -> ir.Program:
     """The checked program, models resolved; raises RouteError on any error.
     `check_weights=False` does not read router/head weights files (`fit` replaces them)."""
     path = os.fspath(path)
@@ -91,7 +103,7 @@ def load_program(path, model_paths: dict[str, str] | None = None,
     if data is None:
         raise RouteError(diags)
     tree, diags, text = parse_bytes(data, path)
-    program, diags = _finish(tree, diags, path, None, model_paths, True, params, check_weights)
+    program, diags = _finish(tree, diags, path, None, model_paths, True, params, check_weights, model_facts)
     if program is None:
         raise RouteError([d for d in diags], text)
     return program
@@ -99,9 +111,6 @@ def load_program(path, model_paths: dict[str, str] | None = None,
 
 def with_quant(program, items: list[str] | None):
     """The program with `--quant Q` (every model) or `--quant NAME=Q` (one model) applied."""
-    import dataclasses
-
-    from tokenrouter.compiler.builtins import QUANTS
     if not items:
         return program
     names = [m.name for m in program.models]

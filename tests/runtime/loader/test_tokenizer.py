@@ -4,7 +4,7 @@ pure-Python encoder following llama.cpp's "smollm" rules, and transformers' own 
 
 import pytest
 
-from loader_helpers import CHATML, SPECIALS, reference_encode, tiny_tokenizer_json
+from tests.helpers.checkpoints import CHATML, SPECIALS, reference_encode, tiny_tokenizer_json
 from tokenrouter.runtime.loader import LoadError, Tokenizer
 
 STRINGS = [
@@ -119,7 +119,7 @@ def test_fingerprint_tells_vocabularies_apart(tmp_path):
 
 
 def test_tiny_vocab_against_reference(tmp_path):
-    from loader_helpers import tiny_vocab
+    from tests.helpers.checkpoints import tiny_vocab
     tiny_tokenizer_json(str(tmp_path))
     tok = Tokenizer.from_dir(str(tmp_path))
     tokens, merges, _ = tiny_vocab()

@@ -9,7 +9,8 @@ import pytest
 
 from tokenrouter.commands._args import with_quant
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.frontend import check_source
+from tokenrouter.compiler.pipeline import check_source
+from tokenrouter.runtime.loader import model_facts
 
 SRC = """tokenrouter 1
 
@@ -27,7 +28,7 @@ route {
 
 
 def test_quant_attribute_reaches_the_ir_and_survives_json():
-    program, diags = check_source(SRC % "native", base_dir=".")
+    program, diags = check_source(SRC % "native", base_dir=".", model_facts=model_facts)
     assert program is not None, [d.message for d in diags]
     assert {m.name: m.quant for m in program.models} == {"slm": "native", "llm": "none"}
     again = ir.Program.from_json(program.to_json())
@@ -35,13 +36,13 @@ def test_quant_attribute_reaches_the_ir_and_survives_json():
 
 
 def test_a_bad_quant_value_is_a_checker_error():
-    program, diags = check_source(SRC % "int3", base_dir=".")
+    program, diags = check_source(SRC % "int3", base_dir=".", model_facts=model_facts)
     assert program is None
     assert any("'int3' is not a valid quant" in d.message for d in diags)
 
 
 def test_quant_flag_overrides_all_or_one_model():
-    program, _ = check_source(SRC % "native", base_dir=".")
+    program, _ = check_source(SRC % "native", base_dir=".", model_facts=model_facts)
     assert [m.quant for m in with_quant(program, ["int8"]).models] == ["int8", "int8"]
     assert [m.quant for m in with_quant(program, ["llm=int4"]).models] == ["native", "int4"]
     with pytest.raises(ValueError, match="'xyz' is not a model"):
@@ -60,7 +61,7 @@ def test_generate_native_says_paris():
 
 
 def test_models_measure_kernels_rewrites_the_cached_plan(tmp_path, tmp_cache, capsys):
-    from loader_helpers import hf_config, transformers_model, write_gguf
+    from tests.helpers.checkpoints import hf_config, transformers_model, write_gguf
     from tokenrouter.cli import main
     config = hf_config("llama", vocab=272)
     path = str(tmp_path / "m.gguf")

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from loader_helpers import hf_config, transformers_model, write_gguf
+from tests.helpers.checkpoints import hf_config, transformers_model, write_gguf
 from tokenrouter.runtime.loader import load_model
 
 

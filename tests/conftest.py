@@ -1,15 +1,13 @@
-import os
-import sys
+"""Fixtures for every test folder: the tiny model pair, one torch thread."""
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
+from tests.helpers import tiny
 
 
 @pytest.fixture(scope="session")
 def pair(tmp_path_factory):
-    """Paths of a tiny small/large model pair sharing one vocabulary."""
-    import tiny
+    """Paths of a tiny small/large model pair sharing one vocabulary: {"slm": ..., "llm": ...}."""
     return tiny.make_pair(str(tmp_path_factory.mktemp("pair")))
 
 

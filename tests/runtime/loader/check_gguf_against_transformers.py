@@ -2,7 +2,7 @@
 transformers' own GGUF loader, an independent implementation of the dequantisation and of the
 q/k row un-permutation. Compares every weight and the logits of a short prompt.
 
-    python tests/loader/check_gguf_against_transformers.py
+    python tests/runtime/loader/check_gguf_against_transformers.py
 """
 
 import time

@@ -8,7 +8,7 @@ import torch
 
 from tokenrouter.runtime.engine.engine import Engine
 
-from .conftest import _rms_norm_f64
+from tests.helpers.hf_parity import rms_norm_f64
 
 pytestmark = pytest.mark.real_weights
 
@@ -27,7 +27,7 @@ def smollm():
     hf = hf.double().eval()
     for mod in hf.modules():
         if type(mod).__name__.endswith("RMSNorm"):
-            mod.forward = _rms_norm_f64.__get__(mod)
+            mod.forward = rms_norm_f64.__get__(mod)
     ids = m.tokenizer.encode(m.tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}]), add_special_tokens=False)
     return m, hf, ids
