@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..runtime.engine.engine import BadBatch, Engine
+    from ..runtime.detokenizer import Detokenizer
     from ..runtime.engine.sampler import SamplingParams
     from ..runtime.loader import LoadError, load_model
 
@@ -83,17 +84,11 @@ def run(args: argparse.Namespace) -> int:
                             f"{model.config.max_position_embeddings - 1}")
         engine = Engine(model.config, model.weights, dtype=dtype, max_model_len=max_len,
                         num_blocks=-(-max_len // 16), block_size=16, **model.engine_kwargs())
-        out: list[int] = []
-        printed = ""
+        detok = Detokenizer(tok)
         for token in stream_tokens(engine, prompt, params, tok.eos_token_ids):
-            out.append(token)
-            text = tok.decode(out, skip_special_tokens=True)
-            if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
-                sys.stdout.write(text[len(printed):])
-                sys.stdout.flush()
-                printed = text
-        text = tok.decode(out, skip_special_tokens=True)
-        sys.stdout.write(text[len(printed):] + "\n")
+            sys.stdout.write(detok.push([token]))  # nothing until a multi-byte character is whole
+            sys.stdout.flush()
+        sys.stdout.write(detok.finish() + "\n")
         return 0
     except (LoadError, BadBatch, ValueError) as exc:
         print(f"tokenrouter generate: error: {exc}", file=sys.stderr)

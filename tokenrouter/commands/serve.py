@@ -15,6 +15,7 @@ import sys
 from contextlib import asynccontextmanager
 
 from tokenrouter.commands._args import QUANT_HELP, add_binding_args, bindings, with_quant
+from tokenrouter.runtime.engine.params import DEFAULT_MAX_TOKENS
 
 HELP = "serve a .route program over an OpenAI-compatible HTTP API"
 
@@ -48,8 +49,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-blocks", type=int, default=None, help="KV blocks per model (default: 1 GiB each)")
     parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the models')")
     parser.add_argument("--max-tokens-limit", type=int, default=None, help="largest max_tokens accepted")
-    parser.add_argument("--default-max-tokens", type=int, default=256,
-                        help="max_tokens when a request gives none (default 256)")
+    parser.add_argument("--default-max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                        help=f"max_tokens when a request gives none (default {DEFAULT_MAX_TOKENS})")
     parser.add_argument("--profile", default=None, help="tuner profile (JSON) for `auto` thresholds")
     parser.add_argument("--bind", action="append", metavar="NAME=ADDR",
                         help="ZeroMQ endpoint of `frontend` or a writer (tcp://host:port for other hosts)")
