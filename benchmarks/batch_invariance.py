@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-from tokenrouter.bench.runner import host_info
+from tokenrouter.runtime.host import host_info
 from tokenrouter.eval.run import encode_prompts
 from tokenrouter.eval.tasks import SHIPPED_TASKS, load_tasks
 from tokenrouter.runtime.engine.sampler import SamplingParams

@@ -32,6 +32,7 @@ import time
 import torch
 
 from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.host import host_info
 from tokenrouter.runtime.loader import load_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -253,8 +254,8 @@ def main() -> int:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     q = a.quick
     steps, rounds = (8, 2) if q else (24, 3)
-    res = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "threads": a.threads,
-                       "platform": platform.platform(), "load_avg": os.getloadavg()},
+    res = {"machine": {**host_info(), "torch": torch.__version__, "threads": a.threads,
+                       "platform": platform.platform()},
            "quick": q, "vs_transformers": []}
     for threads in (1, 2):
         res["vs_transformers"] += bench_vs_transformers("smollm2-135m", [1, 16] if q else [1, 4, 16, 64],

@@ -36,27 +36,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from tokenrouter.runtime.host import host_info, load_average
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROMPT, NEW = 32, 128
 OURS = ("none", "native", "int4", "int8")
-
-
-def host_info() -> dict:
-    """CPU model and a measured read bandwidth (sum over a 512 MB float32 tensor, 2 threads)."""
-    model = ""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    x = torch.ones(128 * 1024 * 1024)
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t0)
-    return {"cpu": model, "cpus": os.cpu_count(), "torch": torch.__version__,
-            "read_GB_s": round(x.numel() * 4 / best / 1e9, 1), "load_avg": os.getloadavg()}
 
 
 def prompts(batch: int, vocab: int) -> list[list[int]]:
@@ -197,7 +181,7 @@ def main() -> int:
     batches = [int(b) for b in (a.batches or ("1,8" if a.quick else "1,4,8,16")).split(",")]
     rounds = a.rounds or (1 if a.quick else 3)
     gguf = embedded_gguf()
-    res = {"host": host_info(), "threads": a.threads, "gguf": os.path.basename(gguf), "prompt": PROMPT,
+    res = {"host": {**host_info(), "torch": torch.__version__}, "threads": a.threads, "gguf": os.path.basename(gguf), "prompt": PROMPT,
            "new_tokens": NEW, "rounds": rounds, "runs": [], "rss_mb": {}, "plans": {}}
     print(f"host: {res['host']}", flush=True)
     configs = [c for c in a.configs.split(",") if c]
@@ -244,7 +228,7 @@ def main() -> int:
             best[k] = run
     res["best"] = [{"config": c, "batch": b, "tok_s": v["tok_s"], "ms_step": v["ms_step"], "load": v["load"]}
                    for (c, b), v in sorted(best.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
-    res["host"]["load_avg_end"] = os.getloadavg()
+    res["host"]["load_average_at_end"] = load_average()
     print("\nbest of rounds (tok/s, ms/step):")
     for b in batches:
         print(f"  B={b:2d}: " + "  ".join(f"{c} {best[(c, b)]['tok_s']:.1f} / {best[(c, b)]['ms_step']:.1f}"
@@ -275,8 +259,8 @@ def plot(res: dict, batches: list[int], path: str) -> None:
         a_.set_ylabel(label)
     ax[0].legend(fontsize=8)
     h = res["host"]
-    fig.suptitle(f"SmolLM2-135M Q4_1, {res['threads']} threads, {h['cpu']}, read {h['read_GB_s']} GB/s, "
-                 f"load {h['load_avg'][0]:.1f}", fontsize=9)
+    fig.suptitle(f"SmolLM2-135M Q4_1, {res['threads']} threads, {h['cpu']}, read {h['read_gb_per_s']} GB/s, "
+                 f"load {h['load_average'][0]:.1f}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -41,29 +41,11 @@ import subprocess
 import sys
 import time
 
+from tokenrouter.runtime.host import host_info, load_average
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 TOPICS = ["the printing press", "vaccines", "why the sky is blue", "chess openings", "compilers",
           "the water cycle", "inflation", "bees", "plate tectonics", "transistors", "stars", "bread"]
-
-
-def host() -> dict:
-    import numpy as np
-    model = "unknown"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    a = np.ones(64 << 20, dtype=np.float32)  # 256 MiB
-    a.sum()
-    t0 = time.perf_counter()
-    for _ in range(3):
-        a.sum()
-    gbs = 3 * a.nbytes / (time.perf_counter() - t0) / 1e9
-    return {"cpu_model": model, "cores": os.cpu_count(), "loadavg": os.getloadavg(),
-            "read_bandwidth_gb_s": round(gbs, 2)}
 
 
 def _port() -> int:
@@ -270,7 +252,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv[:cut])
     extra = argv[cut + 1:]  # after --: extra `tokenrouter serve` arguments
     os.makedirs(args.out, exist_ok=True)
-    info = {"host_before": host(), "file": args.file, "duration_s": args.duration,
+    info = {"host_before": host_info(), "file": args.file, "duration_s": args.duration,
             "concurrency": args.concurrency, "max_tokens": args.max_tokens, "serve_args": extra}
     port = _port()
     url = f"http://127.0.0.1:{port}"
@@ -329,7 +311,7 @@ def main(argv=None) -> int:
         lost = stats["sent"] - stats["completed"] - stats["failed"]
         warmup = 600.0 if args.duration >= 1800 else args.duration / 6
         lat = stats["latency_s"]
-        result = {**info, "host_after": {"loadavg": os.getloadavg()},
+        result = {**info, "host_after": {"load_average": load_average()},
                   "requests": {"sent": stats["sent"], "completed": stats["completed"], "failed": stats["failed"],
                                "lost": lost},
                   "latency_s": {"p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99), "n": len(lat)},
@@ -340,7 +322,7 @@ def main(argv=None) -> int:
             json.dump(result, f, indent=1)
         _plot(os.path.join(args.out, "soak.png"), series,
               f"{os.path.basename(args.file)}, concurrency {args.concurrency}, {args.duration:.0f} s; "
-              f"{info['host_before']['cpu_model']}, load {info['host_before']['loadavg'][0]:.1f}")
+              f"{info['host_before']['cpu']}, load {info['host_before']['load_average'][0]:.1f}")
         print(json.dumps({k: result[k] for k in ("requests", "latency_s", "kv_blocks_used", "rss", "kills")}, indent=1))
         return 0 if lost == 0 and kv_end == kv_start else 1
     finally:

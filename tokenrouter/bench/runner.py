@@ -14,11 +14,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from tokenrouter.compiler.pipeline import load_program, with_quant
+from tokenrouter.runtime.host import host_info, load_average
 from tokenrouter.runtime.launcher import LaunchOptions
 from tokenrouter.runtime.loader import model_facts, resolve_folder
 from tokenrouter.runtime.loader.gguf_export import exported_gguf
@@ -201,7 +201,7 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
                             tps = cal.tokens_per_s
                         n_req[n][c] = calibrated_requests(opts.requests, n, opts.max_tokens, tps, opts.steady_s,
                                                           cap[n])
-                    load[n] = {"before": _load()}
+                    load[n] = {"before": load_average()}
                     raw[n] = {c: [] for c in names}
                     for r in range(opts.rounds):
                         k = r % len(names)
@@ -210,7 +210,7 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
                             m = dep(c).measure(c, ids[:n_req[n][c]], sampling, n, batch_of(c, n))
                             raw[n][c].append(m)
                             bar.update()
-                    load[n]["after"] = _load()
+                    load[n]["after"] = load_average()
                 finally:
                     for d in level_deps.values():
                         d.close()
@@ -224,7 +224,8 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
                 _log(f"warning: closing a deployment failed: {exc}")
         torch.set_num_threads(cores)
 
-    details = {"program": opts.file, "small": small, "large": large, "cores": cores, "host": host_info(),
+    details = {"program": opts.file, "small": small, "large": large, "cores": cores,
+               "host": {**host_info(), "load_average_at_end": load_average()},
                "workload": {"max_tokens": opts.max_tokens, "requests": n_req, "rounds": opts.rounds,
                             "steady_s": opts.steady_s, "sampling": "greedy, stop tokens ignored"},
                "deployment": {"mode": opts.mode, "num_blocks": blocks,
@@ -269,34 +270,3 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     details["levels"] = {str(n): lv for n, lv in levels_doc.items()}
     details["elapsed_s"] = time.time() - t_start
     return details, R.summary(levels_doc)
-
-
-def _load() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
-def host_info() -> dict[str, Any]:
-    """The CPU model and core count (the figures mean nothing without them)."""
-    model = None
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
-    except OSError:
-        pass
-    return {"cpu": model, "cores": os.cpu_count(), "read_gb_per_s": read_bandwidth_gb_s(),
-            "load_average_at_end": _load()}
-
-
-def read_bandwidth_gb_s(mb: int = 256, repeats: int = 3) -> float:
-    """Measured memory read bandwidth: the best of a few sums over a buffer far larger than
-    the caches (decode steps are bandwidth-bound, so this is the host figure that matters)."""
-    a = np.ones(mb * 2**20 // 8, dtype=np.float64)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a.sum()
-        best = min(best, time.perf_counter() - t0)
-    return round(a.nbytes / best / 1e9, 2)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -25,6 +24,7 @@ from tokenrouter.eval.report import frontier_png, render_html
 from tokenrouter.eval.reuse import declaration, load_baselines
 from tokenrouter.eval.run import check_fit, context_length, encode_prompts, run_program
 from tokenrouter.eval.tasks import SHIPPED_TASKS, TaskError, load_all
+from tokenrouter.runtime.host import host_info
 from tokenrouter.runtime.offline import tokenizer_for
 
 
@@ -50,20 +50,6 @@ def spread(items: list, n: int) -> list:
     if n >= len(items):
         return list(items)
     return [items[(i * len(items)) // n] for i in range(n)]
-
-
-def host_info() -> dict[str, str]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    try:
-        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        load = "?"
-    return {"cpu": cpu, "cores": str(os.cpu_count()), "load": load}
 
 
 def evaluate(path: str, out: str, prompts: Sequence[str] | None = None, params: dict[str, str] | None = None,
@@ -125,7 +111,7 @@ def evaluate(path: str, out: str, prompts: Sequence[str] | None = None, params: 
         "prompts": [os.fspath(p) for p in (prompts or [SHIPPED_TASKS])],
         "n_prompts": len(tasks), "n_answered": sum(t.answer is not None for t in tasks),
         "max_tokens": max_tokens, "concurrency": concurrency[0], "concurrencies": concurrency, "greedy": True, "chat_template": chat,
-        "seconds": round(time.time() - t0, 1), "host": host_info(),
+        "seconds": round(time.time() - t0, 1), "host": host_info(bandwidth=True),
         "threads_note": "subservers divide the host's cores among themselves (see the launcher)"}
     summary = {k: summary[k] for k in ("meta", "configs", "diff", "sweep", "prompts")}
     write_report(summary, out)

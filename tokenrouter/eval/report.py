@@ -127,7 +127,8 @@ def render_html(summary: dict[str, Any], png: bytes) -> str:
         f"<p class='meta'>small model <b>{e(meta['small'])}</b>, large model <b>{e(meta['large'])}</b>; "
         f"{meta['n_prompts']} prompts ({meta['n_answered']} with answers), greedy, at most {meta['max_tokens']} "
         f"tokens each, concurrency {meta['concurrency']}; parameters {e(str(meta['params'] or 'defaults'))}; "
-        f"host {e(meta['host']['cpu'])}, load {e(meta['host']['load'])}</p>",
+        f"host {e(meta['host']['cpu'])}, read {e(str(meta['host'].get('read_gb_per_s', '?')))} GB/s, "
+        f"load {e(' '.join(map(str, meta['host'].get('load_average', []))))}</p>",
         "<h2>Summary</h2><table id='summary'><tr><th>configuration</th><th>accuracy</th>"
         f"<th>exact match with large</th><th>large share</th><th>tokens/s</th>{extra_heads}</tr>{rows}</table>",
         "<h2>Per-prompt diff</h2><div class='diffs'>",

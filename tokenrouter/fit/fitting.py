@@ -17,7 +17,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import platform
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from tokenrouter.dsl.parser import parse_bytes
 from tokenrouter.fit import collect, train
 from tokenrouter.fit.prompts import FitError, read_prompts
 from tokenrouter.fit.report import plot
+from tokenrouter.runtime.host import host_info
 from tokenrouter.runtime.loader import model_facts, resolve_folder
 from tokenrouter.runtime.offline import tokenizer_for
 
@@ -169,15 +169,7 @@ def _encode(tok, rows: list[dict]) -> list[list[int]]:
 
 
 def host() -> dict:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    return {"cpu": cpu, "cores": os.cpu_count(), "load_1_5_15": [round(x, 2) for x in load],
-            "torch_threads": torch.get_num_threads()}
+    return {**host_info(bandwidth=False), "torch_threads": torch.get_num_threads()}
 
 
 def _route_text(value: float) -> str:

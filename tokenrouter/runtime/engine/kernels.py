@@ -34,12 +34,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import time
 from typing import Iterable
 
 import torch
 
+from ..host import cpu_flags, cpu_model
 from .quant import Int4Weight, Int8Weight, QuantTensor, int4_shape_problem
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -162,22 +162,8 @@ def fixed_plan(kernel: str) -> list[tuple[int, str]]:
 
 def host_key(threads: int | None = None) -> dict:
     """What a measured plan depends on besides the model: the CPU, torch, the thread count."""
-    model = platform.processor() or ""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and not model.strip():
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"cpu": model, "flags": hashlib.sha256(flags.encode()).hexdigest()[:12], "torch": torch.__version__,
-            "threads": threads or torch.get_num_threads(), "cpus": os.cpu_count()}
+    return {"cpu": cpu_model(), "flags": hashlib.sha256(cpu_flags().encode()).hexdigest()[:12],
+            "torch": torch.__version__, "threads": threads or torch.get_num_threads(), "cpus": os.cpu_count()}
 
 
 def row_invariant(lin: PlannedLinear, kernel: str, buckets=ROW_BUCKETS) -> bool:
