@@ -2,7 +2,7 @@
 
 The grammar's one source is grammars/route.lark at the repository root (the language's spec,
 read by people and by the parser alike). A wheel only carries package directories, so the
-build copies the file into `tokenrouter/grammars/`; `tokenrouter.dsl.parser.grammar_path`
+build copies the file into `tokenrouter/grammars/`; `tokenrouter.dsl.grammar.grammar_path`
 looks there first and falls back to the source tree for editable installs.
 """
 
