@@ -6,8 +6,8 @@ many), batches 1, 4, 8 and 16. Configurations:
 
 - `none`: our engine on the file dequantised to float32 (the exact default);
 - `native`: the file's own Q4_1 blocks on torch's int4 kernel, bf16 activations, the LM head
-  (the file's Q8_0 embedding) as int8 per row, kernels chosen per shape and row count by the
-  plan measured on this host at first load;
+  (the file's Q8_0 embedding) as int8 per row, one row-invariant kernel per shape, chosen by
+  the plan measured on this host at first load;
 - `int4`, `int8`: the float32 weights quantised on load (int4: min/max per group of 32);
 - `llama.cpp`: upstream llama.cpp's server (the `xllamacpp` wheel, in its own process) with
   as many slots as concurrent requests, continuous batching, requests over loopback HTTP.
