@@ -33,6 +33,7 @@ from tokenrouter.runtime import wire
 from tokenrouter.runtime.inbox import Inbox
 from tokenrouter.runtime.metrics import SubserverStats
 from tokenrouter.runtime.policies import retention_policy, transport_policy
+from tokenrouter.runtime.process_memory import bound_heap_growth
 from tokenrouter.runtime.request import Request
 from tokenrouter.runtime.scheduler import Scheduler
 from tokenrouter.runtime.step import LOOP_ERROR, StepRunner
@@ -386,14 +387,13 @@ def run_process(spec_dict: dict[str, Any]) -> None:
     """Entry point of a subserver process (multiprocessing target, spawn start method)."""
     logging.basicConfig(level=os.environ.get("TOKENROUTER_LOG", "WARNING"),
                         format=f"[{spec_dict.get('writer')}] %(levelname)s %(message)s")
-    spec = SubserverSpec(**spec_dict)
-    parent = os.getppid()
+    spec, parent = SubserverSpec(**spec_dict), os.getppid()
+    bound_heap_growth()  # RSS flat over hours of changing batch sizes (process_memory.py)
 
     def watch_parent() -> None:  # no orphans: end with the process that started us
-        while True:
+        while os.getppid() == parent:
             time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(0)
+        os._exit(0)
 
     threading.Thread(target=watch_parent, daemon=True).start()
     run_thread(spec)

@@ -52,3 +52,21 @@ def test_interleave_pairs_dimension_i_with_i_plus_half():
     w = torch.arange(2 * 8).reshape(2 * 8, 1).float()  # two heads of 8 rows
     out = interleave(w, 2).flatten().tolist()
     assert out == [0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15]
+
+
+def test_onednn_runs_a_bounded_set_of_row_counts_and_pads_them_exactly():
+    """oneDNN keeps memory per row count it has seen: a server's batches must map onto a
+    bounded set, with few padding rows, and padding must not change the real rows' values."""
+    from tokenrouter.runtime.engine.layers import LinearWeight, linear, onednn_rows
+    counts = {onednn_rows(t) for t in range(3, 4097)}
+    assert len(counts) <= 16 + 28 + 56
+    for t in range(3, 4097):
+        m = onednn_rows(t)
+        assert t <= m <= t + (3 if t <= 64 else 15 if t <= 512 else 63)
+    w = torch.randn(96, 64)
+    lw = LinearWeight(w)
+    if lw.packed is None:
+        pytest.skip("no oneDNN in this torch build")
+    b, res = torch.randn(96), torch.randn(37, 96)
+    x = torch.randn(37, 64)  # 37 rows run as 40
+    torch.testing.assert_close(linear(x, lw, b, residual=res), res + x @ w.T + b, rtol=1e-5, atol=1e-5)

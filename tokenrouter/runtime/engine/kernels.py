@@ -40,6 +40,7 @@ from typing import Iterable
 import torch
 
 from ..host import cpu_flags, cpu_model
+from .layers import onednn_linear, onednn_rows
 from .quant import Int4Weight, Int8Weight, QuantTensor, int4_shape_problem
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -121,13 +122,13 @@ class PlannedLinear:
         if kernel in ("int4", "int8"):
             return impl(x)
         if kernel == "onednn":
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), impl, None, "none", [], "")
+            return onednn_linear(x, impl)
         return _mkl(impl, x)
 
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None = None,
                  residual: torch.Tensor | None = None) -> torch.Tensor:
         k = self.kernel_for(x.shape[0])
-        if k == "onednn" and residual is not None and x.dtype == torch.float32:
+        if k == "onednn" and residual is not None and x.dtype == torch.float32 and onednn_rows(x.shape[0]) == x.shape[0]:
             return torch.ops.mkldnn._linear_pointwise.binary(x.contiguous(), residual, self.impl[k], b, "add")
         y = self.run(k, x)
         if b is not None:
