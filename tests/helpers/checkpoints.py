@@ -11,6 +11,8 @@ import numpy as np
 import regex
 import torch
 
+from tests.helpers.hf_parity import randomise_norms_and_biases
+
 FAMILIES = ("llama", "qwen2", "qwen3")
 
 
@@ -69,12 +71,7 @@ def transformers_model(config: dict, seed: int = 0, dtype=torch.float32):
     model_cls = getattr(transformers, config["architectures"][0])
     torch.manual_seed(seed)
     model = model_cls(cfg_cls(**{k: v for k, v in config.items() if k != "architectures"})).to(dtype).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn_like(p))
+    randomise_norms_and_biases(model, 0.1)
     return model
 
 

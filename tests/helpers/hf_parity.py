@@ -45,12 +45,7 @@ def build_hf(family: str, seed: int = 0, **over):
     for mod in model.modules():  # HF's RMSNorm computes in float32 even for float64 inputs
         if type(mod).__name__.endswith("RMSNorm"):
             mod.forward = rms_norm_f64.__get__(mod)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            elif name.endswith(".bias"):
-                p.copy_(0.2 * torch.randn_like(p))
+    randomise_norms_and_biases(model, 0.2)
     d = cfg.to_dict()
     d["architectures"] = [cls.__name__]
     return model, ModelConfig.from_hf(d)
@@ -60,3 +55,14 @@ def hf_logits(model, tokens: list[int]) -> torch.Tensor:
     """Logits at every position of one full forward [L, V] (float64)."""
     with torch.no_grad():
         return model(torch.tensor([tokens])).logits[0]
+
+
+def randomise_norms_and_biases(model, scale: float) -> None:
+    """Norm weights 1 + scale * N(0, 1), biases scale * N(0, 1): transformers initialises them
+    to 1 and 0, which would hide a norm or bias applied to the wrong tensor."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + scale * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(scale * torch.randn_like(p))
