@@ -15,6 +15,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tokenrouter"
+TESTS = Path(__file__).resolve().parent
 
 # the order of the layers; fit, eval and bench share a rank and must not import each other
 RANK = {"dsl": 0, "compiler": 1, "routelib": 1.5, "runtime": 2, "tuner": 3, "fit": 4, "eval": 4, "bench": 4,
@@ -103,6 +104,13 @@ def private_uses(mods) -> set[tuple[str, str, str]]:
                     and bound[node.value.id] in mods and bound[node.value.id] != module):
                 out.add((module, f"{bound[node.value.id]}.{node.attr}", where(node)))
     return out
+
+
+def test_no_test_uses_another_modules_private_names():
+    """Tests share helpers through `tests/helpers/` (or a conftest), by public names."""
+    mods = {**modules(), **modules(TESTS)}
+    found = sorted(f"{w}: {m} uses {name}" for m, name, w in private_uses(mods) if m.startswith("tests"))
+    assert not found, "\n".join(found)
 
 
 def test_each_layer_imports_only_the_layers_before_it():

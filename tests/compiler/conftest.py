@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck
 from safetensors.torch import save_file
 
 from tokenrouter.compiler import ir
@@ -331,3 +332,44 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# --- the differential check of generated `route` code against the interpreter (shared by
+# test_differential and test_router_nets)
+
+SETTINGS = dict(derandomize=True, database=None, deadline=None,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def check_route_batch(program, interp, routers, writer, step, rows, dtype, tie_gap, seen):
+    writers = program.writers()
+    got = routers[writer].route(to_dtype(step, dtype))
+    assert got.dtype == torch.int64 and got.device.type == "cpu" and tuple(got.shape) == (2, len(rows))
+    skipped = 0
+    for i, row in enumerate(rows):
+        d = interp.route(writer, row)
+        same = (int(got[0, i]), int(got[1, i])) == (writers.index(d.dest), int(d.keep))
+        if not same and d.min_gap < tie_gap:
+            skipped += 1  # a threshold tie decided differently by rounding: tolerated, counted
+            continue
+        seen[(writer, d.reason)] += 1
+        assert same, f"row {i} of {writer}: generated {got[:, i].tolist()}, interpreter {d}"
+    if routers[writer].__class__.__dict__.get("combine"):
+        comb = routers[writer].combine(to_dtype(step, dtype)).to(torch.float64).numpy()
+        for i, row in enumerate(rows):
+            ref = interp.combine(writer, row)
+            tol = 1e-9 if dtype == torch.float64 else 2e-4
+            np.testing.assert_allclose(comb[i], ref, rtol=tol, atol=tol, equal_nan=True)
+    return skipped
+
+
+def check_coverage(program, seen):
+    """Every transition fired, every request stayed, every max bound forced a move."""
+    for w in program.writers():
+        ts = program.transitions_from(w)
+        for n in range(len(ts)):
+            assert seen[(w, f"transition {n}")] > 0, f"{w}: transition {n} never fired"
+        if ts:
+            assert seen[(w, "stay")] > 0, f"{w}: no request ever stayed"
+        if program.bound(w).max_tokens is not None:
+            assert seen[(w, "max")] > 0, f"{w}: max bound never reached"

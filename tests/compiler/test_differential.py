@@ -15,16 +15,13 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.compiler.conftest import (EXAMPLES, PROGRAMS, ROW_KINDS, get_program, make_batch, to_dtype,
-                                    write_random_weights)
+from tests.compiler.conftest import (EXAMPLES, PROGRAMS, ROW_KINDS, SETTINGS, check_coverage, check_route_batch,
+                                    get_program, make_batch, write_random_weights)
 from tokenrouter.compiler.compiled import load_routers
 from tokenrouter.compiler.interpreter import Interpreter
-
-_SETTINGS = dict(derandomize=True, database=None, deadline=None,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 # Every example file gets the full 1,000 batches; the hand-built programs (which also cover
 # operators the examples do not use) get fewer, to stay within the time budget.
@@ -40,40 +37,6 @@ def _setup(program, tmp_path, dtype):
     return Interpreter(program, base_dir=str(tmp_path)), load_routers(program, dtype=dtype, base_dir=str(tmp_path))
 
 
-def _check(program, interp, routers, writer, step, rows, dtype, tie_gap, seen):
-    writers = program.writers()
-    got = routers[writer].route(to_dtype(step, dtype))
-    assert got.dtype == torch.int64 and got.device.type == "cpu" and tuple(got.shape) == (2, len(rows))
-    skipped = 0
-    for i, row in enumerate(rows):
-        d = interp.route(writer, row)
-        same = (int(got[0, i]), int(got[1, i])) == (writers.index(d.dest), int(d.keep))
-        if not same and d.min_gap < tie_gap:
-            skipped += 1  # a threshold tie decided differently by rounding: tolerated, counted
-            continue
-        seen[(writer, d.reason)] += 1
-        assert same, f"row {i} of {writer}: generated {got[:, i].tolist()}, interpreter {d}"
-    if routers[writer].__class__.__dict__.get("combine"):
-        comb = routers[writer].combine(to_dtype(step, dtype)).to(torch.float64).numpy()
-        for i, row in enumerate(rows):
-            ref = interp.combine(writer, row)
-            tol = 1e-9 if dtype == torch.float64 else 2e-4
-            np.testing.assert_allclose(comb[i], ref, rtol=tol, atol=tol, equal_nan=True)
-    return skipped
-
-
-def _coverage(program, seen):
-    """Every transition fired, every request stayed, every max bound forced a move."""
-    for w in program.writers():
-        ts = program.transitions_from(w)
-        for n in range(len(ts)):
-            assert seen[(w, f"transition {n}")] > 0, f"{w}: transition {n} never fired"
-        if ts:
-            assert seen[(w, "stay")] > 0, f"{w}: no request ever stayed"
-        if program.bound(w).max_tokens is not None:
-            assert seen[(w, "max")] > 0, f"{w}: max bound never reached"
-
-
 @pytest.mark.parametrize("name", ALL_KEYS)
 def test_route_matches_interpreter_float64(name, tmp_path):
     program = get_program(name, tmp_path)
@@ -82,17 +45,17 @@ def test_route_matches_interpreter_float64(name, tmp_path):
     seen: Counter = Counter()
     total = [0, 0]
 
-    @settings(max_examples=N_BATCHES[name], **_SETTINGS)
+    @settings(max_examples=N_BATCHES[name], **SETTINGS)
     @given(w=st.integers(0, len(writers) - 1), b=st.integers(1, 64), seed=st.integers(0, 2**32 - 1), kinds=_kinds)
     def run(w, b, seed, kinds):
         writer = writers[w]
         step, rows = make_batch(program, writer, routers[writer].needs, np.random.default_rng(seed), b, kinds)
-        total[0] += _check(program, interp, routers, writer, step, rows, torch.float64, 1e-9, seen)
+        total[0] += check_route_batch(program, interp, routers, writer, step, rows, torch.float64, 1e-9, seen)
         total[1] += b
 
     run()
     assert total[0] <= 0.001 * total[1], f"{total[0]} of {total[1]} rows at a threshold tie"
-    _coverage(program, seen)
+    check_coverage(program, seen)
 
 
 @pytest.mark.parametrize("name", ALL_KEYS)
@@ -102,12 +65,12 @@ def test_route_matches_interpreter_float32(name, tmp_path):
     writers = program.writers()
     seen: Counter = Counter()
 
-    @settings(max_examples=100, **_SETTINGS)
+    @settings(max_examples=100, **SETTINGS)
     @given(w=st.integers(0, len(writers) - 1), b=st.integers(1, 64), seed=st.integers(0, 2**32 - 1), kinds=_kinds)
     def run(w, b, seed, kinds):
         writer = writers[w]
         step, rows = make_batch(program, writer, routers[writer].needs, np.random.default_rng(seed), b, kinds)
-        _check(program, interp, routers, writer, step, rows, torch.float32, 1e-4, seen)
+        check_route_batch(program, interp, routers, writer, step, rows, torch.float32, 1e-4, seen)
 
     run()
 
@@ -159,7 +122,7 @@ def test_send_receive_match_interpreter(name, tmp_path):
     writers, models = program.writers(), [m.name for m in program.models]
     seen = Counter()
 
-    @settings(max_examples=1000, **_SETTINGS)
+    @settings(max_examples=1000, **SETTINGS)
     @given(seed=st.integers(0, 2**32 - 1))
     def run(seed):
         rng = np.random.default_rng(seed)

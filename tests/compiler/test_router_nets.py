@@ -149,8 +149,8 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
-from tests.compiler.conftest import S, make_batch, write_random_weights  # noqa: E402
-from tests.compiler.test_differential import _SETTINGS, _check, _coverage  # noqa: E402
+from tests.compiler.conftest import (S, SETTINGS, check_coverage, check_route_batch, make_batch,  # noqa: E402
+                                    write_random_weights)
 from tokenrouter.compiler import router_nets as rn  # noqa: E402
 from tokenrouter.compiler.interpreter import Interpreter  # noqa: E402
 from tokenrouter.runtime.loader import model_facts
@@ -187,17 +187,17 @@ def test_each_kind_generated_route_matches_interpreter(arch, tmp_path):
     seen: Counter = Counter()
     total = [0, 0]
 
-    @settings(max_examples=150, **_SETTINGS)
+    @settings(max_examples=150, **SETTINGS)
     @given(w=st.integers(0, 1), b=st.integers(1, 48), seed=st.integers(0, 2**32 - 1))
     def run(w, b, seed):
         writer = program.writers()[w]
         step, rows = make_batch(program, writer, routers[writer].needs, np.random.default_rng(seed), b)
-        total[0] += _check(program, interp, routers, writer, step, rows, torch.float64, 1e-9, seen)
+        total[0] += check_route_batch(program, interp, routers, writer, step, rows, torch.float64, 1e-9, seen)
         total[1] += b
 
     run()
     assert total[0] <= 0.001 * total[1]
-    _coverage(program, seen)
+    check_coverage(program, seen)
 
 
 def test_r2r_net_against_the_formula(tmp_path):

@@ -8,17 +8,15 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
 import pytest
 
 from tests.helpers import tiny
+from tests.helpers.liveness import check_against_reference, kill_under_load
 from tests.helpers.serving import ServerThread
-from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.launcher import LaunchOptions
-from tokenrouter.runtime.reference import Reference
 
 
 def _port():
@@ -38,33 +36,6 @@ def _metrics(url):
     return out
 
 
-def _load(url, n, results, started):
-    """n long streamed requests; record (status, error text, end time) for each."""
-    def one(i):
-        with httpx.Client(base_url=url, timeout=60) as c:
-            with c.stream("POST", "/v1/completions", json={
-                    "prompt": f"load {i}", "max_tokens": 200, "temperature": 0, "ignore_eos": True,
-                    "stream": True}) as r:
-                err, first = None, True
-                for line in r.iter_lines():
-                    if line.startswith("data: {"):
-                        if first:
-                            started.release()
-                            first = False
-                        if '"error"' in line:
-                            err = line
-                    if line == "data: [DONE]":
-                        break
-                if first:
-                    started.release()
-                    err = err or r.read().decode()
-                results.append((r.status_code, err, time.monotonic()))
-    ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    for t in ts:
-        t.start()
-    return ts
-
-
 def _wait_health(url, ok: bool, timeout: float):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -75,41 +46,15 @@ def _wait_health(url, ok: bool, timeout: float):
     raise AssertionError(f"/health did not turn {'ok' if ok else 'unavailable'} within {timeout} s: {r.text}")
 
 
-def _check_reference(url, program, tokenizer, prompts):
-    ref = Reference(program)
-    for p in prompts:
-        r = httpx.post(url + "/v1/completions", json={"prompt": p, "max_tokens": 12, "temperature": 0}, timeout=60)
-        assert r.status_code == 200, r.text
-        want = ref.generate(tokenizer.encode(p), SamplingParams(max_tokens=12, stop_token_ids=tokenizer.eos_token_ids))
-        assert r.json()["choices"][0]["token_ids"] == want.tokens
-
-
-def _kill_under_load(url, pid, n=4):
-    results, started = [], threading.Semaphore(0)
-    ts = _load(url, n, results, started)
-    for _ in range(n):
-        assert started.acquire(timeout=60), f"the load did not start: {results}"
-    os.kill(pid, signal.SIGKILL)
-    killed = time.monotonic()
-    for t in ts:
-        t.join(30)
-    assert len(results) == n
-    errors = [(code, err, t - killed) for code, err, t in results if err]
-    assert errors, results  # the requests were still running when it died
-    for code, err, dt in errors:
-        assert dt < 5.0, (err, dt)
-    return errors
-
-
 def test_kill_9_of_a_local_subserver_then_automatic_recovery_then_restarts_exhausted(pair):
     program = tiny.coin(pair, 0.3)
     fatal = []
     srv = ServerThread(program, LaunchOptions(mode="process", num_blocks=240, concurrency=8),
                        liveness={"heartbeat_timeout_s": 3.0, "max_restarts": 3, "on_fatal": fatal.append})
     try:
-        _check_reference(srv.url, program, srv.tokenizer, ["before 1", "before 2"])
+        check_against_reference(srv.url, program, srv.tokenizer, ["before 1", "before 2"])
         old = srv.launcher.pids()["llm"]
-        errors = _kill_under_load(srv.url, old)
+        errors = kill_under_load(srv.url, old)
         assert all("subserver llm is down" in e for _, e, _ in errors), errors
         t_dead = time.monotonic()
         down = httpx.get(srv.url + "/health", timeout=5)
@@ -124,7 +69,7 @@ def test_kill_9_of_a_local_subserver_then_automatic_recovery_then_restarts_exhau
         m = _metrics(srv.url)
         assert m['tokenrouter_subserver_restarts_total{model="llm"}'] == 1
         assert m['tokenrouter_subserver_up{model="llm"}'] == 1
-        _check_reference(srv.url, program, srv.tokenizer, ["after 1", "after 2", "before 1"])
+        check_against_reference(srv.url, program, srv.tokenizer, ["after 1", "after 2", "before 1"])
         assert srv.wait_blocks_free() == {"slm": 0, "llm": 0}
 
         # no restarts left: the runtime gives up and says so (serve then exits non-zero)
@@ -163,8 +108,8 @@ def test_kill_9_of_a_remote_subserver_over_curve_tcp(pair, tmp_path):
         srv = ServerThread(program, LaunchOptions(mode="process", num_blocks=240, addresses=binds,
                                                   remote=("llm",), curve_keys=keys),
                            liveness={"heartbeat_timeout_s": 3.0})
-        _check_reference(srv.url, program, srv.tokenizer, ["remote one", "remote two"])
-        errors = _kill_under_load(srv.url, remote.pid)
+        check_against_reference(srv.url, program, srv.tokenizer, ["remote one", "remote two"])
+        errors = kill_under_load(srv.url, remote.pid)
         assert all("subserver llm is down (no heartbeat" in e for _, e, _ in errors), errors
         r = httpx.get(srv.url + "/health", timeout=5)
         assert r.status_code == 503 and r.json()["subservers"]["llm"]["up"] is False

@@ -20,8 +20,8 @@ import pytest
 import zmq
 
 from tests.helpers import tiny
+from tests.helpers.liveness import check_against_reference, kill_under_load
 from tests.helpers.serving import ServerThread
-from test_liveness import _check_reference, _kill_under_load
 from tokenrouter.runtime.launcher import LaunchOptions
 
 
@@ -95,7 +95,7 @@ def test_remote_subserver_in_a_network_namespace_over_curve(pair, tmp_path, netn
         srv = ServerThread(program, LaunchOptions(mode="process", num_blocks=240, addresses=binds,
                                                   remote=("llm",), curve_keys=keys),
                            liveness={"heartbeat_timeout_s": 3.0})
-        _check_reference(srv.url, program, srv.tokenizer, ["across hosts", "another one", "x"])
+        check_against_reference(srv.url, program, srv.tokenizer, ["across hosts", "another one", "x"])
         stats = srv.stats()
         assert sum(stats["llm"]["handoffs_in"].values()) > 0  # requests really crossed the pair
 
@@ -112,9 +112,9 @@ def test_remote_subserver_in_a_network_namespace_over_curve(pair, tmp_path, netn
         wrong.close()
         ctx.term()
         assert remote.poll() is None  # still serving
-        _check_reference(srv.url, program, srv.tokenizer, ["still there"])
+        check_against_reference(srv.url, program, srv.tokenizer, ["still there"])
 
-        errors = _kill_under_load(srv.url, remote.pid)
+        errors = kill_under_load(srv.url, remote.pid)
         assert all("subserver llm is down (no heartbeat" in e for _, e, _ in errors), errors
         r = httpx.get(srv.url + "/health", timeout=5)
         assert r.status_code == 503 and r.json()["subservers"]["llm"]["up"] is False

@@ -18,7 +18,7 @@ def pair(profile, n, p_sl, p_ls, **kw):
 
 def test_stationary_distribution_is_a_distribution(paper_profile):
     s = pair(paper_profile, 4, 0.2, 0.5, batch={"llm": 2}, max_wait_ms={"llm": 15.0})
-    states, P, _, _ = dtmc._Builder(s, 1.5, 10_000).build()
+    states, P, _, _ = dtmc.ChainBuilder(s, 1.5, 10_000).build()
     assert np.allclose(np.asarray(P.sum(1)).ravel(), 1.0)  # rows are probability vectors
     pi = dtmc.stationary(P)
     assert pi.sum() == pytest.approx(1.0) and (pi >= 0).all()

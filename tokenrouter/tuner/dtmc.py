@@ -72,7 +72,7 @@ def _multinomial(n: int, probs: tuple[float, ...]):
     return out
 
 
-class _Builder:
+class ChainBuilder:
     """Enumerates the reachable states and their transition probabilities."""
 
     def __init__(self, system: System, tick_ms: float, max_states: int):
@@ -306,9 +306,9 @@ def _build_within(system: System, resolution: int | None, max_states: int):
     a fine chain from a coarse one (progress states grow about as resolution^models)."""
     fastest = min(system.step_ms(m, 1, False) for m in system.models)
     if resolution:
-        return resolution, fastest / resolution, _Builder(system, fastest / resolution, max_states).build()
+        return resolution, fastest / resolution, ChainBuilder(system, fastest / resolution, max_states).build()
     try:
-        coarse = _Builder(system, fastest, max_states).build()
+        coarse = ChainBuilder(system, fastest, max_states).build()
     except ChainTooLarge:
         raise ChainTooLarge(f"the chain for N={system.concurrency} has more than {max_states} states even "
                             "at the coarsest resolution; raise max_states or use the simulator") from None
@@ -317,7 +317,7 @@ def _build_within(system: System, resolution: int | None, max_states: int):
         if len(coarse[0]) * res ** k * 0.5 > max_states:
             continue
         try:
-            return res, fastest / res, _Builder(system, fastest / res, max_states).build()
+            return res, fastest / res, ChainBuilder(system, fastest / res, max_states).build()
         except ChainTooLarge:
             continue
     return 1, fastest, coarse

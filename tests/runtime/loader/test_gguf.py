@@ -8,7 +8,7 @@ import torch
 from tests.helpers.checkpoints import FAMILIES, engine_weights, hf_config, transformers_model, write_gguf
 from tokenrouter.runtime.loader import (LoadError, MissingFile, UnsupportedArchitecture,
                                         UnsupportedQuantization, load_model)
-from tokenrouter.runtime.loader.gguf_loader import _unpermute, permute_rows
+from tokenrouter.runtime.loader.gguf_loader import unpermute, permute_rows
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -51,7 +51,7 @@ def test_quantised_gguf_matches_its_dequantisation(tmp_path, tmp_cache):
 
 def test_unpermute_inverts_the_converter_permutation():
     w = torch.arange(8 * 3 * 5, dtype=torch.float32).reshape(24, 5)
-    assert torch.equal(_unpermute(permute_rows(w, 3), 3), w)
+    assert torch.equal(unpermute(permute_rows(w, 3), 3), w)
     assert not torch.equal(permute_rows(w, 3), w)
 
 

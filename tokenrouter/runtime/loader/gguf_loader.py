@@ -5,7 +5,7 @@ Two facts about llama.cpp's converter matter here:
 - tensor names follow llama.cpp (`blk.3.attn_q.weight`), mapped back by `_NAME_MAP`;
 - for the Llama family it permutes the rows of q_proj and k_proj so that each head's rotary
   pairs are interleaved (GPT-J style) instead of split in halves (NeoX style, as Hugging Face
-  does). `_unpermute` undoes it; Qwen2/Qwen3 files are not permuted.
+  does). `unpermute` undoes it; Qwen2/Qwen3 files are not permuted.
 Dequantising uses the `gguf` package. This is slow-ish (seconds), so `load_model` caches the
 result as a safetensors folder (see `cache.py`).
 """
@@ -66,7 +66,7 @@ def permute_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *rest).transpose(1, 2).reshape(w.shape)
 
 
-def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+def unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Inverse of `permute_rows`: back to Hugging Face's rotate-half layout."""
     rest = w.shape[1:]
     return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *rest).transpose(1, 2).reshape(w.shape)
@@ -214,18 +214,18 @@ def read_gguf(path: str, native: bool = False):
             w = _native_tensor(t)
             fix = lambda x: x.contiguous()  # noqa: E731
             if permute and name.endswith("q_proj.weight"):
-                fix = lambda x: _unpermute(x, heads).contiguous()  # noqa: E731
+                fix = lambda x: unpermute(x, heads).contiguous()  # noqa: E731
             elif permute and name.endswith("k_proj.weight"):
-                fix = lambda x: _unpermute(x, kv).contiguous()  # noqa: E731
+                fix = lambda x: unpermute(x, kv).contiguous()  # noqa: E731
             weights[name] = w.map_rows(fix)
             continue
         w = torch.from_numpy(np.array(_dequantize(t), dtype=np.float32))  # a writable copy
         expected = tuple(int(d) for d in reversed(t.shape))
         w = w.reshape(expected)
         if permute and name.endswith(("q_proj.weight", "q_proj.bias")):
-            w = _unpermute(w, heads)
+            w = unpermute(w, heads)
         elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
-            w = _unpermute(w, kv)
+            w = unpermute(w, kv)
         weights[name] = w.contiguous()
     tokenizer = tokenizer_from_gguf(meta)
     config["eos_token_id"] = list(tokenizer.eos_token_ids) or config["eos_token_id"]
