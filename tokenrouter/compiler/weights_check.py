@@ -13,7 +13,7 @@ import os
 from typing import Callable, Iterable
 
 from tokenrouter.compiler import ir
-from tokenrouter.compiler import router_nets as rn
+from tokenrouter.compiler import router_files as rn
 from tokenrouter.dsl.diagnostics import Diagnostic
 
 
