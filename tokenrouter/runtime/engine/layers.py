@@ -55,12 +55,10 @@ def linear(x: torch.Tensor, lw: LinearWeight, b: torch.Tensor | None = None,
         return lw(x, b, residual)
     t = x.shape[0]
     if lw.packed is not None and t >= _PACKED_ROWS:
-        if onednn_rows(t) != t:
-            y = onednn_linear(x, lw.packed, b)
-            return y if residual is None else residual + y
-        if residual is not None:
+        if residual is not None and onednn_rows(t) == t:  # no padding: the add fused in
             return torch.ops.mkldnn._linear_pointwise.binary(x.contiguous(), residual, lw.packed, b, "add")
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), lw.packed, b, "none", [], "")
+        y = onednn_linear(x, lw.packed, b)
+        return y if residual is None else residual + y
     y = _plain_linear(x, lw.w, b)
     return y if residual is None else residual + y
 
