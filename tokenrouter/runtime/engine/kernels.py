@@ -17,8 +17,9 @@ concurrency (with `attention.short_shape` for attention). The kernel with the le
 slowdown over the decode row counts (1-16) wins.
 
 The plan is cached under the model cache (`kernel-plans/`), keyed by the host (CPU model,
-torch version, threads), the model and its format; `tokenrouter models --measure-kernels`
-measures again.
+torch version, threads), the model and its format, one entry per matrix shape and format (a
+new head format adds its shape; the others are not measured again);
+`tokenrouter models --measure-kernels` measures again.
 
 Kernels:
 - `int4`: torch's int4 kernel on packed codes (q4 formats);
@@ -271,25 +272,28 @@ def choose(linears: list[PlannedLinear], plan: dict | str | None = None, cache_p
     elif isinstance(plan, dict):
         plans = {k: [tuple(p) for p in v] for k, v in plan.items()}
     else:
-        plans = None
+        # the cache holds one entry per shape key: a model loaded with another head format adds
+        # its head's shape to the file instead of measuring (and rewriting) every shape again
+        plans, timings = {}, {}
         if cache_path and os.path.isfile(cache_path) and not remeasure:
             try:
                 with open(cache_path) as f:
                     data = json.load(f)
                 plans = {k: [tuple(p) for p in v] for k, v in data["plans"].items()}
-                if not {lin.key for lin in linears} <= set(plans):
-                    plans = None
-            except (OSError, ValueError, KeyError):
-                plans = None
-        if plans is None:
-            plans = measure(linears, progress=progress)
+                timings = data.get("timings_ms", {})
+            except (OSError, ValueError, KeyError, TypeError):
+                plans, timings = {}, {}
+        todo = [lin for lin in linears if lin.key not in plans]
+        if todo:
+            plans.update(measure(todo, progress=progress))
+            timings.update(measure.last_timings)
             if cache_path:
-                _write_json(cache_path, {"host": host_key(), "plans": plans, "timings_ms": measure.last_timings,
+                _write_json(cache_path, {"host": host_key(), "plans": plans, "timings_ms": timings,
                                          "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                          "load_avg": os.getloadavg()})
     for lin in linears:
         lin.finalize(plans[lin.key])
-    return plans
+    return {lin.key: plans[lin.key] for lin in linears}
 
 
 def _write_json(path: str, data: dict) -> None:
