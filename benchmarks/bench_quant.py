@@ -6,7 +6,7 @@ many), batches 1, 4, 8 and 16. Configurations:
 
 - `none`: our engine on the file dequantised to float32 (the exact default);
 - `native`: the file's own Q4_1 blocks on torch's int4 kernel, bf16 activations, the LM head
-  (the file's Q8_0 embedding) as int8 per row, one row-invariant kernel per shape, chosen by
+  (the file's Q8_0 embedding) as int4 (`--head-quant` to change), one row-invariant kernel per shape, chosen by
   the plan measured on this host at first load;
 - `int4`, `int8`: the float32 weights quantised on load (int4: min/max per group of 32);
 - `llama.cpp`: upstream llama.cpp's server (the `xllamacpp` wheel, in its own process) with
@@ -15,7 +15,8 @@ many), batches 1, 4, 8 and 16. Configurations:
 Configurations alternate within each round, batch by batch, so the shared machine's load
 hits all alike; the best round counts, and the load average is recorded with every figure.
 Tokens/s is end to end (prefill included) over all requests of a batch; ms/step is the mean
-decode step (ours: timed per step; llama.cpp: its own `predicted_per_token_ms`). RSS is
+decode step (ours: timed per step; llama.cpp: its own `predicted_per_token_ms`); ours also
+time their matrix products alone at the batch's rows (`ms_matrices`, `matrices_ms`). RSS is
 measured per configuration in a fresh process after loading and one step.
 
     python benchmarks/bench_quant.py            # ~15-30 min on 2 busy cores
@@ -58,12 +59,14 @@ def rss_mb(pid: int | str = "self") -> float:
 
 # ------------------------------------------------------------------ ours
 
-def build_engine(quant: str):
+def build_engine(quant: str, head_quant: str | None = None):
     from tokenrouter.runtime.engine.engine import Engine
     from tokenrouter.runtime.loader import load_model
     m = load_model("smollm2-135m", quant="native" if quant == "native" else "none")
-    eng = Engine(m.config, m.weights, max_model_len=PROMPT + NEW + 16, num_blocks=16 * 12 + 8,
-                 **m.engine_kwargs(quant))
+    kw = m.engine_kwargs(quant)
+    if head_quant and quant != "none":
+        kw["head_quant"] = head_quant
+    eng = Engine(m.config, m.weights, max_model_len=PROMPT + NEW + 16, num_blocks=16 * 12 + 8, **kw)
     return m, eng
 
 
@@ -78,13 +81,33 @@ def ours_run(eng, batch: int) -> dict:
     t2 = time.perf_counter()
     for i in range(batch):
         eng.free(i)
-    return {"tok_s": batch * NEW / (t2 - t0), "ms_step": (t2 - t1) / (NEW - 1) * 1e3, "load": os.getloadavg()[0]}
+    return {"tok_s": batch * NEW / (t2 - t0), "ms_step": (t2 - t1) / (NEW - 1) * 1e3,
+            "ms_matrices": matrices_ms(eng, batch), "load": os.getloadavg()[0]}
 
 
-def rss_child(quant: str) -> None:
+def matrices_ms(eng, rows: int, passes: int = 5) -> float | None:
+    """The step's matrix products alone at `rows` rows: every decoder matrix and the LM head on
+    the kernels the plan chose, back to back (the weights stream from memory as in a step),
+    best of `passes`. What is left of `ms_step` is attention, norms, casts and dispatch; and
+    no step on these kernels can be faster than this. None for the float32 engine."""
+    lins = eng.model.linears()
+    if not lins:
+        return None
+    xs = [torch.randn(rows, lin.shape[1]) for lin in lins]
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(passes):
+            t0 = time.perf_counter()
+            for lin, x in zip(lins, xs):
+                lin(x)
+            best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def rss_child(quant: str, head_quant: str | None) -> None:
     """RSS after loading and one prefill + decode step (1 thread: only memory is measured here)."""
     torch.set_num_threads(1)
-    _, eng = build_engine(quant)
+    _, eng = build_engine(quant, head_quant)
     ps = prompts(1, eng.config.vocab_size)
     out = eng.step([(0, ps[0])])
     eng.step([(0, [int(out.logits.argmax())])])
@@ -166,6 +189,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--configs", default=",".join((*OURS, "llama.cpp")),
                     help="comma-separated subset of none,native,int4,int8,llama.cpp (default all)")
+    ap.add_argument("--head-quant", choices=("int4", "int8", "none"), default=None,
+                    help="the LM head's format in the quantised configurations (default: the engine's)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--server", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--rss-child", help=argparse.SUPPRESS)
@@ -174,7 +199,7 @@ def main() -> int:
         server_child(a.server[0], int(a.server[1]), int(a.server[2]))
         return 0
     if a.rss_child:
-        rss_child(a.rss_child)
+        rss_child(a.rss_child, a.head_quant)
         return 0
     from tokenrouter.runtime.loader.registry import embedded_gguf
     torch.set_num_threads(a.threads)
@@ -182,7 +207,7 @@ def main() -> int:
     rounds = a.rounds or (1 if a.quick else 3)
     gguf = embedded_gguf()
     res = {"host": {**host_info(), "torch": torch.__version__}, "threads": a.threads, "gguf": os.path.basename(gguf), "prompt": PROMPT,
-           "new_tokens": NEW, "rounds": rounds, "runs": [], "rss_mb": {}, "plans": {}}
+           "new_tokens": NEW, "head_quant": a.head_quant or "the engine's default", "rounds": rounds, "runs": [], "rss_mb": {}, "plans": {}}
     print(f"host: {res['host']}", flush=True)
     configs = [c for c in a.configs.split(",") if c]
     bad = set(configs) - {*OURS, "llama.cpp"}
@@ -193,7 +218,7 @@ def main() -> int:
     engines = {}
     for q in ours:
         t0 = time.perf_counter()
-        m, engines[q] = build_engine(q)
+        m, engines[q] = build_engine(q, a.head_quant)
         res.setdefault("engine_build_s", {})[q] = time.perf_counter() - t0
         print(f"built {q} in {res['engine_build_s'][q]:.1f} s", flush=True)
     vocab = 49152 if not ours else m.config.vocab_size
@@ -204,7 +229,8 @@ def main() -> int:
                 for name in configs:
                     run = servers[b].run(b, vocab) if name == "llama.cpp" else ours_run(engines[name], b)
                     res["runs"].append({"config": name, "batch": b, "round": r, **run})
-                    print(f"round {r} B={b:2d} {name:9s} {run['tok_s']:7.1f} tok/s {run['ms_step']:7.1f} ms/step "
+                    floor = f" ({run['ms_matrices']:.1f} in the matrices)" if run.get("ms_matrices") else ""
+                    print(f"round {r} B={b:2d} {name:9s} {run['tok_s']:7.1f} tok/s {run['ms_step']:7.1f} ms/step{floor} "
                           f"(load {run['load']:.1f})", flush=True)
         for b, s in servers.items():
             res["rss_mb"][f"llama.cpp (B={b} slots)"] = s.rss()
@@ -213,7 +239,9 @@ def main() -> int:
             s.close()
     engines.clear()
     for q in ours:  # each format alone in a fresh process
-        out = subprocess.run([sys.executable, __file__, "--rss-child", q], capture_output=True, text=True, timeout=900)
+        head = ["--head-quant", a.head_quant] if a.head_quant else []
+        out = subprocess.run([sys.executable, __file__, "--rss-child", q, *head], capture_output=True, text=True,
+                             timeout=900)
         if out.returncode == 0:
             info = json.loads(out.stdout.strip().splitlines()[-1])
             res["rss_mb"][q] = info["rss_mb"]
@@ -226,7 +254,8 @@ def main() -> int:
         k = (run["config"], run["batch"])
         if k not in best or run["tok_s"] > best[k]["tok_s"]:
             best[k] = run
-    res["best"] = [{"config": c, "batch": b, "tok_s": v["tok_s"], "ms_step": v["ms_step"], "load": v["load"]}
+    res["best"] = [{"config": c, "batch": b, "tok_s": v["tok_s"], "ms_step": v["ms_step"],
+                    "ms_matrices": v.get("ms_matrices"), "load": v["load"]}
                    for (c, b), v in sorted(best.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
     res["host"]["load_average_at_end"] = load_average()
     print("\nbest of rounds (tok/s, ms/step):")
