@@ -103,6 +103,14 @@ def test_calibrated_requests():
     assert calibrated_requests(16, 8, 128, 5.0, 30, 64) == 8  # one wave of a slow configuration
 
 
+def test_official_requests_are_capped_to_whole_waves_only_when_asked():
+    from tokenrouter.bench.runner import official_requests
+    assert official_requests(16, 8, None) == 16  # as the others
+    assert official_requests(16, 8, 1) == 8  # --long: one wave of N
+    assert official_requests(16, 8, 4) == 16  # never more than the others
+    assert official_requests(16, 8, 0) == 8  # at least one wave
+
+
 def test_gap_splits_the_time_per_model():
     from tokenrouter.tuner.profile import Profile
     prof = Profile.affine({"small": (10.0, 1.0), "large": (40.0, 4.0)}, colocation=0.0)

@@ -53,6 +53,9 @@ class BenchOptions:
     mode: str = "process"  # "thread": subservers in this process (tests)
     steady_s: float = 0.0  # size each configuration's measurement for at least this many seconds
     max_requests_waves: int = 8  # ... but at most this many waves of N requests
+    # waves of N requests for `official`, whose large model recomputes every prefix, so its cost
+    # grows with the square of the output length (--long: 1; None: as many as the others)
+    official_waves: int | None = None
 
 
 def _log(msg: str) -> None:
@@ -81,6 +84,12 @@ def calibrated_requests(base: int, concurrency: int, max_tokens: int, tokens_per
     n = math.ceil(steady_s * tokens_per_s / max_tokens)
     n = -(-n // concurrency) * concurrency
     return max(concurrency, min(n, cap))
+
+
+def official_requests(requests: int, concurrency: int, waves: int | None) -> int:
+    """`official`'s share of a measurement: at most `waves` whole waves of N (None: all of them).
+    At 2,048 tokens one wave of 8 took over 35 minutes (measured), so --long runs one."""
+    return requests if waves is None else min(requests, max(1, waves) * concurrency)
 
 
 def _start(c: str, program, opts: BenchOptions, base, n: int, ctx: int, small: str, large: str):
@@ -201,6 +210,8 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
                             tps = cal.tokens_per_s
                         n_req[n][c] = calibrated_requests(opts.requests, n, opts.max_tokens, tps, opts.steady_s,
                                                           cap[n])
+                        if c == "official":
+                            n_req[n][c] = official_requests(n_req[n][c], n, opts.official_waves)
                     load[n] = {"before": load_average()}
                     raw[n] = {c: [] for c in names}
                     for r in range(opts.rounds):
