@@ -133,6 +133,20 @@ def test_int4_on_an_unsupported_shape_names_the_shape(tmp_path, tmp_cache):
         _engine(m, quant="int4")
 
 
+def test_the_default_head_is_int4_where_the_kernel_takes_its_shape_and_int8_where_not(tmp_path, tmp_cache):
+    (tmp_path / "fits").mkdir()
+    (tmp_path / "odd").mkdir()
+    fits = _engine(load_model(_gguf(tmp_path / "fits", qtype="F32")), quant="int4")
+    assert f"{VOCAB}x{fits.config.hidden_size}:q4g32" in fits.kernel_plans
+    odd = VOCAB + 8  # not a multiple of 16 output rows
+    m = load_model(_gguf(tmp_path / "odd", qtype="F32", vocab_size=odd))
+    assert m.config.vocab_size == odd
+    eng = _engine(m, quant="int4")
+    assert f"{odd}x{m.config.hidden_size}:q8g{m.config.hidden_size}" in eng.kernel_plans
+    with pytest.raises(QuantError, match=rf"lm_head\.weight.*\[{odd}, {m.config.hidden_size}\].*multiple of 16"):
+        _engine(m, quant="int4", head_quant="int4")
+
+
 def test_native_needs_a_gguf_file(tmp_path, tmp_cache):
     from tokenrouter.runtime.loader import LoadError
     with pytest.raises(LoadError, match="quant=native runs a GGUF"):

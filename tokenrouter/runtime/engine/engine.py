@@ -40,8 +40,8 @@ Quantised weights (`quant="native" | "int4" | "int8"`, see `quant.py`): the deco
 matrices run on int4/int8 kernels with `act_dtype` activations (bfloat16 by default) where
 that is faster, float32 where not, per shape and row count as measured on this host
 (`kernels.py`; `kernel_plan` forces a kernel name or a plan, `plan_cache` is where a
-measured plan is kept). `head_quant` is the LM head's format in those modes (int4 by
-default, `Model`).
+measured plan is kept). `head_quant` is the LM head's format in those modes ("auto":
+int4 where its kernel takes the shape, else int8; see `Model`).
 
 `num_blocks=None` sizes the cache to a 1 GiB budget (at least one `max_model_len`
 sequence); `max_model_len=None` uses the model's `max_position_embeddings`.
@@ -90,7 +90,7 @@ class Engine:
                  dtype: torch.dtype = torch.float32, block_size: int = 16, num_blocks: int | None = None,
                  max_model_len: int | None = None, prefix_reuse: bool = False,
                  max_batched_tokens: int = 2048, cuda_graphs: bool | str = True, quant: str = "none",
-                 act_dtype: torch.dtype = torch.bfloat16, head_quant: str = "int4",
+                 act_dtype: torch.dtype = torch.bfloat16, head_quant: str = "auto",
                  kernel_plan: dict | str | None = None, plan_cache: str | None = None):
         self.config = config
         self.device = torch.device(device)

@@ -58,21 +58,22 @@ def _rows(w, fn):
 class Model:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], *,
                  device: torch.device | str, dtype: torch.dtype, max_len: int, quant: str = "none",
-                 act_dtype: torch.dtype = torch.bfloat16, head_quant: str = "int4"):
+                 act_dtype: torch.dtype = torch.bfloat16, head_quant: str = "auto"):
         """`quant` (see quant.py): "none" holds float weights (any `QuantTensor` dequantised);
         "native" keeps `QuantTensor`s as they come (float tensors stay float); "int4"/"int8"
         quantise the decoder's matrices on load. In the quantised formats the LM head is held
-        as `head_quant` ("int4": min/max per group of 32, the default, int8 on a shape the int4
-        kernel cannot take; "int8" per row; or
-        "none" = float32), unless it comes as int4-runnable codes, which it keeps. int4 is the
-        default because the head is the largest matrix a step reads: measured on SmolLM2, it
-        takes the batch-1 step from 14.1 to 11.1 ms with the same greedy agreement (its top
-        candidates are rescored from the file's codes, `logits`)."""
+        as `head_quant`: "int4" (min/max per group of 32), "int8" (per row), "none" (float32),
+        or "auto" (the default: int4 where the int4 kernel takes the shape, else int8), unless
+        it comes as int4-runnable codes, which it keeps. int4 is preferred because the head is
+        the largest matrix a step reads: measured on SmolLM2, it takes the batch-1 step from
+        14.1 to 11.1 ms with the same greedy agreement (its top candidates are rescored from
+        the file's codes, `logits`). An explicit "int4" on a shape the kernel cannot take is
+        an error, as for the decoder's matrices."""
         c = config
         if quant not in QUANTS:
             raise ValueError(f"quant must be one of {', '.join(QUANTS)}, not {quant!r}")
-        if head_quant not in ("none", "int4", "int8"):
-            raise ValueError(f"head_quant must be none, int4 or int8, not {head_quant!r}")
+        if head_quant not in ("auto", "none", "int4", "int8"):
+            raise ValueError(f"head_quant must be auto, none, int4 or int8, not {head_quant!r}")
         if quant != "none" and torch.device(device).type != "cpu":
             raise QuantError(f"quant={quant} runs on CPU only (torch's int4/int8 weight kernels used here are "
                              "CPU kernels); use quant=none on {device}")
@@ -121,9 +122,9 @@ class Model:
             src = embed if head is None else head
             if isinstance(src, QuantTensor) and src.fmt == "q4" and int4_shape_problem(*src.shape, src.group) is None:
                 head_w = src  # int4-runnable codes: run them as they are
-            elif head_quant == "int4" and int4_shape_problem(*src.shape) is None:
+            elif head_quant == "int4" or (head_quant == "auto" and int4_shape_problem(*src.shape) is None):
                 head_w = quantize_int4(src.dequantize() if isinstance(src, QuantTensor) else src, "lm_head.weight")
-            elif head_quant in ("int4", "int8"):  # int4 on a shape its kernel cannot take: int8
+            elif head_quant in ("auto", "int8"):
                 head_w = quantize_int8(src.dequantize() if isinstance(src, QuantTensor) else src)
             else:
                 head_w = src.dequantize() if isinstance(src, QuantTensor) else src
