@@ -297,3 +297,17 @@ def test_check_reports_a_misfit_file_and_fingerprints(tmp_path):
     save_file({"weight": torch.zeros(8)}, str(tmp_path / "h.safetensors"), metadata={rn.META_ARCH: "co_llm"})
     program, diags = check_file(src, model_facts=model_facts)
     assert program is not None and diags == []
+
+
+def test_a_derived_model_is_fingerprinted_by_its_recipe_not_its_host_dependent_bytes(tmp_path):
+    """Two hosts derive the small model with low-bit differences (its lens is fitted on
+    hidden states computed with each host's float kernels); a router fitted on one host's
+    build must check clean against the other's, and a different recipe must not."""
+    a, b = _tiny_folder(tmp_path / "a", 8, 0), _tiny_folder(tmp_path / "b", 8, 1)
+    assert rn.folder_fingerprint(str(a)) != rn.folder_fingerprint(str(b))  # bytes differ
+    identity = {"from": "35e6a85d67b68466", "recipe": {"keep_layers": [0, 1], "ridge": 0.05}, "prompts": "x"}
+    for folder in (a, b):
+        (folder / rn.DERIVED_IDENTITY).write_text(json.dumps(identity))
+    assert rn.folder_fingerprint(str(a)) == rn.folder_fingerprint(str(b))
+    (b / rn.DERIVED_IDENTITY).write_text(json.dumps({**identity, "recipe": {"keep_layers": [0], "ridge": 0.05}}))
+    assert rn.folder_fingerprint(str(a)) != rn.folder_fingerprint(str(b))

@@ -101,10 +101,23 @@ def read_header(path: str) -> tuple[dict[str, str], dict[str, tuple[int, ...]]]:
     return meta, shapes
 
 
+DERIVED_IDENTITY = "derived.json"  # in a derived model's folder: what it was made from, and how
+
+
 def folder_fingerprint(folder: str) -> str:
     """A cheap fingerprint of a checkpoint folder: its config.json and, per safetensors
     file, the size, header and the first and last MiB of tensor data (16 hex digits).
-    Two folders with the same fingerprint hold, in practice, the same model."""
+    Two folders with the same fingerprint hold, in practice, the same model.
+
+    A derived model (`DERIVED_IDENTITY` present, `runtime.loader.derive`) is identified by
+    that file instead, its source model's fingerprint and its recipe: its bytes depend on the
+    host that derived it (its lens is fitted on hidden states computed with the host's float
+    kernels; two hosts' builds differ in low bits), while a router fitted on one host's build
+    fits the other's just as well."""
+    ident = os.path.join(folder, DERIVED_IDENTITY)
+    if os.path.isfile(ident):
+        with open(ident, "rb") as f:
+            return hashlib.sha256(json.dumps(json.loads(f.read()), sort_keys=True).encode()).hexdigest()[:16]
     h = hashlib.sha256()
     cfg = os.path.join(folder, "config.json")
     if os.path.isfile(cfg):

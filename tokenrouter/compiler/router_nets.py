@@ -41,7 +41,7 @@ from torch import nn
 
 from tokenrouter.compiler import ir
 # the file-level API (torch-free, in router_files.py), also importable from here
-from tokenrouter.compiler.router_files import (ARCHS, HEAD_ARCH, LN_EPS, META_ARCH, META_DIRECTION,  # noqa: F401
+from tokenrouter.compiler.router_files import (ARCHS, DERIVED_IDENTITY, HEAD_ARCH, LN_EPS, META_ARCH, META_DIRECTION,  # noqa: F401
                                                META_INPUTS, META_MODELS, META_THRESHOLD, META_TRAINING,
                                                RouterWeightsError, arch_metadata, file_problems,
                                                fingerprints, folder_fingerprint, head_problems, input_width,

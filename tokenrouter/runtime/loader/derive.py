@@ -19,12 +19,15 @@ ridge made up for fewer samples); the benchmark measures agreement on other prom
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
 from typing import Any, Callable, Sequence
 
 import torch
 
 from ...compiler.abi import FeatureNeeds
+from ...compiler.router_files import DERIVED_IDENTITY, folder_fingerprint
 from ..engine.engine import Engine
 from ..engine.sampler import SamplingParams, sample
 from . import cache
@@ -150,13 +153,18 @@ def small_entry(large_entry: tuple[str, dict[str, Any], Callable[[str], None]], 
     recipe = recipe or SMALL_RECIPE
     large_slug, large_key, large_build = large_entry
 
+    prompts_hash = hashlib.sha256("\n".join(FIT_PROMPTS).encode()).hexdigest()[:12]
+
     def build(tmp: str) -> None:
         folder = cache.get_or_build(large_slug, large_key, large_build)
         _, weights, tokenizer, raw = read_folder(folder)
         config, small = derive_small(raw, weights, tokenizer, recipe)
         write_folder(tmp, config, small, tokenizer)
+        # the portable identity routers are checked against (`router_files.folder_fingerprint`)
+        identity = {"from": folder_fingerprint(folder), "recipe": recipe, "prompts": prompts_hash}
+        with open(os.path.join(tmp, DERIVED_IDENTITY), "w") as f:
+            json.dump(identity, f, indent=1, sort_keys=True)
 
-    prompts_hash = hashlib.sha256("\n".join(FIT_PROMPTS).encode()).hexdigest()[:12]
-    key = {"kind": "derived", "from": large_key, "recipe": recipe, "prompts": prompts_hash,
+    key = {"kind": "derived", "from": large_key, "recipe": recipe, "prompts": prompts_hash, "identity": 1,
            "source": f"{recipe_name(recipe)} of {large_key.get('path', large_slug)}"}
     return large_slug + "-small", key, build
