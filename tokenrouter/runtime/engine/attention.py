@@ -43,10 +43,21 @@ class AttnGroup:
 
 
 @dataclass
+class NativeShort:
+    """Every short request's tokens for the C kernel (`ckernels.paged_attention`): each token
+    attends to its own request's first `lens` keys, read where they lie in the cache."""
+    rows: torch.Tensor  # [n] the tokens' indices among the step's T
+    reqs: torch.Tensor  # [n] each token's row in `tables`
+    lens: torch.Tensor  # [n] keys each token attends to (its position + 1)
+    tables: torch.Tensor  # [b, nb] the short requests' block tables (padding: block 0)
+
+
+@dataclass
 class AttnMeta:
     slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
     groups: list[AttnGroup]
     num_tokens: int
+    native: NativeShort | None = None  # the short requests, when the C kernel serves them
 
 
 @dataclass(frozen=True)
@@ -113,24 +124,49 @@ def build_group(reqs: list[tuple[int, int, int, list[int]]], geo: CacheGeometry,
                      dest=None if dest is None else dest.to(device), causal=causal)
 
 
+def build_native(reqs: list[tuple[int, int, int, list[int]]], geo: CacheGeometry) -> NativeShort:
+    """The C kernel's view of the short requests: one entry per token, with the number of
+    keys it sees (causal within its request). Block ids are checked here, once per step,
+    because the kernel reads wherever they point."""
+    rows, owner, lens, tables = [], [], [], []
+    nb = max(-(-n // geo.block_size) for _, _, n, _ in reqs)
+    for i, (t0, q, n, bt) in enumerate(reqs):
+        need = -(-n // geo.block_size)
+        if len(bt) < need or not all(0 <= b < geo.num_blocks for b in bt[:need]):
+            raise ValueError(f"block table {bt[:need]} does not cover {n} positions in {geo.num_blocks} blocks")
+        tables.append(bt[:need] + [0] * (nb - need))
+        for j in range(q):
+            rows.append(t0 + j)
+            owner.append(i)
+            lens.append(n - q + j + 1)
+    return NativeShort(rows=torch.tensor(rows), reqs=torch.tensor(owner), lens=torch.tensor(lens),
+                       tables=torch.tensor(tables, dtype=torch.long))
+
+
 def build_meta(q_lens: list[int], kv_lens: list[int], block_tables: list[list[int]], slots: list[int],
-               geo: CacheGeometry, dtype: torch.dtype, device: torch.device | str) -> AttnMeta:
+               geo: CacheGeometry, dtype: torch.dtype, device: torch.device | str,
+               native: bool = False) -> AttnMeta:
     """Attention metadata for one forward over requests with the given new-token counts,
-    context lengths after the step and block tables; `slots` are the new tokens' cache slots."""
+    context lengths after the step and block tables; `slots` are the new tokens' cache slots.
+    `native`: the short requests go to the C kernel (CPU, float32) instead of batched groups."""
     starts, t = [], 0
     for q in q_lens:
         starts.append(t)
         t += q
     reqs = list(zip(starts, q_lens, kv_lens, block_tables))
+    short_reqs = [r for r in reqs if r[1] <= SHORT_Q]
+    slot_mapping = torch.tensor(slots, dtype=torch.long, device=device)
+    if native:
+        groups = [build_group([r], geo, dtype, device, num_tokens=t, short=False) for r in reqs if r[1] > SHORT_Q]
+        return AttnMeta(slot_mapping=slot_mapping, groups=groups, num_tokens=t,
+                        native=build_native(short_reqs, geo) if short_reqs else None)
     short: dict[tuple[int, int], list] = {}
-    for r in reqs:
-        if r[1] <= SHORT_Q:
-            short.setdefault(short_shape(r[1], r[2], geo.block_size), []).append(r)
+    for r in short_reqs:
+        short.setdefault(short_shape(r[1], r[2], geo.block_size), []).append(r)
     groups = [build_group(rs, geo, dtype, device, num_tokens=t, short=True, shape=shp) for shp, rs in short.items()]
     for r in reqs:
         if r[1] > SHORT_Q:
             groups.append(build_group([r], geo, dtype, device, num_tokens=t, short=False))
-    slot_mapping = torch.tensor(slots, dtype=torch.long, device=device)
     return AttnMeta(slot_mapping=slot_mapping, groups=groups, num_tokens=t)
 
 
@@ -146,6 +182,11 @@ def paged_attention(q: torch.Tensor, kv_cache, layer: int, meta: AttnMeta, scale
     kvh = kv_cache.kv_heads
     g = nh // kvh
     out = None
+    if meta.native is not None:
+        from .ckernels import paged_attention as native_attention
+        out = q.new_empty(t, nh * hd)
+        n = meta.native
+        native_attention(q, kv_cache.kv[layer], n.tables, n.rows, n.reqs, n.lens, scale, out)
     for grp in meta.groups:
         b, qm = grp.rows.shape
         qg = q if grp.dest is None else q.index_select(0, grp.rows.view(-1))

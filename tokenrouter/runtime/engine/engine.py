@@ -43,12 +43,20 @@ that is faster, float32 where not, per shape and row count as measured on this h
 measured plan is kept). `head_quant` is the LM head's format in those modes ("auto":
 int4 where its kernel takes the shape, else int8; see `Model`).
 
+Attention (`attention`): on CPU in float32, decodes and short extends run a C kernel built
+on this host at first use (`ckernels.py`), which reads each request's K/V where it lies in
+the cache; prefill chunks, other devices and dtypes run torch's path (`attention.py`).
+"torch" forces torch's path everywhere, "native" refuses to run without the C kernel; the
+default is `$TOKENROUTER_ATTENTION`, else "auto" (measured on this host, `_native_attention`).
+
 `num_blocks=None` sizes the cache to a 1 GiB budget (at least one `max_model_len`
 sequence); `max_model_len=None` uses the model's `max_position_embeddings`.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -62,6 +70,8 @@ from .kv_cache import KVCache, default_num_blocks
 from .model import Model
 
 __all__ = ["Engine", "StepOutput", "OutOfBlocks", "BadBatch"]
+
+log = logging.getLogger(__name__)
 
 
 class BadBatch(ValueError):
@@ -91,7 +101,8 @@ class Engine:
                  max_model_len: int | None = None, prefix_reuse: bool = False,
                  max_batched_tokens: int = 2048, cuda_graphs: bool | str = True, quant: str = "none",
                  act_dtype: torch.dtype = torch.bfloat16, head_quant: str = "auto",
-                 kernel_plan: dict | str | None = None, plan_cache: str | None = None):
+                 kernel_plan: dict | str | None = None, plan_cache: str | None = None,
+                 attention: str | None = None):
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype
@@ -115,11 +126,41 @@ class Engine:
         self.alloc = BlockAllocator(num_blocks, block_size, prefix_reuse=prefix_reuse)
         self.q_per_kv = config.num_attention_heads // config.num_key_value_heads
         self.geometry = CacheGeometry(block_size, cache_blocks, config.num_key_value_heads, self.q_per_kv)
+        self.native_attention = self._native_attention(attention)
         self.graphs = None
         if use_graphs:
             from .graphs import GraphRunner
             self.graphs = GraphRunner(self.model, self.kv, self.geometry, pad_block=num_blocks,
                                       max_len=self.max_model_len, capture=cuda_graphs is True)
+
+    def _native_attention(self, attention: str) -> bool:
+        """Whether decodes and short extends go to the C kernel (`ckernels`): "native" demands
+        it, "torch" refuses it, "auto" (the default) takes it on CPU in float32 where it builds
+        and, measured on this host at this thread count and cache geometry (cached), is the
+        faster. One choice per engine, so every step of a request runs the same arithmetic."""
+        if attention is None:
+            attention = os.environ.get("TOKENROUTER_ATTENTION", "auto")
+        if attention not in ("auto", "native", "torch"):
+            raise ValueError(f"attention must be auto, native or torch, not {attention!r}")
+        if attention == "torch":
+            return False
+        fits = self.device.type == "cpu" and self.dtype == torch.float32
+        if attention == "native" and not fits:
+            raise ValueError(f"attention=native runs on CPU in float32, not {self.device.type}/{self.dtype}")
+        if not fits:
+            return False
+        from .ckernels import NativeKernelError, available, choice_path, prefer_native
+        why = available()
+        if why is None:
+            if attention == "native":
+                return True
+            c = self.config
+            return prefer_native(self.kv, self.geometry, c.num_attention_heads, c.num_hidden_layers,
+                                 choice_path(self.geometry, c.num_attention_heads, c.head_dim, c.num_hidden_layers))
+        if attention == "native":
+            raise NativeKernelError(f"attention=native: {why}")
+        log.warning("C attention kernel unavailable (%s); using torch's attention path", why)
+        return False
 
     # ---- bookkeeping -----------------------------------------------------------------
     @property
@@ -229,7 +270,8 @@ class Engine:
             res = self.graphs.run(ids, pos, slots, q_lens, kv_lens, tables, layers)
             if res is not None:
                 return res
-        meta = build_meta(q_lens, kv_lens, tables, slots, self.geometry, self.dtype, self.device)
+        meta = build_meta(q_lens, kv_lens, tables, slots, self.geometry, self.dtype, self.device,
+                          native=self.native_attention)
         last_rows, t = [], 0
         for w in works:
             t += len(w.tokens)

@@ -1,0 +1,232 @@
+/* Paged attention for decode and short extends, reading each request's K/V blocks where
+ * they lie in the cache (no gather), float32.
+ *
+ * Built by ckernels.py on the host that runs it (cc -O3 -march=native) and called through
+ * ctypes. Every query token is computed on its own, in a fixed order that depends only on
+ * that token (its request's blocks and its number of keys), so a token's output is the same
+ * bits whatever else shares the call: the batch invariance the engine promises. With OpenMP
+ * (built with -fopenmp, loaded after torch so both share torch's libgomp and its threads),
+ * the (token, KV head) tasks are split among `threads`; each task is still one thread's,
+ * start to end, so the split changes no bits.
+ *
+ * Cache layout of one layer: [2 * kv_heads, num_blocks, block_size, head_dim], K heads then
+ * V heads; position j of a request lies in block tables[j / block_size], row j % block_size.
+ *
+ * Vector code uses GCC/Clang vector extensions (8 floats), which the compiler lowers to the
+ * host's instructions; loops over the query heads sharing a KV head are compiled for each
+ * group size 1..8 (`attend_group`), so their accumulators live in registers.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define LANES 16
+#define MAX_GROUP 8
+
+typedef float v8 __attribute__((vector_size(32)));
+
+static inline v8 load8(const float *p) {
+    v8 v;
+    memcpy(&v, p, sizeof v); /* an unaligned vector load */
+    return v;
+}
+
+static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
+
+static inline float hsum8(v8 v) { return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])); }
+
+/* the largest of s[0:n] (max is exact, so the lanes change nothing) */
+static float max_of(const float *s, int64_t n) {
+    float acc[LANES];
+    for (int l = 0; l < LANES; l++)
+        acc[l] = -INFINITY;
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++)
+            acc[l] = s[j + l] > acc[l] ? s[j + l] : acc[l];
+    for (; j < n; j++)
+        acc[0] = s[j] > acc[0] ? s[j] : acc[0];
+    float m = acc[0];
+    for (int l = 1; l < LANES; l++)
+        m = acc[l] > m ? acc[l] : m;
+    return m;
+}
+
+/* s[j] = exp(s[j] - m) / sum for j < n (the sum added in a fixed order).
+ * exp(x) = 2^k * e^f with k = round(x log2 e) (by the 1.5 * 2^23 trick: no libm call, so
+ * the loop vectorises; libm's expf is a scalar call per key), |f| <= ln 2 / 2 and e^f from
+ * its degree-7 Taylor polynomial (relative error under 1e-8 before float rounding). */
+static void softmax_shifted(float *restrict s, int64_t n, float m) {
+    const float round_magic = 12582912.0f;
+    for (int64_t j = 0; j < n; j++) {
+        float x = s[j] - m;
+        x = x < -87.0f ? -87.0f : x; /* exp(-87) ~ 1.6e-38: the smallest normal float's order */
+        const float t = x * 1.44269504088896341f;
+        const float k = (t + round_magic) - round_magic;
+        const float f = (t - k) * 0.693147180559945309f;
+        float p = 1.0f / 5040.0f;
+        p = p * f + 1.0f / 720.0f;
+        p = p * f + 1.0f / 120.0f;
+        p = p * f + 1.0f / 24.0f;
+        p = p * f + 1.0f / 6.0f;
+        p = p * f + 0.5f;
+        p = p * f + 1.0f;
+        p = p * f + 1.0f;
+        const int32_t bits = ((int32_t)k + 127) << 23;
+        float two_k;
+        memcpy(&two_k, &bits, sizeof two_k);
+        s[j] = p * two_k;
+    }
+    float acc[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++)
+            acc[l] += s[j + l];
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++)
+            acc[l] += acc[l + w];
+    float sum = acc[0];
+    for (; j < n; j++)
+        sum += s[j];
+    const float inv = 1.0f / sum;
+    for (j = 0; j < n; j++)
+        s[j] *= inv;
+}
+
+/* One token, one KV head, the G query heads sharing it (q: G rows of head_dim; out likewise):
+ * scores block by block (each key row read once for all G heads, each sum kept in 8 lanes and
+ * reduced in a fixed order), softmax per head, then each 8-float column of a block's value
+ * rows summed in registers, in key order. G is a compile-time constant in `attend`. */
+static inline __attribute__((always_inline)) void attend_group(
+    const float *q, const float *K, const float *V, const int64_t *table, int64_t block_size,
+    int64_t len, int64_t head_dim, float scale, float *scores, float *out, const int G) {
+    for (int64_t j0 = 0; j0 < len; j0 += block_size) {
+        const float *kb = K + table[j0 / block_size] * block_size * head_dim;
+        const int64_t nj = len - j0 < block_size ? len - j0 : block_size;
+        for (int64_t j = 0; j < nj; j++) {
+            const float *k = kb + j * head_dim;
+            v8 acc[MAX_GROUP];
+            for (int g = 0; g < G; g++)
+                acc[g] = (v8){0};
+            for (int64_t d = 0; d < head_dim; d += 8) {
+                const v8 kd = load8(k + d);
+                for (int g = 0; g < G; g++)
+                    acc[g] += load8(q + g * head_dim + d) * kd;
+            }
+            for (int g = 0; g < G; g++)
+                scores[g * len + j0 + j] = scale * hsum8(acc[g]);
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        float *s = scores + g * len;
+        softmax_shifted(s, len, max_of(s, len));
+    }
+    memset(out, 0, sizeof(float) * (size_t)(G * head_dim));
+    for (int64_t j0 = 0; j0 < len; j0 += block_size) {
+        const float *vb = V + table[j0 / block_size] * block_size * head_dim;
+        const int64_t nj = len - j0 < block_size ? len - j0 : block_size;
+        for (int64_t d = 0; d < head_dim; d += 8) {
+            v8 acc[MAX_GROUP];
+            for (int g = 0; g < G; g++)
+                acc[g] = load8(out + g * head_dim + d);
+            for (int64_t j = 0; j < nj; j++) {
+                const v8 vd = load8(vb + j * head_dim + d);
+                for (int g = 0; g < G; g++)
+                    acc[g] += scores[g * len + j0 + j] * vd;
+            }
+            for (int g = 0; g < G; g++)
+                store8(out + g * head_dim + d, acc[g]);
+        }
+    }
+}
+
+/* The same in plain scalar code, for head_dim not a multiple of 8 or groups over MAX_GROUP. */
+static void attend_scalar(const float *q, const float *K, const float *V, const int64_t *table,
+                          int64_t block_size, int64_t len, int64_t head_dim, float scale, float *scores,
+                          float *out, int64_t G) {
+    for (int64_t j = 0; j < len; j++) {
+        const float *k = K + (table[j / block_size] * block_size + j % block_size) * head_dim;
+        for (int64_t g = 0; g < G; g++) {
+            float s = 0.0f;
+            for (int64_t d = 0; d < head_dim; d++)
+                s += q[g * head_dim + d] * k[d];
+            scores[g * len + j] = scale * s;
+        }
+    }
+    for (int64_t g = 0; g < G; g++)
+        softmax_shifted(scores + g * len, len, max_of(scores + g * len, len));
+    memset(out, 0, sizeof(float) * (size_t)(G * head_dim));
+    for (int64_t j = 0; j < len; j++) {
+        const float *v = V + (table[j / block_size] * block_size + j % block_size) * head_dim;
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t d = 0; d < head_dim; d++)
+                out[g * head_dim + d] += scores[g * len + j] * v[d];
+    }
+}
+
+#define ATTEND(G) attend_group(q, K, V, table, block_size, len, head_dim, scale, scores, out, G)
+
+static void attend(const float *q, const float *K, const float *V, const int64_t *table, int64_t block_size,
+                   int64_t len, int64_t head_dim, float scale, float *scores, float *out, int64_t G) {
+    if (head_dim % 8 == 0) {
+        switch (G) {
+        case 1: ATTEND(1); return;
+        case 2: ATTEND(2); return;
+        case 3: ATTEND(3); return;
+        case 4: ATTEND(4); return;
+        case 5: ATTEND(5); return;
+        case 6: ATTEND(6); return;
+        case 7: ATTEND(7); return;
+        case 8: ATTEND(8); return;
+        default: break;
+        }
+    }
+    attend_scalar(q, K, V, table, block_size, len, head_dim, scale, scores, out, G);
+}
+
+/* For each token i (0 <= i < n_tok), each query head:
+ *   out[rows[i]] = softmax(scale * q[rows[i]] . K[0:lens[i]]) V[0:lens[i]]
+ * over the keys of request reqs[i] (block table tables[reqs[i]]). q rows are q_stride floats
+ * apart, each [kv_heads * q_per_kv, head_dim] contiguous; out rows out_stride apart.
+ * Returns 0, or -1 if scratch memory could not be allocated. */
+int tr_paged_attention_f32(const float *q, int64_t q_stride, const float *kv, int64_t num_blocks,
+                           int64_t block_size, int64_t kv_heads, int64_t q_per_kv, int64_t head_dim,
+                           const int64_t *tables, int64_t table_stride, const int64_t *rows,
+                           const int64_t *reqs, const int64_t *lens, int64_t n_tok, float scale,
+                           float *out, int64_t out_stride, int64_t threads) {
+    int64_t max_len = 1;
+    for (int64_t i = 0; i < n_tok; i++)
+        if (lens[i] > max_len)
+            max_len = lens[i];
+    const int64_t tasks = n_tok * kv_heads;
+    if (threads > tasks)
+        threads = tasks;
+    if (threads < 1)
+        threads = 1;
+    const int64_t per_thread = q_per_kv * max_len;
+    float *scores = malloc(sizeof(float) * (size_t)(threads * per_thread));
+    if (!scores)
+        return -1;
+    const int64_t head_size = num_blocks * block_size * head_dim;
+    const int64_t group_size = q_per_kv * head_dim;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+#endif
+    for (int64_t task = 0; task < tasks; task++) {
+        const int64_t i = task / kv_heads, h = task % kv_heads;
+#ifdef _OPENMP
+        float *mine = scores + omp_get_thread_num() * per_thread;
+#else
+        float *mine = scores;
+#endif
+        attend(q + rows[i] * q_stride + h * group_size, kv + h * head_size, kv + (kv_heads + h) * head_size,
+               tables + reqs[i] * table_stride, block_size, lens[i], head_dim, scale, mine,
+               out + rows[i] * out_stride + h * group_size, q_per_kv);
+    }
+    free(scores);
+    return 0;
+}
