@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenrouter.runtime.engine import ckernels
+from tokenrouter.runtime.engine import attention, ckernels
 from tokenrouter.runtime.engine.attention import SHORT_Q, CacheGeometry, build_meta, paged_attention
 from tokenrouter.runtime.engine.config import ModelConfig
 from tokenrouter.runtime.engine.engine import Engine
@@ -123,9 +123,9 @@ def test_the_measured_choice_is_timed_once_and_then_read_from_its_cache(tmp_path
                  torch.float32)
     geo = CacheGeometry(16, 600, 2, 2)
     path = tmp_path / "choice.json"
-    first = ckernels.prefer_native(kv, geo, 4, 2, str(path))
+    first = attention.prefer_native(kv, geo, 4, 2, str(path))
     data = json.loads(path.read_text())
     assert data["native"] is first
-    assert set(data["ms_per_step"]["native"]) == {f"{b}x{n}" for b, n in ckernels.CHOICE_SHAPES}
+    assert set(data["ms_per_step"]["native"]) == {f"{b}x{n}" for b, n in attention.CHOICE_SHAPES}
     path.write_text(json.dumps({**data, "native": not first}))  # a cached choice is not measured again
-    assert ckernels.prefer_native(kv, geo, 4, 2, str(path)) is (not first)
+    assert attention.prefer_native(kv, geo, 4, 2, str(path)) is (not first)

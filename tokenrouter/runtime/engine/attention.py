@@ -16,14 +16,28 @@ Grouped-query attention is done without repeating K/V: the query heads that shar
 are stacked as extra query rows. Masks and gather indices are built once per step
 (`build_meta`) and reused by every layer. The short group's attention is two batched
 matrix multiplies around a softmax; a prefill chunk uses torch's fused kernel.
+
+On CPU in float32 the short requests can go instead to a C kernel (`ckernels.py`,
+`build_meta(native=True)`, chosen per engine by `Engine`): one call per layer for all of
+them, each token attending to its own request's keys where they lie in the cache, with no
+gather and no padding (each token is computed alone, so batch invariance holds by
+construction); prefill chunks still take torch's fused kernel. Which path is faster differs
+by host and thread count, so it is measured (`prefer_native`) and cached, not assumed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from . import ckernels
+from .kernels import host_key, write_json
 
 SHORT_Q = 16
 
@@ -183,10 +197,9 @@ def paged_attention(q: torch.Tensor, kv_cache, layer: int, meta: AttnMeta, scale
     g = nh // kvh
     out = None
     if meta.native is not None:
-        from .ckernels import paged_attention as native_attention
         out = q.new_empty(t, nh * hd)
         n = meta.native
-        native_attention(q, kv_cache.kv[layer], n.tables, n.rows, n.reqs, n.lens, scale, out)
+        ckernels.paged_attention(q, kv_cache.kv[layer], n.tables, n.rows, n.reqs, n.lens, scale, out)
     for grp in meta.groups:
         b, qm = grp.rows.shape
         qg = q if grp.dest is None else q.index_select(0, grp.rows.view(-1))
@@ -212,3 +225,67 @@ def paged_attention(q: torch.Tensor, kv_cache, layer: int, meta: AttnMeta, scale
             out = q.new_empty(t, nh * hd)
         out.index_copy_(0, grp.dest, o.index_select(0, grp.out_rows))
     return out
+
+
+# ------------------------------------------------------------------ which path: measured on this host
+
+# (requests, keys each) a choice is timed at: decode batches at short and long contexts
+CHOICE_SHAPES = ((1, 256), (8, 256), (1, 1024), (8, 1024))
+
+
+def _time_paths(kv_cache, geo, heads: int, layers: int, rounds: int = 3) -> dict[str, dict[str, float]]:
+    """ms per step (all layers) of torch's path and the C kernel at each `CHOICE_SHAPES` shape
+    that fits the cache, on the engine's own cache (values do not change the time), best of
+    `rounds`, the two paths interleaved so load hits both alike."""
+    hd = kv_cache.kv.shape[-1]
+    out: dict[str, dict[str, float]] = {"torch": {}, "native": {}}
+    usable = geo.num_blocks - 1
+    with torch.inference_mode():
+        for b, n in CHOICE_SHAPES:
+            nb = -(-n // geo.block_size)
+            if b * nb > usable:
+                continue
+            tables = [list(range(1 + i * nb, 1 + (i + 1) * nb)) for i in range(b)]
+            q = torch.zeros(b, heads, hd, dtype=kv_cache.kv.dtype)
+            metas = {path: build_meta([1] * b, [n] * b, tables, [0] * b, geo, q.dtype, "cpu", native=path == "native")
+                     for path in out}
+            key = f"{b}x{n}"
+            for r in range(rounds + 1):  # round 0 warms up
+                for path, meta in metas.items():
+                    t0 = time.perf_counter()
+                    for layer in range(layers):
+                        paged_attention(q, kv_cache, layer, meta, 1.0)
+                    dt = (time.perf_counter() - t0) * 1e3
+                    if r:
+                        out[path][key] = min(out[path].get(key, float("inf")), dt)
+    return out
+
+
+def prefer_native(kv_cache, geo, heads: int, layers: int, cache_path: str | None = None) -> bool:
+    """Whether the C kernel is faster than torch's path on this host, for this cache geometry
+    and thread count: measured once (`_time_paths`, well under a second on SmolLM2) and cached
+    at `cache_path`; the C kernel wins if its mean time ratio over the shapes is below 1. Its
+    rounding differs from torch's, so the choice is made once per engine, never per step."""
+    if cache_path and os.path.isfile(cache_path):
+        try:
+            with open(cache_path) as f:
+                return bool(json.load(f)["native"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    times = _time_paths(kv_cache, geo, heads, layers)
+    keys = list(times["native"])
+    ratio = sum(times["native"][k] / times["torch"][k] for k in keys) / len(keys) if keys else 1.0
+    native = ratio < 1.0
+    if cache_path:
+        write_json(cache_path, {"native": native, "mean_ratio_native_over_torch": ratio, "ms_per_step": times,
+                                 "threads": torch.get_num_threads(), "load_avg": os.getloadavg(),
+                                 "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    return native
+
+
+def choice_path(geo, heads: int, head_dim: int, layers: int) -> str:
+    """Where the choice for (host, threads, cache geometry) is cached."""
+    from ..loader.cache import cache_root
+    key = json.dumps({"host": host_key(), "geometry": [geo.block_size, geo.kv_heads, geo.q_per_kv, heads, head_dim,
+                                                      layers], "source": ckernels.source_hash()}, sort_keys=True)
+    return os.path.join(cache_root(), "attention-choice", hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")

@@ -63,7 +63,8 @@ import torch
 
 from tokenrouter.compiler.abi import FeatureNeeds
 
-from .attention import CacheGeometry, build_meta
+from .attention import CacheGeometry, build_meta, choice_path, prefer_native
+from .ckernels import NativeKernelError, available
 from .block_allocator import BlockAllocator, OutOfBlocks
 from .config import ModelConfig
 from .kv_cache import KVCache, default_num_blocks
@@ -149,7 +150,6 @@ class Engine:
             raise ValueError(f"attention=native runs on CPU in float32, not {self.device.type}/{self.dtype}")
         if not fits:
             return False
-        from .ckernels import NativeKernelError, available, choice_path, prefer_native
         why = available()
         if why is None:
             if attention == "native":

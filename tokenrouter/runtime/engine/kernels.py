@@ -288,7 +288,7 @@ def choose(linears: list[PlannedLinear], plan: dict | str | None = None, cache_p
             plans.update(measure(todo, progress=progress))
             timings.update(measure.last_timings)
             if cache_path:
-                _write_json(cache_path, {"host": host_key(), "plans": plans, "timings_ms": timings,
+                write_json(cache_path, {"host": host_key(), "plans": plans, "timings_ms": timings,
                                          "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                          "load_avg": os.getloadavg()})
     for lin in linears:
@@ -296,7 +296,8 @@ def choose(linears: list[PlannedLinear], plan: dict | str | None = None, cache_p
     return {lin.key: plans[lin.key] for lin in linears}
 
 
-def _write_json(path: str, data: dict) -> None:
+def write_json(path: str, data: dict) -> None:
+    """Write `data` as JSON at `path` atomically (concurrent processes share the cache)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
