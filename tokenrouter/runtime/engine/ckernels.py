@@ -4,7 +4,9 @@ torch's CPU kernels leave a decode step's attention to several generic ops per l
 gather of the request's whole blocks, two batched products around a softmax, a permute),
 and each costs its dispatch and a pass over the context. `csrc/paged_attention.c` does a
 decode or short-extend token's attention in one pass that reads K/V where they lie in the
-paged cache (`benchmarks/README.md`, "Engine", has the figures).
+paged cache (`benchmarks/README.md`, "Engine", has the figures). `csrc/elementwise.c` fuses
+a quantised layer's RMSNorm and SwiGLU with the casts to the bfloat16 its int4/int8 kernels
+read (`model.Model`), one call where torch runs three to five ops.
 
 It is plain C, no torch headers: built at first use with the host's C compiler
 (`cc -O3 -march=native -ffp-contract=fast -fopenmp`, `$CC` to choose another; without
@@ -28,7 +30,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "paged_attention.c")
+_CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+SOURCES = tuple(os.path.join(_CSRC, n) for n in ("paged_attention.c", "elementwise.c"))
+LIB_PREFIX = "tokenrouter-kernels-"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c11", "-shared", "-fPIC")
 OPENMP = ("-fopenmp",)
 
@@ -64,28 +68,27 @@ def _build_with(cc: str, extra: tuple[str, ...]) -> str:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise NativeKernelError(f"C compiler {cc!r} does not run: {e}") from e
-    with open(SOURCE, "rb") as f:
-        src = f.read()
+    src = b"".join(_read(p) for p in SOURCES)
     flags = (*FLAGS, *extra)
     key = hashlib.sha256(b"\0".join([src, cc.encode(), version.encode(), " ".join(flags).encode(),
                                      cpu_model().encode(), cpu_flags().encode()])).hexdigest()[:20]
     out_dir = os.path.join(cache_root(), "ckernels")
-    lib = os.path.join(out_dir, f"paged_attention-{key}.so")
+    lib = os.path.join(out_dir, f"{LIB_PREFIX}{key}.so")
     if os.path.isfile(lib):
         return lib
     os.makedirs(out_dir, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        r = subprocess.run([cc, *flags, SOURCE, "-o", tmp, "-lm"], capture_output=True, text=True, timeout=300)
+        r = subprocess.run([cc, *flags, *SOURCES, "-o", tmp, "-lm"], capture_output=True, text=True, timeout=300)
         if r.returncode:
-            raise NativeKernelError(f"{cc} failed to build {os.path.basename(SOURCE)}: {r.stderr.strip()[-2000:]}")
+            raise NativeKernelError(f"{cc} failed to build the C kernels: {r.stderr.strip()[-2000:]}")
         os.replace(tmp, lib)  # atomic: concurrent subservers never load half a library
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     for old in os.listdir(out_dir):  # builds of older sources or other flags (a loaded one stays mapped)
-        if old.startswith("paged_attention-") and old.endswith(".so") and old != os.path.basename(lib):
+        if old.endswith(".so") and old != os.path.basename(lib):
             try:
                 os.unlink(os.path.join(out_dir, old))
             except OSError:
@@ -115,6 +118,10 @@ def load():
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, i64, ctypes.c_void_p, i64, i64, i64, i64, i64, ctypes.c_void_p, i64,
                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, i64, ctypes.c_float, ctypes.c_void_p, i64, i64]
+    lib.tr_rms_norm_bf16.restype = None
+    lib.tr_rms_norm_bf16.argtypes = [ctypes.c_void_p, i64, ctypes.c_void_p, i64, i64, ctypes.c_float, ctypes.c_void_p]
+    lib.tr_silu_mul_bf16.restype = None
+    lib.tr_silu_mul_bf16.argtypes = [ctypes.c_void_p, i64, i64, ctypes.c_void_p]
     _lib = lib
     return lib
 
@@ -167,6 +174,39 @@ def paged_attention(q: torch.Tensor, kv_layer: torch.Tensor, tables: torch.Tenso
 
 
 def source_hash() -> str:
-    """A short hash of the kernel's source (a measured choice is kept per source)."""
-    with open(SOURCE, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()[:12]
+    """A short hash of the kernels' sources (a measured choice is kept per source)."""
+    return hashlib.sha256(b"".join(_read(p) for p in SOURCES)).hexdigest()[:12]
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+# ------------------------------------------------------------------ element-wise (quantised layers)
+
+def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of float32 rows x [T, H] times `weight` [H], rounded once to bfloat16: what
+    `layers.rms_norm` then `.to(torch.bfloat16)` compute, in one pass (the sum of squares in
+    another order, so a value can differ by one bfloat16 ulp)."""
+    lib = load()
+    t, n = x.shape
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.stride(1) != 1 or not weight.is_contiguous():
+        raise TypeError("rms_norm_bf16 takes float32 rows with contiguous elements and a contiguous float32 weight")
+    if weight.shape != (n,):
+        raise ValueError(f"weight has shape {tuple(weight.shape)}, expected ({n},)")
+    out = torch.empty(t, n, dtype=torch.bfloat16)
+    lib.tr_rms_norm_bf16(x.data_ptr(), x.stride(0), weight.data_ptr(), t, n, float(eps), out.data_ptr())
+    return out
+
+
+def silu_mul_bf16(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU of a fused bfloat16 gate|up projection [T, 2I] into bfloat16 [T, I] in one pass
+    (computed in float32, rounded once)."""
+    lib = load()
+    if gate_up.dtype != torch.bfloat16 or not gate_up.is_contiguous() or gate_up.shape[1] % 2:
+        raise TypeError("silu_mul_bf16 takes a contiguous bfloat16 [T, 2I] tensor")
+    t, n2 = gate_up.shape
+    out = torch.empty(t, n2 // 2, dtype=torch.bfloat16)
+    lib.tr_silu_mul_bf16(gate_up.data_ptr(), t, n2 // 2, out.data_ptr())
+    return out
