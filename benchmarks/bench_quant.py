@@ -9,6 +9,8 @@ many), batches 1, 4, 8 and 16. Configurations:
   (the file's Q8_0 embedding) as int4 (`--head-quant` to change), one row-invariant kernel per shape, chosen by
   the plan measured on this host at first load;
 - `int4`, `int8`: the float32 weights quantised on load (int4: min/max per group of 32);
+- `native-torch-attention`, `native-unfused` (not run by default): `native` without the C
+  decode-attention kernel, or without the fused RMSNorm/SwiGLU casts, to measure each;
 - `llama.cpp`: upstream llama.cpp's server (the `xllamacpp` wheel, in its own process) with
   as many slots as concurrent requests, continuous batching, requests over loopback HTTP.
 
@@ -42,6 +44,8 @@ from tokenrouter.runtime.host import host_info, load_average
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROMPT, NEW = 32, 128
 OURS = ("none", "native", "int4", "int8")
+# `native` with one of the engine's CPU fast paths turned off, to measure what each gives
+VARIANTS = {"native-torch-attention": {"attention": "torch"}, "native-unfused": {"fused_elementwise": False}}
 
 
 def prompts(batch: int, vocab: int) -> list[list[int]]:
@@ -62,11 +66,16 @@ def rss_mb(pid: int | str = "self") -> float:
 def build_engine(quant: str, head_quant: str | None = None):
     from tokenrouter.runtime.engine.engine import Engine
     from tokenrouter.runtime.loader import load_model
+    variant = VARIANTS.get(quant, {})
+    quant = "native" if variant else quant
     m = load_model("smollm2-135m", quant="native" if quant == "native" else "none")
     kw = m.engine_kwargs(quant)
     if head_quant and quant != "none":
         kw["head_quant"] = head_quant
-    eng = Engine(m.config, m.weights, max_model_len=PROMPT + NEW + 16, num_blocks=16 * 12 + 8, **kw)
+    eng = Engine(m.config, m.weights, max_model_len=PROMPT + NEW + 16, num_blocks=16 * 12 + 8,
+                 attention=variant.get("attention"), **kw)
+    if "fused_elementwise" in variant:
+        eng.model.fused_elementwise = variant["fused_elementwise"]
     return m, eng
 
 
@@ -188,7 +197,9 @@ def main() -> int:
     ap.add_argument("--batches", default=None, help="comma-separated (default 1,4,8,16)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--configs", default=",".join((*OURS, "llama.cpp")),
-                    help="comma-separated subset of none,native,int4,int8,llama.cpp (default all)")
+                    help="comma-separated subset of none,native,int4,int8,llama.cpp (default: these) and "
+                         "native-torch-attention,native-unfused (native without the C attention kernel, "
+                         "without the fused RMSNorm/SwiGLU casts)")
     ap.add_argument("--head-quant", choices=("int4", "int8", "none"), default=None,
                     help="the LM head's format in the quantised configurations (default: the engine's)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
@@ -210,10 +221,10 @@ def main() -> int:
            "new_tokens": NEW, "head_quant": a.head_quant or "the engine's default", "rounds": rounds, "runs": [], "rss_mb": {}, "plans": {}}
     print(f"host: {res['host']}", flush=True)
     configs = [c for c in a.configs.split(",") if c]
-    bad = set(configs) - {*OURS, "llama.cpp"}
+    bad = set(configs) - {*OURS, *VARIANTS, "llama.cpp"}
     if bad:
         ap.error(f"unknown configs {sorted(bad)}")
-    ours = [c for c in OURS if c in configs]
+    ours = [c for c in (*OURS, *VARIANTS) if c in configs]
     res["configs"] = configs
     engines = {}
     for q in ours:
@@ -230,7 +241,7 @@ def main() -> int:
                     run = servers[b].run(b, vocab) if name == "llama.cpp" else ours_run(engines[name], b)
                     res["runs"].append({"config": name, "batch": b, "round": r, **run})
                     floor = f" ({run['ms_matrices']:.1f} in the matrices)" if run.get("ms_matrices") else ""
-                    print(f"round {r} B={b:2d} {name:9s} {run['tok_s']:7.1f} tok/s {run['ms_step']:7.1f} ms/step{floor} "
+                    print(f"round {r} B={b:2d} {name:22s} {run['tok_s']:7.1f} tok/s {run['ms_step']:7.1f} ms/step{floor} "
                           f"(load {run['load']:.1f})", flush=True)
         for b, s in servers.items():
             res["rss_mb"][f"llama.cpp (B={b} slots)"] = s.rss()
@@ -238,7 +249,7 @@ def main() -> int:
         for s in servers.values():
             s.close()
     engines.clear()
-    for q in ours:  # each format alone in a fresh process
+    for q in (q for q in ours if q not in VARIANTS):  # each format alone in a fresh process (a variant is native's)
         head = ["--head-quant", a.head_quant] if a.head_quant else []
         out = subprocess.run([sys.executable, __file__, "--rss-child", q, *head], capture_output=True, text=True,
                              timeout=900)
