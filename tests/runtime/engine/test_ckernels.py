@@ -136,25 +136,13 @@ def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.view(torch.int16).int() - b.view(torch.int16).int()).abs()
 
 
-def test_the_fused_rms_norm_and_swiglu_round_like_torch_within_one_bfloat16_step():
-    from tokenrouter.runtime.engine.layers import rms_norm, silu_mul
+def test_the_fused_swiglu_rounds_like_torch_within_one_bfloat16_step():
+    from tokenrouter.runtime.engine.layers import silu_mul
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(7, 576, generator=g) * 3
-    w = torch.randn(576, generator=g)
-    ref = rms_norm(x, w, 1e-5).to(torch.bfloat16)
-    ours = ckernels.rms_norm_bf16(x, w, 1e-5)
-    assert _ulps_apart(ours, ref).max() <= 1 and (ours == ref).float().mean() > 0.95
-    strided = torch.randn(7, 600, generator=g)[:, :576]  # rows farther apart than their length
-    torch.testing.assert_close(ckernels.rms_norm_bf16(strided, w, 1e-5).float(),
-                               rms_norm(strided.contiguous(), w, 1e-5).to(torch.bfloat16).float(), rtol=1e-2, atol=0)
     gu = (torch.randn(5, 2 * 1536, generator=g) * 4).to(torch.bfloat16)
     ref = silu_mul(gu.float()).to(torch.bfloat16)
     ours = ckernels.silu_mul_bf16(gu)
     assert _ulps_apart(ours, ref).max() <= 1 and (ours == ref).float().mean() > 0.95
-    # each row alone gives the same bits (batch invariance)
-    assert torch.equal(ckernels.silu_mul_bf16(gu[2:3].clone()), ours[2:3])
-    assert torch.equal(ckernels.rms_norm_bf16(x[4:5].clone(), w, 1e-5), ckernels.rms_norm_bf16(x, w, 1e-5)[4:5])
+    assert torch.equal(ckernels.silu_mul_bf16(gu[2:3].clone()), ours[2:3])  # a row alone: the same bits
     with pytest.raises(TypeError):
         ckernels.silu_mul_bf16(gu.float())
-    with pytest.raises(ValueError):
-        ckernels.rms_norm_bf16(x, w[:10], 1e-5)

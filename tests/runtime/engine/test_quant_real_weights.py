@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tokenrouter.runtime.engine import ckernels
 from tokenrouter.runtime.engine.engine import Engine
 
 pytestmark = pytest.mark.real_weights
@@ -33,12 +34,19 @@ def _run(eng, prompts, forced=None):
     return torch.stack(logits), toks
 
 
+# Both engines on one attention path: the float32 reference's and the quantised engine's
+# roundings then differ only by the format. Agreement sits at the threshold: measured on an
+# Intel Xeon, native was 325/328 with both on the C kernel and 324/328 with both on torch's
+# path or with a fused RMSNorm (one position either way).
+ATTENTION = "native" if ckernels.available() is None else "torch"
+
+
 @pytest.fixture(scope="module")
 def reference():
     from tokenrouter.runtime.loader import load_model
     m = load_model("smollm2-135m")
     prompts = [m.tokenizer.encode(p) for p in PROMPTS]
-    eng = Engine(m.config, m.weights, num_blocks=64, max_model_len=128)
+    eng = Engine(m.config, m.weights, num_blocks=64, max_model_len=128, attention=ATTENTION)
     logits, toks = _run(eng, prompts)
     return m, prompts, logits, toks
 
@@ -51,7 +59,7 @@ def test_quantised_formats_agree_with_float32_on_greedy_tokens(reference, quant,
     m, prompts, ref, toks = reference
     src = load_model("smollm2-135m", quant="native") if quant == "native" else m
     eng = Engine(src.config, src.weights, num_blocks=64, max_model_len=128, quant=quant,
-                 kernel_plan="int4" if quant != "int8" else "int8")
+                 kernel_plan="int4" if quant != "int8" else "int8", attention=ATTENTION)
     got, _ = _run(eng, prompts, forced=toks)
     agree = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
     dmax = (got - ref).abs().max().item()

@@ -5,8 +5,8 @@ gather of the request's whole blocks, two batched products around a softmax, a p
 and each costs its dispatch and a pass over the context. `csrc/paged_attention.c` does a
 decode or short-extend token's attention in one pass that reads K/V where they lie in the
 paged cache (`benchmarks/README.md`, "Engine", has the figures). `csrc/elementwise.c` fuses
-a quantised layer's RMSNorm and SwiGLU with the casts to the bfloat16 its int4/int8 kernels
-read (`model.Model`), one call where torch runs three to five ops.
+a quantised layer's SwiGLU with the casts around it (`model.Model`), one call where torch
+runs five ops.
 
 It is plain C, no torch headers: built at first use with the host's C compiler
 (`cc -O3 -march=native -ffp-contract=fast -fopenmp`, `$CC` to choose another; without
@@ -118,8 +118,6 @@ def load():
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, i64, ctypes.c_void_p, i64, i64, i64, i64, i64, ctypes.c_void_p, i64,
                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, i64, ctypes.c_float, ctypes.c_void_p, i64, i64]
-    lib.tr_rms_norm_bf16.restype = None
-    lib.tr_rms_norm_bf16.argtypes = [ctypes.c_void_p, i64, ctypes.c_void_p, i64, i64, ctypes.c_float, ctypes.c_void_p]
     lib.tr_silu_mul_bf16.restype = None
     lib.tr_silu_mul_bf16.argtypes = [ctypes.c_void_p, i64, i64, ctypes.c_void_p]
     _lib = lib
@@ -184,21 +182,6 @@ def _read(path: str) -> bytes:
 
 
 # ------------------------------------------------------------------ element-wise (quantised layers)
-
-def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of float32 rows x [T, H] times `weight` [H], rounded once to bfloat16: what
-    `layers.rms_norm` then `.to(torch.bfloat16)` compute, in one pass (the sum of squares in
-    another order, so a value can differ by one bfloat16 ulp)."""
-    lib = load()
-    t, n = x.shape
-    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.stride(1) != 1 or not weight.is_contiguous():
-        raise TypeError("rms_norm_bf16 takes float32 rows with contiguous elements and a contiguous float32 weight")
-    if weight.shape != (n,):
-        raise ValueError(f"weight has shape {tuple(weight.shape)}, expected ({n},)")
-    out = torch.empty(t, n, dtype=torch.bfloat16)
-    lib.tr_rms_norm_bf16(x.data_ptr(), x.stride(0), weight.data_ptr(), t, n, float(eps), out.data_ptr())
-    return out
-
 
 def silu_mul_bf16(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU of a fused bfloat16 gate|up projection [T, 2I] into bfloat16 [T, I] in one pass

@@ -210,12 +210,6 @@ class Model:
         return lg
 
     # ---- a quantised layer with its casts fused (`fused_elementwise`) ------------------------
-    def _normed(self, h: torch.Tensor, weight: torch.Tensor, lin, eps: float) -> torch.Tensor:
-        """RMSNorm of h as `lin` reads it: bfloat16 in one pass for an integer kernel."""
-        if getattr(lin, "integer", False) and lin.act_dtype == torch.bfloat16 and h.dtype == torch.float32:
-            return ckernels.rms_norm_bf16(h, weight, eps)
-        return rms_norm(h, weight, eps)
-
     @staticmethod
     def _product(lin, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         """x @ lin.T (+ b) in the kernel's own output dtype (bfloat16 for an integer kernel):
@@ -226,12 +220,13 @@ class Model:
     def _fused_layer(self, i: int, ly: _Layer, h: torch.Tensor, cis: torch.Tensor, meta: AttnMeta, kv: KVCache,
                      eps: float) -> torch.Tensor:
         """One decoder layer of a quantised model, the same arithmetic as `forward`'s except that
-        RMSNorm and SwiGLU write the bfloat16 the integer kernels read in one pass each
-        (`ckernels`), and those kernels' bfloat16 outputs go into the float32 residual stream
-        by type promotion (exact): about 6 fewer ops a layer."""
+        SwiGLU writes the bfloat16 the down projection's integer kernel reads in one pass
+        (`ckernels.silu_mul_bf16`), and the integer kernels' bfloat16 outputs go into the
+        float32 residual stream by type promotion (exact) instead of a cast and an add: about
+        5 fewer ops a layer."""
         t = h.shape[0]
         nqk = self.nh + self.kvh
-        qkv = self._product(ly.qkv, self._normed(h, ly.ln1, ly.qkv, eps), ly.qkv_bias)
+        qkv = self._product(ly.qkv, rms_norm(h, ly.ln1, eps), ly.qkv_bias)
         qkv = qkv.to(self.dtype).view(t, nqk + self.kvh, self.hd)
         qk = qkv[:, :nqk]
         if ly.qk_norm is not None:
@@ -240,7 +235,7 @@ class Model:
         kv.write(i, meta.slot_mapping, qkv[:, self.nh:])
         o = paged_attention(qkv[:, :self.nh], kv, i, meta, self.scale)
         h = h + self._product(ly.o, o, ly.o_bias)
-        gu = self._product(ly.gate_up, self._normed(h, ly.ln2, ly.gate_up, eps))
+        gu = self._product(ly.gate_up, rms_norm(h, ly.ln2, eps))
         if gu.dtype == torch.bfloat16 and getattr(ly.down, "integer", False) and ly.down.act_dtype == torch.bfloat16:
             act = ckernels.silu_mul_bf16(gu.contiguous())
         else:

@@ -1,12 +1,12 @@
-/* Fused element-wise steps of a quantised decoder layer, each one pass instead of several
- * torch ops: RMSNorm straight into the bfloat16 the int4/int8 kernels read, and SwiGLU
- * from the gate|up projection's bfloat16 output straight into the down projection's input.
- * Rows are independent and each is computed in a fixed order, so a row's result never
- * depends on the rows beside it (batch invariance).
+/* A fused element-wise step of a quantised decoder layer, one pass instead of several torch
+ * ops: SwiGLU from the gate|up projection's bfloat16 output straight into the bfloat16 the
+ * down projection's int4/int8 kernel reads. Rows are independent, so a row's result never
+ * depends on the rows beside it (batch invariance). (RMSNorm stays torch's: a fused one
+ * summed its squares in another order, and that one-ulp difference moved SmolLM2's greedy
+ * agreement with float32 from 325 to 324 of 328 positions, under the 99% the formats keep.)
  *
  * bfloat16 is rounded to nearest even as torch rounds it (NaN stays a quiet NaN).
  */
-#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -47,29 +47,6 @@ static inline float exp_approx(float x) {
     float two_k;
     memcpy(&two_k, &bits, sizeof two_k);
     return p * two_k;
-}
-
-/* out[r] = bf16(x[r] / sqrt(mean(x[r]^2) + eps) * w), x float32 [rows, n], rows x_stride apart */
-void tr_rms_norm_bf16(const float *x, int64_t x_stride, const float *w, int64_t rows, int64_t n, float eps,
-                      uint16_t *out) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * x_stride;
-        float acc[LANES] = {0};
-        int64_t d = 0;
-        for (; d + LANES <= n; d += LANES)
-            for (int l = 0; l < LANES; l++)
-                acc[l] += xr[d + l] * xr[d + l];
-        for (int s = LANES / 2; s > 0; s /= 2)
-            for (int l = 0; l < s; l++)
-                acc[l] += acc[l + s];
-        float sum = acc[0];
-        for (; d < n; d++)
-            sum += xr[d] * xr[d];
-        const float inv = 1.0f / sqrtf(sum / (float)n + eps);
-        uint16_t *o = out + r * n;
-        for (d = 0; d < n; d++)
-            o[d] = to_bf16(xr[d] * inv * w[d]);
-    }
 }
 
 /* out[r, j] = bf16(silu(gate[r, j]) * up[r, j]) with gate|up = gu[r] (bfloat16 [rows, 2 * n]) */
