@@ -37,7 +37,7 @@ def _run(eng, prompts, forced=None):
 # Both engines on one attention path: the float32 reference's and the quantised engine's
 # roundings then differ only by the format. Agreement sits at the threshold: measured on an
 # Intel Xeon, native was 325/328 with both on the C kernel and 324/328 with both on torch's
-# path or with a fused RMSNorm (one position either way).
+# path (one position either way).
 ATTENTION = "native" if ckernels.available() is None else "torch"
 
 

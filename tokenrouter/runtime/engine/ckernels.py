@@ -4,9 +4,7 @@ torch's CPU kernels leave a decode step's attention to several generic ops per l
 gather of the request's whole blocks, two batched products around a softmax, a permute),
 and each costs its dispatch and a pass over the context. `csrc/paged_attention.c` does a
 decode or short-extend token's attention in one pass that reads K/V where they lie in the
-paged cache (`benchmarks/README.md`, "Engine", has the figures). `csrc/elementwise.c` fuses
-a quantised layer's SwiGLU with the casts around it (`model.Model`), one call where torch
-runs five ops.
+paged cache (`benchmarks/README.md`, "Engine", has the figures).
 
 It is plain C, no torch headers: built at first use with the host's C compiler
 (`cc -O3 -march=native -ffp-contract=fast -fopenmp`, `$CC` to choose another; without
@@ -31,7 +29,7 @@ import torch
 log = logging.getLogger(__name__)
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-SOURCES = tuple(os.path.join(_CSRC, n) for n in ("paged_attention.c", "elementwise.c"))
+SOURCES = tuple(os.path.join(_CSRC, n) for n in ("paged_attention.c",))
 LIB_PREFIX = "tokenrouter-kernels-"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c11", "-shared", "-fPIC")
 OPENMP = ("-fopenmp",)
@@ -118,8 +116,6 @@ def load():
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, i64, ctypes.c_void_p, i64, i64, i64, i64, i64, ctypes.c_void_p, i64,
                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, i64, ctypes.c_float, ctypes.c_void_p, i64, i64]
-    lib.tr_silu_mul_bf16.restype = None
-    lib.tr_silu_mul_bf16.argtypes = [ctypes.c_void_p, i64, i64, ctypes.c_void_p]
     _lib = lib
     return lib
 
@@ -179,17 +175,3 @@ def source_hash() -> str:
 def _read(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
-
-
-# ------------------------------------------------------------------ element-wise (quantised layers)
-
-def silu_mul_bf16(gate_up: torch.Tensor) -> torch.Tensor:
-    """SwiGLU of a fused bfloat16 gate|up projection [T, 2I] into bfloat16 [T, I] in one pass
-    (computed in float32, rounded once)."""
-    lib = load()
-    if gate_up.dtype != torch.bfloat16 or not gate_up.is_contiguous() or gate_up.shape[1] % 2:
-        raise TypeError("silu_mul_bf16 takes a contiguous bfloat16 [T, 2I] tensor")
-    t, n2 = gate_up.shape
-    out = torch.empty(t, n2 // 2, dtype=torch.bfloat16)
-    lib.tr_silu_mul_bf16(gate_up.data_ptr(), t, n2 // 2, out.data_ptr())
-    return out

@@ -128,10 +128,6 @@ class Engine:
         self.q_per_kv = config.num_attention_heads // config.num_key_value_heads
         self.geometry = CacheGeometry(block_size, cache_blocks, config.num_key_value_heads, self.q_per_kv)
         self.native_attention = self._native_attention(attention)
-        # a quantised CPU model's RMSNorm/SwiGLU fused with their casts, wherever the C kernels load
-        self.model.fused_elementwise = (quant != "none" and self.device.type == "cpu"
-                                        and any(getattr(m, "integer", False) for m in self.model.linears())
-                                        and available() is None)
         self.graphs = None
         if use_graphs:
             from .graphs import GraphRunner

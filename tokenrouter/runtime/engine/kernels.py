@@ -112,18 +112,6 @@ class PlannedLinear:
         self._float = None
         self.source = None
 
-    @property
-    def integer(self) -> bool:
-        """Whether the finalized plan runs every row count on one integer kernel (int4/int8),
-        which reads and writes the activation dtype (`raw`)."""
-        kinds = {k for _, k in self.plan}
-        return len(kinds) == 1 and kinds <= {"int4", "int8"}
-
-    def raw(self, x: torch.Tensor) -> torch.Tensor:
-        """For an `integer` plan: x in the activation dtype -> the product in it, no casts, for
-        a caller that fuses them (`model.Model`)."""
-        return self.impl[self.plan[-1][1]].raw(x)
-
     def kernel_for(self, rows: int) -> str:
         for upto, k in self.plan:
             if rows <= upto:

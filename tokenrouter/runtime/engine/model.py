@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import torch
 
-from . import ckernels
 from .attention import AttnMeta, paged_attention
 from .config import ModelConfig
 from .kv_cache import KVCache
@@ -170,8 +169,6 @@ class Model:
         scaling = dict(c.rope_scaling) if c.rope_scaling else None
         self.rotary = Rotary(self.hd, c.rope_theta, scaling, max_len, device, dtype)
         self.scale = self.hd ** -0.5
-        # set by the engine once the kernel plan is final and the C kernels load (quantised CPU models)
-        self.fused_elementwise = False
 
     def _qk_norm(self, qn: torch.Tensor | None, kn: torch.Tensor | None) -> torch.Tensor | None:
         if qn is None or kn is None:
@@ -209,39 +206,6 @@ class Model:
             lg.scatter_(1, top, exact.to(lg.dtype))
         return lg
 
-    # ---- a quantised layer with its casts fused (`fused_elementwise`) ------------------------
-    @staticmethod
-    def _product(lin, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        """x @ lin.T (+ b) in the kernel's own output dtype (bfloat16 for an integer kernel):
-        its float32 consumers (residual adds, rotary) promote it without a separate cast."""
-        y = lin.raw(x.to(lin.act_dtype)) if getattr(lin, "integer", False) else linear(x.float(), lin)
-        return y if b is None else y + b
-
-    def _fused_layer(self, i: int, ly: _Layer, h: torch.Tensor, cis: torch.Tensor, meta: AttnMeta, kv: KVCache,
-                     eps: float) -> torch.Tensor:
-        """One decoder layer of a quantised model, the same arithmetic as `forward`'s except that
-        SwiGLU writes the bfloat16 the down projection's integer kernel reads in one pass
-        (`ckernels.silu_mul_bf16`), and the integer kernels' bfloat16 outputs go into the
-        float32 residual stream by type promotion (exact) instead of a cast and an add: about
-        5 fewer ops a layer."""
-        t = h.shape[0]
-        nqk = self.nh + self.kvh
-        qkv = self._product(ly.qkv, rms_norm(h, ly.ln1, eps), ly.qkv_bias)
-        qkv = qkv.to(self.dtype).view(t, nqk + self.kvh, self.hd)
-        qk = qkv[:, :nqk]
-        if ly.qk_norm is not None:
-            torch.mul(rms_norm(qk, None, eps), ly.qk_norm, out=qk)
-        self.rotary.apply_(qk, cis)
-        kv.write(i, meta.slot_mapping, qkv[:, self.nh:])
-        o = paged_attention(qkv[:, :self.nh], kv, i, meta, self.scale)
-        h = h + self._product(ly.o, o, ly.o_bias)
-        gu = self._product(ly.gate_up, rms_norm(h, ly.ln2, eps))
-        if gu.dtype == torch.bfloat16 and getattr(ly.down, "integer", False) and ly.down.act_dtype == torch.bfloat16:
-            act = ckernels.silu_mul_bf16(gu.contiguous())
-        else:
-            act = silu_mul(gu.float())
-        return h + self._product(ly.down, act)
-
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMeta, kv: KVCache,
                 last_rows: torch.Tensor, hidden_layers: tuple[int, ...] = ()
                 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
@@ -261,11 +225,6 @@ class Model:
         t = h.shape[0]
         nqk = self.nh + self.kvh
         for i, ly in enumerate(self.layers):
-            if self.fused_elementwise:
-                h = self._fused_layer(i, ly, h, cis, meta, kv, eps)
-                if i + 1 in want:
-                    hidden[i + 1] = h[last_rows]
-                continue
             x = rms_norm(h, ly.ln1, eps)
             qkv = linear(x, ly.qkv, ly.qkv_bias).view(t, nqk + self.kvh, self.hd)
             qk = qkv[:, :nqk]
