@@ -111,9 +111,12 @@ def matrices_ms(eng, rows: int, passes: int = 5) -> float | None:
     return best * 1e3
 
 
-def rss_child(quant: str, head_quant: str | None) -> None:
-    """RSS after loading and one prefill + decode step (1 thread: only memory is measured here)."""
-    torch.set_num_threads(1)
+def rss_child(quant: str, head_quant: str | None, threads: int) -> None:
+    """RSS after loading and one prefill + decode step, at the run's thread count: the kernel
+    plan (and attention choice) the run measured are cached per thread count, so the child
+    reads them instead of measuring its own, which would build float copies of every matrix
+    and leave glibc holding them (a 1-thread child reported 1,462 MB for native, 722 once cached)."""
+    torch.set_num_threads(threads)
     _, eng = build_engine(quant, head_quant)
     ps = prompts(1, eng.config.vocab_size)
     out = eng.step([(0, ps[0])])
@@ -207,7 +210,7 @@ def main() -> int:
         server_child(a.server[0], int(a.server[1]), int(a.server[2]))
         return 0
     if a.rss_child:
-        rss_child(a.rss_child, a.head_quant)
+        rss_child(a.rss_child, a.head_quant, a.threads)
         return 0
     from tokenrouter.runtime.loader.registry import embedded_gguf
     torch.set_num_threads(a.threads)
@@ -248,7 +251,8 @@ def main() -> int:
     engines.clear()
     for q in (q for q in ours if q not in VARIANTS):  # each format alone in a fresh process (a variant is native's)
         head = ["--head-quant", a.head_quant] if a.head_quant else []
-        out = subprocess.run([sys.executable, __file__, "--rss-child", q, *head], capture_output=True, text=True,
+        out = subprocess.run([sys.executable, __file__, "--rss-child", q, "--threads", str(a.threads), *head],
+                             capture_output=True, text=True,
                              timeout=900)
         if out.returncode == 0:
             info = json.loads(out.stdout.strip().splitlines()[-1])
