@@ -163,11 +163,9 @@ class Int4Weight:
         self.act_dtype = act_dtype
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.raw(x.to(self.act_dtype)).to(x.dtype)
-
-    def raw(self, x: torch.Tensor) -> torch.Tensor:
-        """x in the activation dtype -> the product in it, no casts."""
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed, self.group, self.sz)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(self.act_dtype).contiguous(), self.packed,
+                                                       self.group, self.sz)
+        return y.to(x.dtype)
 
 
 class Int8Weight:
@@ -184,8 +182,4 @@ class Int8Weight:
         self.act_dtype = act_dtype
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.raw(x.to(self.act_dtype)).to(x.dtype)
-
-    def raw(self, x: torch.Tensor) -> torch.Tensor:
-        """x in the activation dtype -> the product in it, no casts."""
-        return torch._weight_int8pack_mm(x.contiguous(), self.codes, self.scale)
+        return torch._weight_int8pack_mm(x.to(self.act_dtype).contiguous(), self.codes, self.scale).to(x.dtype)
