@@ -116,16 +116,19 @@ def test_without_a_compiler_native_attention_says_why_and_auto_keeps_torchs_path
 
 
 def test_the_measured_choice_is_timed_once_and_then_read_from_its_cache(tmp_path):
-    kv = KVCache(ModelConfig(architecture="llama", vocab_size=32, hidden_size=64, intermediate_size=16,
-                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                             rms_norm_eps=1e-5, rope_theta=1e4, max_position_embeddings=2048,
-                             tie_word_embeddings=True, attention_bias=False, qk_norm=False), 600, 16, "cpu",
-                 torch.float32)
-    geo = CacheGeometry(16, 600, 2, 2)
+    cfg = ModelConfig(architecture="llama", vocab_size=32, hidden_size=64, intermediate_size=16, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=1e4,
+                      max_position_embeddings=2048, tie_word_embeddings=True, attention_bias=False, qk_norm=False)
+    kv = KVCache(cfg, 600, 16, "cpu", torch.float32)
     path = tmp_path / "choice.json"
-    first = attention.prefer_native(kv, geo, 4, 2, str(path))
+    first = attention.prefer_native(kv, CacheGeometry(16, 600, 2, 2), 4, 2, str(path))
     data = json.loads(path.read_text())
     assert data["native"] is first
     assert set(data["ms_per_step"]["native"]) == {f"{b}x{n}" for b, n in attention.CHOICE_SHAPES}
     path.write_text(json.dumps({**data, "native": not first}))  # a cached choice is not measured again
-    assert attention.prefer_native(kv, geo, 4, 2, str(path)) is (not first)
+    assert attention.prefer_native(kv, CacheGeometry(16, 600, 2, 2), 4, 2, str(path)) is (not first)
+    # a cache that holds none of the timed shapes decides nothing for a larger one
+    tiny = tmp_path / "tiny.json"
+    assert attention.prefer_native(KVCache(cfg, 8, 16, "cpu", torch.float32), CacheGeometry(16, 8, 2, 2), 4, 2,
+                                   str(tiny)) is False
+    assert not tiny.exists()

@@ -264,8 +264,10 @@ def _time_paths(kv_cache, geo, heads: int, layers: int, rounds: int = 3) -> dict
 def prefer_native(kv_cache, geo, heads: int, layers: int, cache_path: str | None = None) -> bool:
     """Whether the C kernel is faster than torch's path on this host, for this cache geometry
     and thread count: measured once (`_time_paths`, well under a second on SmolLM2) and cached
-    at `cache_path`; the C kernel wins if its mean time ratio over the shapes is below 1. Its
-    rounding differs from torch's, so the choice is made once per engine, never per step."""
+    at `cache_path`; the C kernel wins if its mean time ratio over the shapes is below 1. A
+    cache too small for any shape measures nothing and caches nothing (torch's path), so it
+    never decides for a larger cache of the same geometry. Its rounding differs from torch's,
+    so the choice is made once per engine, never per step."""
     if cache_path and os.path.isfile(cache_path):
         try:
             with open(cache_path) as f:
@@ -274,7 +276,9 @@ def prefer_native(kv_cache, geo, heads: int, layers: int, cache_path: str | None
             pass
     times = _time_paths(kv_cache, geo, heads, layers)
     keys = list(times["native"])
-    ratio = sum(times["native"][k] / times["torch"][k] for k in keys) / len(keys) if keys else 1.0
+    if not keys:  # no shape fits this cache: torch's path, and nothing cached for a larger one
+        return False
+    ratio = sum(times["native"][k] / times["torch"][k] for k in keys) / len(keys)
     native = ratio < 1.0
     if cache_path:
         write_json(cache_path, {"native": native, "mean_ratio_native_over_torch": ratio, "ms_per_step": times,
