@@ -199,7 +199,7 @@ def paged_attention(q: torch.Tensor, kv_cache, layer: int, meta: AttnMeta, scale
     if meta.native is not None:
         out = q.new_empty(t, nh * hd)
         n = meta.native
-        ckernels.paged_attention(q, kv_cache.kv[layer], n.tables, n.rows, n.reqs, n.lens, scale, out)
+        ckernels.paged_attention(q, kv_cache.layers[layer], n.tables, n.rows, n.reqs, n.lens, scale, out)
     for grp in meta.groups:
         b, qm = grp.rows.shape
         qg = q if grp.dest is None else q.index_select(0, grp.rows.view(-1))

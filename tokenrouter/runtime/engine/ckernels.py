@@ -4,7 +4,9 @@ torch's CPU kernels leave a decode step's attention to several generic ops per l
 gather of the request's whole blocks, two batched products around a softmax, a permute),
 and each costs its dispatch and a pass over the context. `csrc/paged_attention.c` does a
 decode or short-extend token's attention in one pass that reads K/V where they lie in the
-paged cache (`benchmarks/README.md`, "Engine", has the figures).
+paged cache (`benchmarks/README.md`, "Engine", has the figures). `csrc/decode_ops.c` does
+the element-wise stretches between a quantised layer's matrix products (residual add, RMSNorm,
+casts, RoPE, the K/V write, SwiGLU) in one pass each, where torch runs about 25 ops a layer.
 
 It is plain C, no torch headers: built at first use with the host's C compiler
 (`cc -O3 -march=native -ffp-contract=fast -fopenmp`, `$CC` to choose another; without
@@ -29,7 +31,8 @@ import torch
 log = logging.getLogger(__name__)
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-SOURCES = tuple(os.path.join(_CSRC, n) for n in ("paged_attention.c",))
+SOURCES = tuple(os.path.join(_CSRC, n) for n in ("paged_attention.c", "decode_ops.c"))
+HEADERS = tuple(os.path.join(_CSRC, n) for n in ("vexp.h",))
 LIB_PREFIX = "tokenrouter-kernels-"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c11", "-shared", "-fPIC")
 OPENMP = ("-fopenmp",)
@@ -66,7 +69,7 @@ def _build_with(cc: str, extra: tuple[str, ...]) -> str:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise NativeKernelError(f"C compiler {cc!r} does not run: {e}") from e
-    src = b"".join(_read(p) for p in SOURCES)
+    src = b"".join(_read(p) for p in (*SOURCES, *HEADERS))
     flags = (*FLAGS, *extra)
     key = hashlib.sha256(b"\0".join([src, cc.encode(), version.encode(), " ".join(flags).encode(),
                                      cpu_model().encode(), cpu_flags().encode()])).hexdigest()[:20]
@@ -116,6 +119,12 @@ def load():
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, i64, ctypes.c_void_p, i64, i64, i64, i64, i64, ctypes.c_void_p, i64,
                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, i64, ctypes.c_float, ctypes.c_void_p, i64, i64]
+    p, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    for name, args in (("tr_add_rmsnorm_bf16", [p, i64, p, i32, i64, p, f32, p, i64, i64, i64, i64]),
+                       ("tr_silu_mul_bf16", [p, i64, p, i64, i64, i64, i64]),
+                       ("tr_rope_write", [p, i32, i64, i64, i64, i64, i64, p, p, p, f32, p, i64, p, p, i64, i64])):
+        getattr(lib, name).restype = None
+        getattr(lib, name).argtypes = args
     _lib = lib
     return lib
 
@@ -167,9 +176,94 @@ def paged_attention(q: torch.Tensor, kv_layer: torch.Tensor, tables: torch.Tenso
         raise MemoryError("the C attention kernel could not allocate its scores")
 
 
+# ------------------------------------------------------------------ decode_ops.c
+# The engine calls these 90-120 times a SmolLM2 step. Each checks what would make the C code
+# read or write out of bounds (dtypes, shapes, row strides), which costs more than the call
+# itself at batch 1 (about 6 of 8 us); `check=False` skips that for a caller that has checked
+# the same shapes already (the fused forward checks its first layer; the others are alike).
+
+_BF16, _F32 = torch.bfloat16, torch.float32
+
+
+def _rows_ok(t: torch.Tensor, rows: int, cols: int, dtype: torch.dtype, name: str) -> None:
+    if t.dtype != dtype or t.dim() != 2 or t.shape[0] != rows or t.shape[1] < cols or t.stride(1) != 1 \
+            or t.device.type != "cpu":
+        raise ValueError(f"{name} must be a CPU {dtype} [{rows}, >= {cols}] tensor with contiguous rows, "
+                         f"not {t.dtype} {tuple(t.shape)} strides {t.stride()}")
+
+
+def add_rmsnorm_bf16(h: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor | None, eps: float,
+                     out: torch.Tensor | None, check: bool = True) -> None:
+    """h += y (in place; y bf16 or float32, or None), then out = bf16(rmsnorm(h) * w) when out
+    is given. h [T, H] float32, w [H] float32, out [T, H] bf16."""
+    lib = load()
+    t, n = h.shape
+    if check:
+        _rows_ok(h, t, n, _F32, "h")
+        if y is not None:
+            _rows_ok(y, t, n, y.dtype if y.dtype in (_BF16, _F32) else _F32, "y")
+        if out is not None:
+            _rows_ok(out, t, n, _BF16, "out")
+            if w is None or w.dtype != _F32 or w.shape != (n,) or not w.is_contiguous():
+                raise ValueError(f"w must be a contiguous float32 [{n}] tensor")
+    lib.tr_add_rmsnorm_bf16(h.data_ptr(), h.stride(0), None if y is None else y.data_ptr(),
+                            int(y is not None and y.dtype == _BF16), 0 if y is None else y.stride(0),
+                            None if out is None else w.data_ptr(), float(eps),
+                            None if out is None else out.data_ptr(), 0 if out is None else out.stride(0),
+                            t, n, torch.get_num_threads())
+
+
+def silu_mul_bf16(gate_up: torch.Tensor, out: torch.Tensor, check: bool = True) -> None:
+    """out = bf16(silu(gate) * up) for gate_up [T, 2 I] bf16 (gate | up), out [T, I] bf16."""
+    lib = load()
+    t, i = out.shape
+    if check:
+        _rows_ok(gate_up, t, 2 * i, _BF16, "gate_up")
+        _rows_ok(out, t, i, _BF16, "out")
+    lib.tr_silu_mul_bf16(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), out.stride(0), t, i,
+                         torch.get_num_threads())
+
+
+def rope_write(qkv: torch.Tensor, heads: int, kv_heads: int, cis: torch.Tensor, positions: torch.Tensor,
+               qk_norm: torch.Tensor | None, eps: float, kv_layer: torch.Tensor, slots: torch.Tensor,
+               q_out: torch.Tensor, check: bool = True) -> None:
+    """Rotate q and k (after Qwen3's per-head RMSNorm when `qk_norm` [heads + kv_heads, hd] is
+    given), write q to q_out [T, heads * hd] float32 and K/V to their `slots` of kv_layer
+    [2 * kv_heads, num_blocks, block_size, hd] float32. qkv [T, (heads + 2 kv_heads) * hd] bf16
+    or float32, interleaved heads; cis [max_len, hd / 2, 2] float32 (cos, sin); positions and
+    slots [T] int64 (the caller's to keep in range: the engine's block tables)."""
+    lib = load()
+    kvh2, nb, bs, hd = kv_layer.shape
+    t = qkv.shape[0]
+    if check:
+        _check_rope(qkv, heads, kv_heads, cis, positions, qk_norm, kv_layer, slots, q_out)
+    lib.tr_rope_write(qkv.data_ptr(), int(qkv.dtype == _BF16), qkv.stride(0), t, heads, kv_heads, hd,
+                      cis.data_ptr(), positions.data_ptr(), None if qk_norm is None else qk_norm.data_ptr(),
+                      float(eps), kv_layer.data_ptr(), nb * bs, slots.data_ptr(), q_out.data_ptr(),
+                      q_out.stride(0), torch.get_num_threads())
+
+
+def _check_rope(qkv, heads, kv_heads, cis, positions, qk_norm, kv_layer, slots, q_out) -> None:
+    kvh2, _, _, hd = kv_layer.shape
+    t = qkv.shape[0]
+    _rows_ok(qkv, t, (heads + kvh2) * hd, qkv.dtype if qkv.dtype in (_BF16, _F32) else _F32, "qkv")
+    _rows_ok(q_out, t, heads * hd, _F32, "q_out")
+    if kvh2 != 2 * kv_heads or kv_layer.dtype != _F32 or not kv_layer.is_contiguous() or hd % 2 or hd > 1024:
+        raise ValueError("kv_layer must be a contiguous float32 [2 * kv_heads, blocks, block_size, head_dim] "
+                         "tensor with an even head_dim of at most 1024")
+    if cis.dtype != _F32 or not cis.is_contiguous() or cis.shape[1:] != (hd // 2, 2):
+        raise ValueError(f"cis must be a contiguous float32 [max_len, {hd // 2}, 2] tensor")
+    for name, a in (("positions", positions), ("slots", slots)):
+        if a.dtype != torch.int64 or not a.is_contiguous() or a.numel() != t:
+            raise ValueError(f"{name} must be contiguous int64 with one entry per row")
+    if qk_norm is not None and (qk_norm.dtype != _F32 or not qk_norm.is_contiguous()
+                                or qk_norm.shape != (heads + kv_heads, hd)):
+        raise ValueError(f"qk_norm must be a contiguous float32 [{heads + kv_heads}, {hd}] tensor")
+
+
 def source_hash() -> str:
     """A short hash of the kernels' sources (a measured choice is kept per source)."""
-    return hashlib.sha256(b"".join(_read(p) for p in SOURCES)).hexdigest()[:12]
+    return hashlib.sha256(b"".join(_read(p) for p in (*SOURCES, *HEADERS))).hexdigest()[:12]
 
 
 def _read(path: str) -> bytes:

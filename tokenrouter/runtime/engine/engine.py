@@ -49,6 +49,10 @@ the cache; prefill chunks, other devices and dtypes run torch's path (`attention
 "torch" forces torch's path everywhere, "native" refuses to run without the C kernel; the
 default is `$TOKENROUTER_ATTENTION`, else "auto" (measured on this host, `_native_attention`).
 
+Quantised models run their element-wise work between the matrix products (residual adds,
+RMSNorm, casts, RoPE, the K/V write, SwiGLU) as three C calls a layer (`fused_ops`, on by
+default where the C kernels build; `Model._forward_fused`).
+
 `num_blocks=None` sizes the cache to a 1 GiB budget (at least one `max_model_len`
 sequence); `max_model_len=None` uses the model's `max_position_embeddings`.
 """
@@ -103,7 +107,7 @@ class Engine:
                  max_batched_tokens: int = 2048, cuda_graphs: bool | str = True, quant: str = "none",
                  act_dtype: torch.dtype = torch.bfloat16, head_quant: str = "auto",
                  kernel_plan: dict | str | None = None, plan_cache: str | None = None,
-                 attention: str | None = None):
+                 attention: str | None = None, fused_ops: bool | None = None):
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype
@@ -119,6 +123,7 @@ class Engine:
         if quant != "none":
             from .kernels import choose
             self.kernel_plans = choose(self.model.linears(), kernel_plan, plan_cache)
+        self.model.fused = self._fused_ops(fused_ops)
         # "eager": the graphs' padded static-shape steps without capturing, on any device (tests)
         use_graphs = cuda_graphs == "eager" or (cuda_graphs is True and self.device.type == "cuda")
         # with graphs, one extra block past the allocator's range is the padding rows' scratch
@@ -161,6 +166,17 @@ class Engine:
             raise NativeKernelError(f"attention=native: {why}")
         log.warning("C attention kernel unavailable (%s); using torch's attention path", why)
         return False
+
+    def _fused_ops(self, want: bool | None) -> bool:
+        """Whether a quantised model's element-wise work runs in C (`Model.fused_problem`):
+        where it can unless `fused_ops=False`; `True` demands it. No measured choice: it
+        replaces ~25 ops a layer by 3 calls, so it cannot lose (`benchmarks/README.md`)."""
+        if want is False:
+            return False
+        why = self.model.fused_problem()
+        if why is not None and want:
+            raise ValueError(f"fused_ops=True: {why}")
+        return why is None
 
     # ---- bookkeeping -----------------------------------------------------------------
     @property

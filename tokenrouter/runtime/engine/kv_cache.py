@@ -42,6 +42,7 @@ class KVCache:
         self._by_slot = self.kv.view(layers, heads, num_blocks * block_size, hd)
         self._by_row = self.kv.view(layers, heads * num_blocks, block_size * hd)
         self._gathered: torch.Tensor | None = None  # reused gather buffer (CPU)
+        self.layers = list(self.kv.unbind(0))  # each layer's view, made once (C kernels take them)
 
     @property
     def k(self) -> torch.Tensor:

@@ -169,6 +169,8 @@ class Model:
         scaling = dict(c.rope_scaling) if c.rope_scaling else None
         self.rotary = Rotary(self.hd, c.rope_theta, scaling, max_len, device, dtype)
         self.scale = self.hd ** -0.5
+        self.fused = False  # the C element-wise path (`fused_problem`, `_forward_fused`); the engine sets it
+        self.act_dtype = act_dtype
 
     def _qk_norm(self, qn: torch.Tensor | None, kn: torch.Tensor | None) -> torch.Tensor | None:
         if qn is None or kn is None:
@@ -180,6 +182,23 @@ class Model:
         if self.quant == "none":
             return []
         return [self.lm_head] + [m for ly in self.layers for m in (ly.qkv, ly.o, ly.gate_up, ly.down)]
+
+    def fused_problem(self) -> str | None:
+        """Why `_forward_fused` cannot run this model, or None. It needs a quantised model on
+        CPU in float32 whose every decoder matrix (the LM head may be float) runs an integer kernel on bfloat16 activations (those
+        take and give bf16, which the C ops read and write), and the C kernels built here."""
+        if self.quant == "none":
+            return "the model is not quantised (quant=none keeps torch's exact float path)"
+        if self.dtype != torch.float32 or self.act_dtype != torch.bfloat16:
+            return f"it runs float32 models with bfloat16 activations, not {self.dtype}/{self.act_dtype}"
+        if self.rotary.cis.device.type != "cpu":
+            return "it runs on CPU"
+        decoder = [m for ly in self.layers for m in (ly.qkv, ly.o, ly.gate_up, ly.down)]  # the head is outside
+        floats = sorted({lin.key for lin in decoder for _, k in lin.plan if k not in ("int4", "int8")})
+        if floats:
+            return f"matrices {', '.join(floats)} run a float kernel on this host"
+        from . import ckernels
+        return ckernels.available()
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_q is not None:
@@ -214,6 +233,8 @@ class Model:
         Returns the final-normed hidden state at `last_rows` [n, H] (the LM head's input)
         and {layer: [n, H]} for the requested layers (0 = embeddings, i = after layer i,
         -1 = after the final norm)."""
+        if self.fused:
+            return self._forward_fused(token_ids, positions, meta, kv, last_rows, set(hidden_layers))
         c = self.config
         eps = c.rms_norm_eps
         want = set(hidden_layers)
@@ -236,6 +257,48 @@ class Model:
             h = linear(o, ly.o, ly.o_bias, residual=h)
             x = rms_norm(h, ly.ln2, eps)
             h = linear(silu_mul(linear(x, ly.gate_up)), ly.down, residual=h)
+            if i + 1 in want:
+                hidden[i + 1] = h[last_rows]
+        last = rms_norm(h[last_rows], self.norm, eps)
+        if -1 in want:
+            hidden[-1] = last
+        return last, hidden
+
+    def _forward_fused(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMeta, kv: KVCache,
+                       last_rows: torch.Tensor, want: set[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """`forward` for a quantised model, with the element-wise work between the matrix products
+        in C (`ckernels`, `csrc/decode_ops.c`): per layer four integer-kernel products, RoPE and
+        the K/V write in one call, attention, and two calls that add the residual and normalise
+        into the next product's bf16 input. The residual stream stays float32, updated in place;
+        the results differ from `forward`'s by float rounding only (other reduction order in the
+        norms, another exp in SwiGLU), row by row, so batch invariance holds."""
+        from . import ckernels as ck
+        eps = self.config.rms_norm_eps
+        hidden: dict[int, torch.Tensor] = {}
+        h = self.embed(token_ids)
+        if h.dtype != torch.float32 or not h.is_contiguous():
+            h = h.to(torch.float32).contiguous()
+        if 0 in want:
+            hidden[0] = h[last_rows]
+        t, width = h.shape
+        cis = torch.view_as_real(self.rotary.cis)
+        x = h.new_empty(t, width, dtype=torch.bfloat16)
+        q = h.new_empty(t, self.nh, self.hd)
+        act = None
+        ck.add_rmsnorm_bf16(h, None, self.layers[0].ln1, eps, x)
+        for i, ly in enumerate(self.layers):
+            first = i == 0  # every layer's tensors have the first's shapes: check those once
+            qkv = ly.qkv(x, ly.qkv_bias)  # bf16; float32 with a bias added
+            ck.rope_write(qkv, self.nh, self.kvh, cis, positions, ly.qk_norm, eps, kv.layers[i], meta.slot_mapping,
+                          q.view(t, -1), check=first)
+            o = paged_attention(q, kv, i, meta, self.scale)
+            ck.add_rmsnorm_bf16(h, ly.o(o.to(torch.bfloat16), ly.o_bias), ly.ln2, eps, x, check=first)
+            gu = ly.gate_up(x)
+            if act is None:
+                act = gu.new_empty(t, gu.shape[1] // 2)
+            ck.silu_mul_bf16(gu, act, check=first)
+            nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else None
+            ck.add_rmsnorm_bf16(h, ly.down(act), nxt, eps, None if nxt is None else x, check=first or nxt is None)
             if i + 1 in want:
                 hidden[i + 1] = h[last_rows]
         last = rms_norm(h[last_rows], self.norm, eps)

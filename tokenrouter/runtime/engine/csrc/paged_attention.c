@@ -24,6 +24,8 @@
 #include <omp.h>
 #endif
 
+#include "vexp.h"
+
 #define LANES 16
 #define MAX_GROUP 8
 
@@ -56,31 +58,10 @@ static float max_of(const float *s, int64_t n) {
     return m;
 }
 
-/* s[j] = exp(s[j] - m) / sum for j < n (the sum added in a fixed order).
- * exp(x) = 2^k * e^f with k = round(x log2 e) (by the 1.5 * 2^23 trick: no libm call, so
- * the loop vectorises; libm's expf is a scalar call per key), |f| <= ln 2 / 2 and e^f from
- * its degree-7 Taylor polynomial (relative error under 1e-8 before float rounding). */
+/* s[j] = exp(s[j] - m) / sum for j < n (the sum added in a fixed order; `tr_exp`). */
 static void softmax_shifted(float *restrict s, int64_t n, float m) {
-    const float round_magic = 12582912.0f;
-    for (int64_t j = 0; j < n; j++) {
-        float x = s[j] - m;
-        x = x < -87.0f ? -87.0f : x; /* exp(-87) ~ 1.6e-38: the smallest normal float's order */
-        const float t = x * 1.44269504088896341f;
-        const float k = (t + round_magic) - round_magic;
-        const float f = (t - k) * 0.693147180559945309f;
-        float p = 1.0f / 5040.0f;
-        p = p * f + 1.0f / 720.0f;
-        p = p * f + 1.0f / 120.0f;
-        p = p * f + 1.0f / 24.0f;
-        p = p * f + 1.0f / 6.0f;
-        p = p * f + 0.5f;
-        p = p * f + 1.0f;
-        p = p * f + 1.0f;
-        const int32_t bits = ((int32_t)k + 127) << 23;
-        float two_k;
-        memcpy(&two_k, &bits, sizeof two_k);
-        s[j] = p * two_k;
-    }
+    for (int64_t j = 0; j < n; j++)
+        s[j] = tr_exp(s[j] - m);
     float acc[LANES] = {0};
     int64_t j = 0;
     for (; j + LANES <= n; j += LANES)

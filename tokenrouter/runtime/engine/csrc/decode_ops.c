@@ -1,0 +1,157 @@
+/* The element-wise work between a quantised layer's matrix products, one call each where
+ * torch needs several ops (and a dispatch, an allocation and a pass over memory for each).
+ *
+ * A quantised decoder layer runs four int4/int8 products on bfloat16 activations. Between
+ * them torch's path casts bf16 -> float32, adds the residual, normalises (6 ATen ops inside
+ * `rms_norm`), casts back to bf16, rotates q and k (a complex multiply), scatters K/V into
+ * the cache and applies SwiGLU: about 25 ops a layer, 55% of a batch-1 SmolLM2 step on a
+ * 2-core host. Here each stretch is one pass:
+ *
+ *   tr_add_rmsnorm_bf16  h += y (bf16 or float32); x = bf16(rmsnorm(h) * w)
+ *   tr_silu_mul_bf16     act = bf16(silu(gate) * up) from the fused bf16 gate|up product
+ *   tr_rope_write        q, k (optionally per-head RMSNorm first, Qwen3) rotated, K/V
+ *                        written to their cache slots, q written out in float32
+ *
+ * Arithmetic is float32 (the sum of squares in double), one row at a time, in an order that
+ * depends only on the row: a row's results are the same bits whatever else shares the call,
+ * so the engine's batch invariance holds. The values differ from torch's by float rounding
+ * (other reduction order, other exp), which tests bound. Rows are split among OpenMP threads
+ * only when a call has many of them (prefill chunks); a decode step's few rows would pay more
+ * for waking threads than they cost.
+ *
+ * bfloat16 is stored as uint16 (the high half of a float32); float -> bf16 rounds to nearest
+ * even, as torch does, and keeps NaN a NaN.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "vexp.h"
+
+/* rows x columns below this run on one thread */
+#define PARALLEL_MIN 65536
+
+static inline float bf16_to_f32(uint16_t b) {
+    const uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it quiet, whatever its payload */
+        return (uint16_t)((bits >> 16) | 0x40u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+static inline float load_any(const void *p, int64_t i, int is_bf16) {
+    return is_bf16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* 1 / sqrt(mean(x^2) + eps) over n floats, the squares summed in double in index order */
+static inline float inv_rms(const float *x, int64_t n, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        ss += (double)x[i] * (double)x[i];
+    return 1.0f / sqrtf((float)(ss / (double)n) + eps);
+}
+
+/* For each of `rows` rows of `cols` floats: h += y when y is given (bf16 if y_bf16, else
+ * float32); then, when out is given, out = bf16((h * inv_rms(h)) * w). */
+void tr_add_rmsnorm_bf16(float *h, int64_t h_stride, const void *y, int y_bf16, int64_t y_stride,
+                         const float *w, float eps, uint16_t *out, int64_t out_stride, int64_t rows,
+                         int64_t cols, int64_t threads) {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows * cols >= PARALLEL_MIN)
+#endif
+    for (int64_t r = 0; r < rows; r++) {
+        float *hr = h + r * h_stride;
+        if (y) {
+            if (y_bf16) {
+                const uint16_t *yr = (const uint16_t *)y + r * y_stride;
+                for (int64_t i = 0; i < cols; i++)
+                    hr[i] += bf16_to_f32(yr[i]);
+            } else {
+                const float *yr = (const float *)y + r * y_stride;
+                for (int64_t i = 0; i < cols; i++)
+                    hr[i] += yr[i];
+            }
+        }
+        if (out) {
+            const float s = inv_rms(hr, cols, eps);
+            uint16_t *o = out + r * out_stride;
+            for (int64_t i = 0; i < cols; i++)
+                o[i] = f32_to_bf16((hr[i] * s) * w[i]);
+        }
+    }
+}
+
+/* act[r, i] = bf16(silu(g) * u) with g = gu[r, i], u = gu[r, inter + i] (bf16 in and out),
+ * silu(g) = g / (1 + exp(-g)). */
+void tr_silu_mul_bf16(const uint16_t *gu, int64_t gu_stride, uint16_t *act, int64_t act_stride,
+                      int64_t rows, int64_t inter, int64_t threads) {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows * inter >= PARALLEL_MIN)
+#endif
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *g = gu + r * gu_stride, *u = g + inter;
+        uint16_t *a = act + r * act_stride;
+        for (int64_t i = 0; i < inter; i++) {
+            const float x = bf16_to_f32(g[i]);
+            a[i] = f32_to_bf16(x / (1.0f + tr_exp(-x)) * bf16_to_f32(u[i]));
+        }
+    }
+}
+
+/* One token's q|k|v row (heads * hd + 2 * kv_heads * hd values, bf16 if qkv_bf16, else float32;
+ * each q/k head's dimensions interleaved as (re, im) pairs, `layers.interleave`):
+ *   - q and k heads: optionally RMSNorm over the head times qk_norm's row for it (Qwen3), then
+ *     rotated by cis[pos] (hd / 2 (cos, sin) pairs): (re, im) -> (re c - im s, re s + im c);
+ *   - q written to q_out (heads * hd floats a row, q_stride apart);
+ *   - k and v written at their slot of the cache layer [2 * kv_heads, slots, hd] (K heads, then V).
+ * qk_norm: [heads + kv_heads, hd] (q rows then k rows) or NULL. */
+void tr_rope_write(const void *qkv, int qkv_bf16, int64_t qkv_stride, int64_t rows, int64_t heads,
+                   int64_t kv_heads, int64_t hd, const float *cis, const int64_t *positions,
+                   const float *qk_norm, float eps, float *kv, int64_t slots_per_head,
+                   const int64_t *slots, float *q_out, int64_t q_stride, int64_t threads) {
+    const int64_t half = hd / 2;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows * (heads + 2 * kv_heads) * hd >= PARALLEL_MIN)
+#endif
+    for (int64_t r = 0; r < rows; r++) {
+        const float *c = cis + positions[r] * hd;
+        float head[1024];
+        for (int64_t hh = 0; hh < heads + 2 * kv_heads; hh++) {
+            const int64_t base = r * qkv_stride + hh * hd;
+            for (int64_t d = 0; d < hd; d++)
+                head[d] = load_any(qkv, base + d, qkv_bf16);
+            float *dst;
+            if (hh < heads)
+                dst = q_out + r * q_stride + hh * hd;
+            else /* K heads are the cache's first kv_heads, V heads the next */
+                dst = kv + ((hh - heads) * slots_per_head + slots[r]) * hd;
+            if (hh >= heads + kv_heads) { /* a V head: stored as it is */
+                memcpy(dst, head, sizeof(float) * (size_t)hd);
+                continue;
+            }
+            if (qk_norm) {
+                const float s = inv_rms(head, hd, eps);
+                const float *wn = qk_norm + hh * hd;
+                for (int64_t d = 0; d < hd; d++)
+                    head[d] = (head[d] * s) * wn[d];
+            }
+            for (int64_t j = 0; j < half; j++) {
+                const float re = head[2 * j], im = head[2 * j + 1];
+                const float cs = c[2 * j], sn = c[2 * j + 1];
+                dst[2 * j] = re * cs - im * sn;
+                dst[2 * j + 1] = re * sn + im * cs;
+            }
+        }
+    }
+}
