@@ -9,8 +9,9 @@ many), batches 1, 4, 8 and 16. Configurations:
   (the file's Q8_0 embedding) as int4 (`--head-quant` to change), one row-invariant kernel per shape, chosen by
   the plan measured on this host at first load;
 - `int4`, `int8`: the float32 weights quantised on load (int4: min/max per group of 32);
-- `native-torch-attention` (not run by default): `native` without the C decode-attention
-  kernel, to measure what it gives;
+- `native-torch-attention`, `native-unfused` (not run by default): `native` without the C
+  decode-attention kernel, or without the C element-wise ops between the matrix products
+  (`fused_ops=False`), to measure what each gives;
 - `llama.cpp`: upstream llama.cpp's server (the `xllamacpp` wheel, in its own process) with
   as many slots as concurrent requests, continuous batching, requests over loopback HTTP.
 
@@ -44,8 +45,8 @@ from tokenrouter.runtime.host import host_info, load_average
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROMPT, NEW = 32, 128
 OURS = ("none", "native", "int4", "int8")
-# `native` with the engine's C attention kernel turned off, to measure what it gives
-VARIANTS = {"native-torch-attention": {"attention": "torch"}}
+# `native` with one of the engine's C paths turned off, to measure what it gives
+VARIANTS = {"native-torch-attention": {"attention": "torch"}, "native-unfused": {"fused_ops": False}}
 
 
 def prompts(batch: int, vocab: int) -> list[list[int]]:
@@ -72,8 +73,7 @@ def build_engine(quant: str, head_quant: str | None = None):
     kw = m.engine_kwargs(quant)
     if head_quant and quant != "none":
         kw["head_quant"] = head_quant
-    eng = Engine(m.config, m.weights, max_model_len=PROMPT + NEW + 16, num_blocks=16 * 12 + 8,
-                 attention=variant.get("attention"), **kw)
+    eng = Engine(m.config, m.weights, max_model_len=PROMPT + NEW + 16, num_blocks=16 * 12 + 8, **variant, **kw)
     return m, eng
 
 
@@ -199,7 +199,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--configs", default=",".join((*OURS, "llama.cpp")),
                     help="comma-separated subset of none,native,int4,int8,llama.cpp (default: these) and "
-                         "native-torch-attention (native without the C attention kernel)")
+                         "native-torch-attention, native-unfused (native without the C attention kernel, or "
+                         "without the C element-wise ops)")
     ap.add_argument("--head-quant", choices=("int4", "int8", "none"), default=None,
                     help="the LM head's format in the quantised configurations (default: the engine's)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))

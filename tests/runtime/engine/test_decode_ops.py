@@ -36,33 +36,45 @@ def _within_one_bf16_step(got: torch.Tensor, ref: torch.Tensor) -> None:
     assert ((g - r).abs() <= bound).all(), f"max |diff| {(g - r).abs().max():.3g}"
 
 
+DTYPES = st.sampled_from([torch.bfloat16, torch.float32])
+
+
+def _close(got: torch.Tensor, ref: torch.Tensor) -> None:
+    """bf16: one bf16 step; float32: float rounding."""
+    if got.dtype == torch.bfloat16:
+        _within_one_bf16_step(got, ref)
+    else:
+        torch.testing.assert_close(got, ref, rtol=2e-6, atol=1e-6)
+
+
 @settings(max_examples=40, deadline=None)
 @given(rows=st.integers(1, 70), cols=st.sampled_from([8, 24, 64, 576]), y_kind=st.sampled_from(["bf16", "f32", None]),
-       norm=st.booleans(), seed=st.integers(0, 10_000))
-def test_add_rmsnorm_is_torchs_add_then_rms_norm_to_one_bf16_step(rows, cols, y_kind, norm, seed):
+       norm=st.booleans(), out_dtype=DTYPES, seed=st.integers(0, 10_000))
+def test_add_rmsnorm_is_torchs_add_then_rms_norm(rows, cols, y_kind, norm, out_dtype, seed):
     g = torch.Generator().manual_seed(seed)
     h = torch.randn(rows, cols, generator=g) * 3
     w = torch.randn(cols, generator=g)
     y = None if y_kind is None else torch.randn(rows, cols, generator=g).to(
         torch.bfloat16 if y_kind == "bf16" else torch.float32)
     ref_h = h if y is None else h + y.float()
-    out = torch.empty(rows, cols, dtype=torch.bfloat16) if norm else None
-    ckernels.add_rmsnorm_bf16(h, y, w if norm else None, 1e-5, out)
+    out = torch.empty(rows, cols, dtype=out_dtype) if norm else None
+    ckernels.add_rmsnorm(h, y, w if norm else None, 1e-5, out)
     assert torch.equal(h, ref_h)  # the residual add is exact
     if norm:
-        _within_one_bf16_step(out, F.rms_norm(ref_h, (cols,), w, 1e-5).to(torch.bfloat16))
+        _close(out, F.rms_norm(ref_h, (cols,), w, 1e-5).to(out_dtype))
 
 
 @settings(max_examples=40, deadline=None)
-@given(rows=st.integers(1, 40), inter=st.sampled_from([4, 16, 1536]), seed=st.integers(0, 10_000))
-def test_silu_mul_is_torchs_swiglu_to_one_bf16_step(rows, inter, seed):
+@given(rows=st.integers(1, 40), inter=st.sampled_from([4, 16, 1536]), in_dtype=DTYPES, out_dtype=DTYPES,
+       seed=st.integers(0, 10_000))
+def test_silu_mul_is_torchs_swiglu(rows, inter, in_dtype, out_dtype, seed):
     g = torch.Generator().manual_seed(seed)
-    gu = (torch.randn(rows, 2 * inter, generator=g) * 4).to(torch.bfloat16)
+    gu = (torch.randn(rows, 2 * inter, generator=g) * 4).to(in_dtype)
     gu[0, 0] = -200.0  # far outside exp's range: silu is -0, not NaN
-    out = torch.empty(rows, inter, dtype=torch.bfloat16)
-    ckernels.silu_mul_bf16(gu, out)
+    out = torch.empty(rows, inter, dtype=out_dtype)
+    ckernels.silu_mul(gu, out)
     gate, up = gu.float().chunk(2, dim=-1)
-    _within_one_bf16_step(out, (F.silu(gate) * up).to(torch.bfloat16))
+    _close(out, (F.silu(gate) * up).to(out_dtype))
     assert not out.isnan().any()
 
 
@@ -109,11 +121,13 @@ def test_rope_write_is_torchs_rotation_and_cache_write(rows, kv_heads, group, hd
 def test_the_ops_refuse_tensors_they_would_read_out_of_bounds():
     h = torch.randn(3, 8)
     with pytest.raises(ValueError, match="out must be a CPU torch.bfloat16"):
-        ckernels.add_rmsnorm_bf16(h, None, torch.ones(8), 1e-5, torch.empty(2, 8, dtype=torch.bfloat16))
+        ckernels.add_rmsnorm(h, None, torch.ones(8), 1e-5, torch.empty(2, 8, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="out must be a CPU torch.float32"):
+        ckernels.add_rmsnorm(h, None, torch.ones(8), 1e-5, torch.empty(3, 8, dtype=torch.float64))
     with pytest.raises(ValueError, match="w must be a contiguous float32"):
-        ckernels.add_rmsnorm_bf16(h, None, torch.ones(4), 1e-5, torch.empty(3, 8, dtype=torch.bfloat16))
+        ckernels.add_rmsnorm(h, None, torch.ones(4), 1e-5, torch.empty(3, 8, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="gate_up must be"):
-        ckernels.silu_mul_bf16(torch.empty(3, 8, dtype=torch.bfloat16), torch.empty(3, 8, dtype=torch.bfloat16))
+        ckernels.silu_mul(torch.empty(3, 8, dtype=torch.bfloat16), torch.empty(3, 8, dtype=torch.bfloat16))
 
 
 # ------------------------------------------------------------------ the fused forward

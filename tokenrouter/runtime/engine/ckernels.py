@@ -120,8 +120,8 @@ def load():
     fn.argtypes = [ctypes.c_void_p, i64, ctypes.c_void_p, i64, i64, i64, i64, i64, ctypes.c_void_p, i64,
                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, i64, ctypes.c_float, ctypes.c_void_p, i64, i64]
     p, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    for name, args in (("tr_add_rmsnorm_bf16", [p, i64, p, i32, i64, p, f32, p, i64, i64, i64, i64]),
-                       ("tr_silu_mul_bf16", [p, i64, p, i64, i64, i64, i64]),
+    for name, args in (("tr_add_rmsnorm", [p, i64, p, i32, i64, p, f32, p, i32, i64, i64, i64, i64]),
+                       ("tr_silu_mul", [p, i32, i64, p, i32, i64, i64, i64, i64]),
                        ("tr_rope_write", [p, i32, i64, i64, i64, i64, i64, p, p, p, f32, p, i64, p, p, i64, i64])):
         getattr(lib, name).restype = None
         getattr(lib, name).argtypes = args
@@ -192,36 +192,40 @@ def _rows_ok(t: torch.Tensor, rows: int, cols: int, dtype: torch.dtype, name: st
                          f"not {t.dtype} {tuple(t.shape)} strides {t.stride()}")
 
 
-def add_rmsnorm_bf16(h: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor | None, eps: float,
-                     out: torch.Tensor | None, check: bool = True) -> None:
-    """h += y (in place; y bf16 or float32, or None), then out = bf16(rmsnorm(h) * w) when out
-    is given. h [T, H] float32, w [H] float32, out [T, H] bf16."""
+def _act(t: torch.Tensor) -> torch.dtype:
+    return t.dtype if t.dtype in (_BF16, _F32) else _F32  # anything else fails the check
+
+
+def add_rmsnorm(h: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor | None, eps: float,
+                out: torch.Tensor | None, check: bool = True) -> None:
+    """h += y (in place; y bf16 or float32, or None), then out = rmsnorm(h) * w when out is
+    given. h [T, H] float32, w [H] float32, out [T, H] bf16 or float32."""
     lib = load()
     t, n = h.shape
     if check:
         _rows_ok(h, t, n, _F32, "h")
         if y is not None:
-            _rows_ok(y, t, n, y.dtype if y.dtype in (_BF16, _F32) else _F32, "y")
+            _rows_ok(y, t, n, _act(y), "y")
         if out is not None:
-            _rows_ok(out, t, n, _BF16, "out")
+            _rows_ok(out, t, n, _act(out), "out")
             if w is None or w.dtype != _F32 or w.shape != (n,) or not w.is_contiguous():
                 raise ValueError(f"w must be a contiguous float32 [{n}] tensor")
-    lib.tr_add_rmsnorm_bf16(h.data_ptr(), h.stride(0), None if y is None else y.data_ptr(),
-                            int(y is not None and y.dtype == _BF16), 0 if y is None else y.stride(0),
-                            None if out is None else w.data_ptr(), float(eps),
-                            None if out is None else out.data_ptr(), 0 if out is None else out.stride(0),
-                            t, n, torch.get_num_threads())
+    lib.tr_add_rmsnorm(h.data_ptr(), h.stride(0), None if y is None else y.data_ptr(),
+                       int(y is not None and y.dtype == _BF16), 0 if y is None else y.stride(0),
+                       None if out is None else w.data_ptr(), float(eps), None if out is None else out.data_ptr(),
+                       int(out is not None and out.dtype == _BF16), 0 if out is None else out.stride(0),
+                       t, n, torch.get_num_threads())
 
 
-def silu_mul_bf16(gate_up: torch.Tensor, out: torch.Tensor, check: bool = True) -> None:
-    """out = bf16(silu(gate) * up) for gate_up [T, 2 I] bf16 (gate | up), out [T, I] bf16."""
+def silu_mul(gate_up: torch.Tensor, out: torch.Tensor, check: bool = True) -> None:
+    """out = silu(gate) * up for gate_up [T, 2 I] (gate | up), out [T, I]; each bf16 or float32."""
     lib = load()
     t, i = out.shape
     if check:
-        _rows_ok(gate_up, t, 2 * i, _BF16, "gate_up")
-        _rows_ok(out, t, i, _BF16, "out")
-    lib.tr_silu_mul_bf16(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), out.stride(0), t, i,
-                         torch.get_num_threads())
+        _rows_ok(gate_up, t, 2 * i, _act(gate_up), "gate_up")
+        _rows_ok(out, t, i, _act(out), "out")
+    lib.tr_silu_mul(gate_up.data_ptr(), int(gate_up.dtype == _BF16), gate_up.stride(0), out.data_ptr(),
+                    int(out.dtype == _BF16), out.stride(0), t, i, torch.get_num_threads())
 
 
 def rope_write(qkv: torch.Tensor, heads: int, kv_heads: int, cis: torch.Tensor, positions: torch.Tensor,
@@ -246,7 +250,7 @@ def rope_write(qkv: torch.Tensor, heads: int, kv_heads: int, cis: torch.Tensor, 
 def _check_rope(qkv, heads, kv_heads, cis, positions, qk_norm, kv_layer, slots, q_out) -> None:
     kvh2, _, _, hd = kv_layer.shape
     t = qkv.shape[0]
-    _rows_ok(qkv, t, (heads + kvh2) * hd, qkv.dtype if qkv.dtype in (_BF16, _F32) else _F32, "qkv")
+    _rows_ok(qkv, t, (heads + kvh2) * hd, _act(qkv), "qkv")
     _rows_ok(q_out, t, heads * hd, _F32, "q_out")
     if kvh2 != 2 * kv_heads or kv_layer.dtype != _F32 or not kv_layer.is_contiguous() or hd % 2 or hd > 1024:
         raise ValueError("kv_layer must be a contiguous float32 [2 * kv_heads, blocks, block_size, head_dim] "

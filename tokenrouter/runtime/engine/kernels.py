@@ -46,6 +46,7 @@ from .quant import Int4Weight, Int8Weight, QuantTensor, int4_shape_problem
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 PLAN_VERSION = 2  # 2: one row-invariant kernel per shape
+INT_KERNELS = ("int4", "int8")  # kernels that hold no float copy of the matrix
 
 
 def _mkl(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -120,7 +121,7 @@ class PlannedLinear:
 
     def run(self, kernel: str, x: torch.Tensor) -> torch.Tensor:
         impl = self.impl[kernel]
-        if kernel in ("int4", "int8"):
+        if kernel in INT_KERNELS:
             return impl(x)
         if kernel == "onednn":
             return onednn_linear(x, impl)
@@ -243,7 +244,7 @@ def _pick(best: dict[str, dict[int, float]], rows: list[int]) -> str:
     fastest = {r: min(t[r] for t in best.values()) for r in rows}
     slowdown = {k: sum(t[r] / fastest[r] for r in rows) / len(rows) for k, t in best.items()}
     winner = min(slowdown, key=slowdown.get)
-    ints = [k for k in ("int4", "int8") if k in slowdown]
+    ints = [k for k in INT_KERNELS if k in slowdown]
     if winner not in ints and ints and slowdown[ints[0]] <= FLOAT_MARGIN * slowdown[winner]:
         return ints[0]
     return winner
@@ -267,7 +268,7 @@ def choose(linears: list[PlannedLinear], plan: dict | str | None = None, cache_p
         for lin in linears:
             # the named kernel where it runs, else the matrix's own integer kernel, else float32
             cands = lin.candidates()
-            k = plan if plan in cands else next((c for c in ("int4", "int8", "onednn") if c in cands), "mkl")
+            k = plan if plan in cands else next((c for c in (*INT_KERNELS, "onednn") if c in cands), "mkl")
             plans[lin.key] = fixed_plan(k)
     elif isinstance(plan, dict):
         plans = {k: [tuple(p) for p in v] for k, v in plan.items()}

@@ -19,6 +19,7 @@ from .attention import AttnMeta, paged_attention
 from .config import ModelConfig
 from .kv_cache import KVCache
 from .layers import LinearWeight, Rotary, interleave, linear, rms_norm, silu_mul
+from .kernels import INT_KERNELS
 from .quant import (QUANTS, QuantError, QuantTensor, int4_shape_problem, quantize_int4, quantize_int8,
                     quantize_q8_0)
 
@@ -181,24 +182,31 @@ class Model:
         """The quantised model's matrices (`kernels.PlannedLinear`), for the kernel choice."""
         if self.quant == "none":
             return []
-        return [self.lm_head] + [m for ly in self.layers for m in (ly.qkv, ly.o, ly.gate_up, ly.down)]
+        return [self.lm_head] + self.decoder_linears()
+
+    def decoder_linears(self) -> list:
+        return [m for ly in self.layers for m in (ly.qkv, ly.o, ly.gate_up, ly.down)]
 
     def fused_problem(self) -> str | None:
         """Why `_forward_fused` cannot run this model, or None. It needs a quantised model on
-        CPU in float32 whose every decoder matrix (the LM head may be float) runs an integer kernel on bfloat16 activations (those
-        take and give bf16, which the C ops read and write), and the C kernels built here."""
+        CPU in float32 whose every decoder matrix (the LM head may be float) runs an integer
+        kernel, and the C kernels built here."""
         if self.quant == "none":
             return "the model is not quantised (quant=none keeps torch's exact float path)"
-        if self.dtype != torch.float32 or self.act_dtype != torch.bfloat16:
-            return f"it runs float32 models with bfloat16 activations, not {self.dtype}/{self.act_dtype}"
+        if self.dtype != torch.float32:
+            return f"it runs float32 models, not {self.dtype}"
         if self.rotary.cis.device.type != "cpu":
             return "it runs on CPU"
-        decoder = [m for ly in self.layers for m in (ly.qkv, ly.o, ly.gate_up, ly.down)]  # the head is outside
-        floats = sorted({lin.key for lin in decoder for _, k in lin.plan if k not in ("int4", "int8")})
+        floats = sorted({lin.key for lin in self.decoder_linears() for _, k in lin.plan if k not in INT_KERNELS})
         if floats:
             return f"matrices {', '.join(floats)} run a float kernel on this host"
         from . import ckernels
         return ckernels.available()
+
+    def fused_act_dtype(self) -> torch.dtype:
+        """The dtype of the fused path's matrix inputs: the integer kernels compute in `act_dtype`
+        (bfloat16 by default; float32 for the exactness runs), so the C ops write it directly."""
+        return self.act_dtype
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_q is not None:
@@ -268,8 +276,8 @@ class Model:
                        last_rows: torch.Tensor, want: set[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """`forward` for a quantised model, with the element-wise work between the matrix products
         in C (`ckernels`, `csrc/decode_ops.c`): per layer four integer-kernel products, RoPE and
-        the K/V write in one call, attention, and two calls that add the residual and normalise
-        into the next product's bf16 input. The residual stream stays float32, updated in place;
+        the K/V write in one call, attention, SwiGLU, and two calls that add the residual and
+        normalise into the next product's input (`fused_act_dtype`). The residual stream stays float32, updated in place;
         the results differ from `forward`'s by float rounding only (other reduction order in the
         norms, another exp in SwiGLU), row by row, so batch invariance holds."""
         from . import ckernels as ck
@@ -282,23 +290,24 @@ class Model:
             hidden[0] = h[last_rows]
         t, width = h.shape
         cis = torch.view_as_real(self.rotary.cis)
-        x = h.new_empty(t, width, dtype=torch.bfloat16)
+        act_dtype = self.fused_act_dtype()
+        x = h.new_empty(t, width, dtype=act_dtype)
         q = h.new_empty(t, self.nh, self.hd)
         act = None
-        ck.add_rmsnorm_bf16(h, None, self.layers[0].ln1, eps, x)
+        ck.add_rmsnorm(h, None, self.layers[0].ln1, eps, x)
         for i, ly in enumerate(self.layers):
             first = i == 0  # every layer's tensors have the first's shapes: check those once
-            qkv = ly.qkv(x, ly.qkv_bias)  # bf16; float32 with a bias added
+            qkv = ly.qkv(x, ly.qkv_bias)  # in act_dtype (float32 with a bias added)
             ck.rope_write(qkv, self.nh, self.kvh, cis, positions, ly.qk_norm, eps, kv.layers[i], meta.slot_mapping,
                           q.view(t, -1), check=first)
             o = paged_attention(q, kv, i, meta, self.scale)
-            ck.add_rmsnorm_bf16(h, ly.o(o.to(torch.bfloat16), ly.o_bias), ly.ln2, eps, x, check=first)
+            ck.add_rmsnorm(h, ly.o(o.to(act_dtype), ly.o_bias), ly.ln2, eps, x, check=first)
             gu = ly.gate_up(x)
             if act is None:
                 act = gu.new_empty(t, gu.shape[1] // 2)
-            ck.silu_mul_bf16(gu, act, check=first)
+            ck.silu_mul(gu, act, check=first)
             nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else None
-            ck.add_rmsnorm_bf16(h, ly.down(act), nxt, eps, None if nxt is None else x, check=first or nxt is None)
+            ck.add_rmsnorm(h, ly.down(act), nxt, eps, None if nxt is None else x, check=first or nxt is None)
             if i + 1 in want:
                 hidden[i + 1] = h[last_rows]
         last = rms_norm(h[last_rows], self.norm, eps)

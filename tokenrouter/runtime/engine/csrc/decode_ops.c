@@ -1,14 +1,15 @@
 /* The element-wise work between a quantised layer's matrix products, one call each where
  * torch needs several ops (and a dispatch, an allocation and a pass over memory for each).
  *
- * A quantised decoder layer runs four int4/int8 products on bfloat16 activations. Between
+ * A quantised decoder layer runs four int4/int8 products on bfloat16 activations (float32
+ * in the exactness runs). Between
  * them torch's path casts bf16 -> float32, adds the residual, normalises (6 ATen ops inside
  * `rms_norm`), casts back to bf16, rotates q and k (a complex multiply), scatters K/V into
  * the cache and applies SwiGLU: about 25 ops a layer, 55% of a batch-1 SmolLM2 step on a
  * 2-core host. Here each stretch is one pass:
  *
- *   tr_add_rmsnorm_bf16  h += y (bf16 or float32); x = bf16(rmsnorm(h) * w)
- *   tr_silu_mul_bf16     act = bf16(silu(gate) * up) from the fused bf16 gate|up product
+ *   tr_add_rmsnorm       h += y; x = rmsnorm(h) * w (y and x bf16 or float32)
+ *   tr_silu_mul          act = silu(gate) * up from the fused gate|up product
  *   tr_rope_write        q, k (optionally per-head RMSNorm first, Qwen3) rotated, K/V
  *                        written to their cache slots, q written out in float32
  *
@@ -62,11 +63,19 @@ static inline float inv_rms(const float *x, int64_t n, float eps) {
     return 1.0f / sqrtf((float)(ss / (double)n) + eps);
 }
 
+static inline void store_any(void *p, int64_t i, float v, int is_bf16) {
+    if (is_bf16)
+        ((uint16_t *)p)[i] = f32_to_bf16(v);
+    else
+        ((float *)p)[i] = v;
+}
+
 /* For each of `rows` rows of `cols` floats: h += y when y is given (bf16 if y_bf16, else
- * float32); then, when out is given, out = bf16((h * inv_rms(h)) * w). */
-void tr_add_rmsnorm_bf16(float *h, int64_t h_stride, const void *y, int y_bf16, int64_t y_stride,
-                         const float *w, float eps, uint16_t *out, int64_t out_stride, int64_t rows,
-                         int64_t cols, int64_t threads) {
+ * float32); then, when out is given, out = (h * inv_rms(h)) * w, stored as bf16 if out_bf16,
+ * else float32. */
+void tr_add_rmsnorm(float *h, int64_t h_stride, const void *y, int y_bf16, int64_t y_stride, const float *w,
+                    float eps, void *out, int out_bf16, int64_t out_stride, int64_t rows, int64_t cols,
+                    int64_t threads) {
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows * cols >= PARALLEL_MIN)
 #endif
@@ -85,26 +94,45 @@ void tr_add_rmsnorm_bf16(float *h, int64_t h_stride, const void *y, int y_bf16, 
         }
         if (out) {
             const float s = inv_rms(hr, cols, eps);
-            uint16_t *o = out + r * out_stride;
-            for (int64_t i = 0; i < cols; i++)
-                o[i] = f32_to_bf16((hr[i] * s) * w[i]);
+            if (out_bf16) {
+                uint16_t *o = (uint16_t *)out + r * out_stride;
+                for (int64_t i = 0; i < cols; i++)
+                    o[i] = f32_to_bf16((hr[i] * s) * w[i]);
+            } else {
+                float *o = (float *)out + r * out_stride;
+                for (int64_t i = 0; i < cols; i++)
+                    o[i] = (hr[i] * s) * w[i];
+            }
         }
     }
 }
 
-/* act[r, i] = bf16(silu(g) * u) with g = gu[r, i], u = gu[r, inter + i] (bf16 in and out),
- * silu(g) = g / (1 + exp(-g)). */
-void tr_silu_mul_bf16(const uint16_t *gu, int64_t gu_stride, uint16_t *act, int64_t act_stride,
-                      int64_t rows, int64_t inter, int64_t threads) {
+/* act[r, i] = silu(g) * u with g = gu[r, i], u = gu[r, inter + i], silu(g) = g / (1 + exp(-g));
+ * gu and act each bf16 or float32 (their flags). */
+void tr_silu_mul(const void *gu, int gu_bf16, int64_t gu_stride, void *act, int act_bf16, int64_t act_stride,
+                 int64_t rows, int64_t inter, int64_t threads) {
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows * inter >= PARALLEL_MIN)
 #endif
     for (int64_t r = 0; r < rows; r++) {
-        const uint16_t *g = gu + r * gu_stride, *u = g + inter;
-        uint16_t *a = act + r * act_stride;
-        for (int64_t i = 0; i < inter; i++) {
-            const float x = bf16_to_f32(g[i]);
-            a[i] = f32_to_bf16(x / (1.0f + tr_exp(-x)) * bf16_to_f32(u[i]));
+        const int64_t g = r * gu_stride, a = r * act_stride;
+        if (gu_bf16 && act_bf16) { /* the common case, kept free of per-element branches */
+            const uint16_t *gr = (const uint16_t *)gu + g, *ur = gr + inter;
+            uint16_t *ar = (uint16_t *)act + a;
+            for (int64_t i = 0; i < inter; i++) {
+                const float x = bf16_to_f32(gr[i]);
+                ar[i] = f32_to_bf16(x / (1.0f + tr_exp(-x)) * bf16_to_f32(ur[i]));
+            }
+        } else if (!gu_bf16 && !act_bf16) {
+            const float *gr = (const float *)gu + g, *ur = gr + inter;
+            float *ar = (float *)act + a;
+            for (int64_t i = 0; i < inter; i++)
+                ar[i] = gr[i] / (1.0f + tr_exp(-gr[i])) * ur[i];
+        } else {
+            for (int64_t i = 0; i < inter; i++) {
+                const float x = load_any(gu, g + i, gu_bf16);
+                store_any(act, a + i, x / (1.0f + tr_exp(-x)) * load_any(gu, g + inter + i, gu_bf16), act_bf16);
+            }
         }
     }
 }
