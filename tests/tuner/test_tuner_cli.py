@@ -65,3 +65,20 @@ def test_tune_profile_without_the_models(tiny_route, tmp_path, capsys):
 def test_profile_bad_batch_sizes(tiny_route, capsys):
     assert main(["profile", str(tiny_route), "--batch-sizes", "x"]) == 2
     assert "comma-separated" in capsys.readouterr().err
+
+
+def test_the_profile_times_each_model_in_its_weight_format(tiny_route, tmp_path):
+    """A model served as `quant = int8` is profiled as int8, not as the float checkpoint (the
+    bound and the tuner's B_i come from these steps)."""
+    from tokenrouter.tuner.measure import _engine
+    text = tiny_route.read_text()
+    small_path = text.split('model small = "')[1].split('"')[0]
+    engine, _ = _engine(small_path, "float32", 1, 64, "int8")
+    assert engine.quant == "int8" and engine.model.linears()
+    assert _engine(small_path, "float32", 1, 64)[0].quant == "none"
+    route = tmp_path / "q.route"
+    route.write_text(text.replace(f'model small = "{small_path}"', f'model small = "{small_path}" {{ quant = int8 }}'))
+    out = tmp_path / "p.json"
+    assert main(["profile", str(route), "--out", str(out), "--batch-sizes", "1,2", "--repeats", "1",
+                 "--no-progress"]) == 0
+    assert Profile.load(str(out)).models["small"].alone(1) > 0

@@ -28,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from tokenrouter.runtime.engine.engine import Engine
-from tokenrouter.runtime.loader import load_model
+from tokenrouter.runtime.loader import load_model, quant_kwargs
 
 from .profile import Curve, ModelProfile, Profile, machine_info, timestamp
 
@@ -36,12 +36,15 @@ PROMPT = 16
 BG_CONTEXT = 256
 
 
-def _engine(path: str, dtype_name: str, threads: int, max_len: int):
+def _engine(path: str, dtype_name: str, threads: int, max_len: int, quant: str = "none"):
+    """The model as its subserver holds it: its dtype and its weight format (`quant`, with the
+    kernel plan cached for it), so the profile times the steps serving will run."""
     if threads > 0:
         torch.set_num_threads(threads)
     dtype = getattr(torch, dtype_name)
-    m = load_model(path, dtype=dtype)
-    return Engine(m.config, m.weights, dtype=dtype, max_model_len=max_len, num_blocks=None), m.config.vocab_size
+    m = load_model(path, dtype=dtype, quant=quant)
+    return (Engine(m.config, m.weights, dtype=dtype, max_model_len=max_len, num_blocks=None,
+                   **quant_kwargs(m, quant)), m.config.vocab_size)
 
 
 def _time_steps(engine, vocab: int, batch: int, tokens: int, warmup: int, repeats: int, tag: str) -> float:
@@ -59,9 +62,9 @@ def _time_steps(engine, vocab: int, batch: int, tokens: int, warmup: int, repeat
     return statistics.median(times)
 
 
-def _background(path: str, dtype: str, threads: int, ready, run, stop) -> None:
+def _background(path: str, dtype: str, threads: int, ready, run, stop, quant: str = "none") -> None:
     """Another model stepping back to back (batch 1 decode) while `run` is set, until `stop`."""
-    engine, vocab = _engine(path, dtype, threads, BG_CONTEXT + PROMPT + 8)
+    engine, vocab = _engine(path, dtype, threads, BG_CONTEXT + PROMPT + 8, quant)
     n = 0
     engine.step([("bg", [1] * PROMPT)])
     ready.set()
@@ -112,7 +115,7 @@ def measure_profile(program, batch_sizes, *, extend_tokens=DEFAULT_EXTEND_TOKENS
     ctx = mp.get_context("spawn")
     try:
         for m in models:
-            engine, vocab = _engine(m.path, m.dtype, threads[m.name], max_len)
+            engine, vocab = _engine(m.path, m.dtype, threads[m.name], max_len, m.quant)
             alone, co, ext = [], [], {}
             for b in batch_sizes:
                 bar.set_postfix_str(f"{m.name} b={b} alone")
@@ -129,7 +132,8 @@ def measure_profile(program, batch_sizes, *, extend_tokens=DEFAULT_EXTEND_TOKENS
                 other = next(o for o in models if o.name != m.name)
                 ready, run, stop = ctx.Event(), ctx.Event(), ctx.Event()
                 proc = ctx.Process(target=_background,
-                                   args=(other.path, other.dtype, threads[other.name], ready, run, stop), daemon=True)
+                                   args=(other.path, other.dtype, threads[other.name], ready, run, stop, other.quant),
+                                   daemon=True)
                 proc.start()
                 try:
                     deadline = time.monotonic() + 600

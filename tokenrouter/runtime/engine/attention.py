@@ -199,7 +199,9 @@ def paged_attention(q: torch.Tensor, kv_cache, layer: int, meta: AttnMeta, scale
     if meta.native is not None:
         out = q.new_empty(t, nh * hd)
         n = meta.native
-        ckernels.paged_attention(q, kv_cache.layers[layer], n.tables, n.rows, n.reqs, n.lens, scale, out)
+        # every layer of a forward has layer 0's shapes: the wrapper checks them there
+        ckernels.paged_attention(q, kv_cache.layers[layer], n.tables, n.rows, n.reqs, n.lens, scale, out,
+                                 check=layer == 0)
     for grp in meta.groups:
         b, qm = grp.rows.shape
         qg = q if grp.dest is None else q.index_select(0, grp.rows.view(-1))

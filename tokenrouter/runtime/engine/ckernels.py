@@ -139,7 +139,8 @@ def available() -> str | None:
 
 
 def paged_attention(q: torch.Tensor, kv_layer: torch.Tensor, tables: torch.Tensor, rows: torch.Tensor,
-                    reqs: torch.Tensor, lens: torch.Tensor, scale: float, out: torch.Tensor) -> None:
+                    reqs: torch.Tensor, lens: torch.Tensor, scale: float, out: torch.Tensor,
+                    check: bool = True) -> None:
     """Attention of the tokens `rows` (indices into q's and out's first dim) over their
     requests' first `lens` keys, written into `out` [T, heads * head_dim].
 
@@ -147,9 +148,25 @@ def paged_attention(q: torch.Tensor, kv_layer: torch.Tensor, tables: torch.Tenso
     kv_layer [2 * kv_heads, num_blocks, block_size, head_dim] contiguous float32; tables
     [b, nb] int64 block tables; rows, reqs (index into tables), lens: [n] int64. The
     indices are the caller's to keep in range (`attention.build_meta` checks them once per
-    step): the kernel reads where they point."""
+    step): the kernel reads where they point. `check=False` skips the dtype and layout checks
+    for a caller that made them on an earlier layer of the same forward (the shapes repeat)."""
     lib = load()
     kvh2, num_blocks, block_size, hd = kv_layer.shape
+    t, nh, qhd = q.shape
+    kvh = kvh2 // 2
+    n = rows.numel()
+    if check:
+        _check_attention(q, kv_layer, tables, rows, reqs, lens, out)
+    rc = lib.tr_paged_attention_f32(q.data_ptr(), q.stride(0), kv_layer.data_ptr(), num_blocks, block_size,
+                                    kvh, nh // kvh, hd, tables.data_ptr(), tables.stride(0), rows.data_ptr(),
+                                    reqs.data_ptr(), lens.data_ptr(), n, float(scale), out.data_ptr(),
+                                    out.stride(0), torch.get_num_threads())
+    if rc:
+        raise MemoryError("the C attention kernel could not allocate its scores")
+
+
+def _check_attention(q, kv_layer, tables, rows, reqs, lens, out) -> None:
+    kvh2, _, _, hd = kv_layer.shape
     t, nh, qhd = q.shape
     if q.dtype != torch.float32 or kv_layer.dtype != torch.float32 or out.dtype != torch.float32:
         raise TypeError("the C attention kernel takes float32 q, cache and output")
@@ -159,21 +176,13 @@ def paged_attention(q: torch.Tensor, kv_layer: torch.Tensor, tables: torch.Tenso
         raise ValueError("q rows must hold [heads, head_dim] contiguously and the cache layer must be contiguous")
     if out.shape != (t, nh * hd) or out.stride(1) != 1:
         raise ValueError(f"out must be [{t}, {nh * hd}] with contiguous rows")
-    kvh = kvh2 // 2
-    if nh % kvh:
-        raise ValueError(f"{nh} query heads do not divide into {kvh} KV heads")
+    if nh % (kvh2 // 2):
+        raise ValueError(f"{nh} query heads do not divide into {kvh2 // 2} KV heads")
     for name, a in (("tables", tables), ("rows", rows), ("reqs", reqs), ("lens", lens)):
         if a.dtype != torch.int64 or not a.is_contiguous():
             raise TypeError(f"{name} must be contiguous int64")
-    n = rows.numel()
-    if not (reqs.numel() == lens.numel() == n):
+    if not (reqs.numel() == lens.numel() == rows.numel()):
         raise ValueError("rows, reqs and lens must have one entry per token")
-    rc = lib.tr_paged_attention_f32(q.data_ptr(), q.stride(0), kv_layer.data_ptr(), num_blocks, block_size,
-                                    kvh, nh // kvh, hd, tables.data_ptr(), tables.stride(0), rows.data_ptr(),
-                                    reqs.data_ptr(), lens.data_ptr(), n, float(scale), out.data_ptr(),
-                                    out.stride(0), torch.get_num_threads())
-    if rc:
-        raise MemoryError("the C attention kernel could not allocate its scores")
 
 
 # ------------------------------------------------------------------ decode_ops.c
