@@ -70,12 +70,12 @@ def test_profile_bad_batch_sizes(tiny_route, capsys):
 def test_the_profile_times_each_model_in_its_weight_format(tiny_route, tmp_path):
     """A model served as `quant = int8` is profiled as int8, not as the float checkpoint (the
     bound and the tuner's B_i come from these steps)."""
-    from tokenrouter.tuner.measure import _engine
+    from tokenrouter.tuner.measure import served_engine
     text = tiny_route.read_text()
     small_path = text.split('model small = "')[1].split('"')[0]
-    engine, _ = _engine(small_path, "float32", 1, 64, "int8")
+    engine, _ = served_engine(small_path, "float32", 1, 64, "int8")
     assert engine.quant == "int8" and engine.model.linears()
-    assert _engine(small_path, "float32", 1, 64)[0].quant == "none"
+    assert served_engine(small_path, "float32", 1, 64)[0].quant == "none"
     route = tmp_path / "q.route"
     route.write_text(text.replace(f'model small = "{small_path}"', f'model small = "{small_path}" {{ quant = int8 }}'))
     out = tmp_path / "p.json"

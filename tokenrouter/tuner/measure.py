@@ -36,7 +36,7 @@ PROMPT = 16
 BG_CONTEXT = 256
 
 
-def _engine(path: str, dtype_name: str, threads: int, max_len: int, quant: str = "none"):
+def served_engine(path: str, dtype_name: str, threads: int, max_len: int, quant: str = "none"):
     """The model as its subserver holds it: its dtype and its weight format (`quant`, with the
     kernel plan cached for it), so the profile times the steps serving will run."""
     if threads > 0:
@@ -64,7 +64,7 @@ def _time_steps(engine, vocab: int, batch: int, tokens: int, warmup: int, repeat
 
 def _background(path: str, dtype: str, threads: int, ready, run, stop, quant: str = "none") -> None:
     """Another model stepping back to back (batch 1 decode) while `run` is set, until `stop`."""
-    engine, vocab = _engine(path, dtype, threads, BG_CONTEXT + PROMPT + 8, quant)
+    engine, vocab = served_engine(path, dtype, threads, BG_CONTEXT + PROMPT + 8, quant)
     n = 0
     engine.step([("bg", [1] * PROMPT)])
     ready.set()
@@ -115,7 +115,7 @@ def measure_profile(program, batch_sizes, *, extend_tokens=DEFAULT_EXTEND_TOKENS
     ctx = mp.get_context("spawn")
     try:
         for m in models:
-            engine, vocab = _engine(m.path, m.dtype, threads[m.name], max_len, m.quant)
+            engine, vocab = served_engine(m.path, m.dtype, threads[m.name], max_len, m.quant)
             alone, co, ext = [], [], {}
             for b in batch_sizes:
                 bar.set_postfix_str(f"{m.name} b={b} alone")
