@@ -152,8 +152,7 @@ def paged_attention(q: torch.Tensor, kv_layer: torch.Tensor, tables: torch.Tenso
     for a caller that made them on an earlier layer of the same forward (the shapes repeat)."""
     lib = load()
     kvh2, num_blocks, block_size, hd = kv_layer.shape
-    t, nh, qhd = q.shape
-    kvh = kvh2 // 2
+    nh, kvh = q.shape[1], kvh2 // 2
     n = rows.numel()
     if check:
         _check_attention(q, kv_layer, tables, rows, reqs, lens, out)
@@ -246,7 +245,7 @@ def rope_write(qkv: torch.Tensor, heads: int, kv_heads: int, cis: torch.Tensor, 
     or float32, interleaved heads; cis [max_len, hd / 2, 2] float32 (cos, sin); positions and
     slots [T] int64 (the caller's to keep in range: the engine's block tables)."""
     lib = load()
-    kvh2, nb, bs, hd = kv_layer.shape
+    _, nb, bs, hd = kv_layer.shape
     t = qkv.shape[0]
     if check:
         _check_rope(qkv, heads, kv_heads, cis, positions, qk_norm, kv_layer, slots, q_out)

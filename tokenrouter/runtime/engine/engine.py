@@ -51,7 +51,7 @@ default is `$TOKENROUTER_ATTENTION`, else "auto" (measured on this host, `_nativ
 
 Quantised models run their element-wise work between the matrix products (residual adds,
 RMSNorm, casts, RoPE, the K/V write, SwiGLU) as three C calls a layer (`fused_ops`, on by
-default where the C kernels build; `Model._forward_fused`).
+default where the C kernels build; `Model._fused_layers`).
 
 `num_blocks=None` sizes the cache to a 1 GiB budget (at least one `max_model_len`
 sequence); `max_model_len=None` uses the model's `max_position_embeddings`.

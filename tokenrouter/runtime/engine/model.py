@@ -170,7 +170,7 @@ class Model:
         scaling = dict(c.rope_scaling) if c.rope_scaling else None
         self.rotary = Rotary(self.hd, c.rope_theta, scaling, max_len, device, dtype)
         self.scale = self.hd ** -0.5
-        self.fused = False  # the C element-wise path (`fused_problem`, `_forward_fused`); the engine sets it
+        self.fused = False  # the C element-wise path (`fused_problem`, `_fused_layers`); the engine sets it
         self.act_dtype = act_dtype
 
     def _qk_norm(self, qn: torch.Tensor | None, kn: torch.Tensor | None) -> torch.Tensor | None:
@@ -188,7 +188,7 @@ class Model:
         return [m for ly in self.layers for m in (ly.qkv, ly.o, ly.gate_up, ly.down)]
 
     def fused_problem(self) -> str | None:
-        """Why `_forward_fused` cannot run this model, or None. It needs a quantised model on
+        """Why `_fused_layers` cannot run this model, or None. It needs a quantised model on
         CPU in float32 whose every decoder matrix (the LM head may be float) runs an integer
         kernel, and the C kernels built here."""
         if self.quant == "none":
@@ -202,11 +202,6 @@ class Model:
             return f"matrices {', '.join(floats)} run a float kernel on this host"
         from . import ckernels
         return ckernels.available()
-
-    def fused_act_dtype(self) -> torch.dtype:
-        """The dtype of the fused path's matrix inputs: the integer kernels compute in `act_dtype`
-        (bfloat16 by default; float32 for the exactness runs), so the C ops write it directly."""
-        return self.act_dtype
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_q is not None:
@@ -240,16 +235,25 @@ class Model:
 
         Returns the final-normed hidden state at `last_rows` [n, H] (the LM head's input)
         and {layer: [n, H]} for the requested layers (0 = embeddings, i = after layer i,
-        -1 = after the final norm)."""
-        if self.fused:
-            return self._forward_fused(token_ids, positions, meta, kv, last_rows, set(hidden_layers))
-        c = self.config
-        eps = c.rms_norm_eps
+        -1 = after the final norm). The layers run on torch's ops, or, in a quantised model,
+        with their element-wise work in C (`fused`, `_fused_layers`)."""
         want = set(hidden_layers)
         hidden: dict[int, torch.Tensor] = {}
         h = self.embed(token_ids)
         if 0 in want:
             hidden[0] = h[last_rows]
+        layers = self._fused_layers if self.fused else self._torch_layers
+        h = layers(h, positions, meta, kv, last_rows, want, hidden)
+        last = rms_norm(h[last_rows], self.norm, self.config.rms_norm_eps)
+        if -1 in want:
+            hidden[-1] = last
+        return last, hidden
+
+    def _torch_layers(self, h: torch.Tensor, positions: torch.Tensor, meta: AttnMeta, kv: KVCache,
+                      last_rows: torch.Tensor, want: set[int], hidden: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The decoder layers on torch's ops; the hidden state after each layer in `want` goes
+        into `hidden`. Returns the last layer's output."""
+        eps = self.config.rms_norm_eps
         cis = self.rotary.tables(positions)
         t = h.shape[0]
         nqk = self.nh + self.kvh
@@ -267,31 +271,24 @@ class Model:
             h = linear(silu_mul(linear(x, ly.gate_up)), ly.down, residual=h)
             if i + 1 in want:
                 hidden[i + 1] = h[last_rows]
-        last = rms_norm(h[last_rows], self.norm, eps)
-        if -1 in want:
-            hidden[-1] = last
-        return last, hidden
+        return h
 
-    def _forward_fused(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMeta, kv: KVCache,
-                       last_rows: torch.Tensor, want: set[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """`forward` for a quantised model, with the element-wise work between the matrix products
-        in C (`ckernels`, `csrc/decode_ops.c`): per layer four integer-kernel products, RoPE and
-        the K/V write in one call, attention, SwiGLU, and two calls that add the residual and
-        normalise into the next product's input (`fused_act_dtype`). The residual stream stays float32, updated in place;
-        the results differ from `forward`'s by float rounding only (other reduction order in the
-        norms, another exp in SwiGLU), row by row, so batch invariance holds."""
+    def _fused_layers(self, h: torch.Tensor, positions: torch.Tensor, meta: AttnMeta, kv: KVCache,
+                      last_rows: torch.Tensor, want: set[int], hidden: dict[int, torch.Tensor]) -> torch.Tensor:
+        """`_torch_layers` for a quantised model, with the element-wise work between the matrix
+        products in C (`ckernels`, `csrc/decode_ops.c`): per layer four integer-kernel products,
+        RoPE and the K/V write in one call, attention, SwiGLU, and two calls that add the
+        residual and normalise into the next product's input (in `act_dtype`, which the integer
+        kernels compute in). The residual stream stays float32, updated in place; the results
+        differ from torch's ops by float rounding only (other reduction order in the norms,
+        another exp in SwiGLU), row by row, so batch invariance holds."""
         from . import ckernels as ck
         eps = self.config.rms_norm_eps
-        hidden: dict[int, torch.Tensor] = {}
-        h = self.embed(token_ids)
-        if h.dtype != torch.float32 or not h.is_contiguous():
-            h = h.to(torch.float32).contiguous()
-        if 0 in want:
-            hidden[0] = h[last_rows]
+        if not h.is_contiguous():
+            h = h.contiguous()
         t, width = h.shape
         cis = torch.view_as_real(self.rotary.cis)
-        act_dtype = self.fused_act_dtype()
-        x = h.new_empty(t, width, dtype=act_dtype)
+        x = h.new_empty(t, width, dtype=self.act_dtype)
         q = h.new_empty(t, self.nh, self.hd)
         act = None
         ck.add_rmsnorm(h, None, self.layers[0].ln1, eps, x)
@@ -301,7 +298,7 @@ class Model:
             ck.rope_write(qkv, self.nh, self.kvh, cis, positions, ly.qk_norm, eps, kv.layers[i], meta.slot_mapping,
                           q.view(t, -1), check=first)
             o = paged_attention(q, kv, i, meta, self.scale)
-            ck.add_rmsnorm(h, ly.o(o.to(act_dtype), ly.o_bias), ly.ln2, eps, x, check=first)
+            ck.add_rmsnorm(h, ly.o(o.to(self.act_dtype), ly.o_bias), ly.ln2, eps, x, check=first)
             gu = ly.gate_up(x)
             if act is None:
                 act = gu.new_empty(t, gu.shape[1] // 2)
@@ -310,7 +307,4 @@ class Model:
             ck.add_rmsnorm(h, ly.down(act), nxt, eps, None if nxt is None else x, check=first or nxt is None)
             if i + 1 in want:
                 hidden[i + 1] = h[last_rows]
-        last = rms_norm(h[last_rows], self.norm, eps)
-        if -1 in want:
-            hidden[-1] = last
-        return last, hidden
+        return h
