@@ -176,14 +176,62 @@ def write_gguf(path: str, model, config: dict, *, qtype: str = "F32", arch: str 
         if odd_tensor == name:
             w.add_tensor(gname, a.astype(np.int32), raw_dtype=Q.I32)
         elif a.ndim == 2 and qtype != "F32":
-            q = getattr(Q, qtype)
-            w.add_tensor(gname, quantize(a, q), raw_dtype=q)
+            # "Q4_K_M": Q4_K, with v and down projections in Q6_K, as llama.cpp's mixes do
+            kind = "Q6_K" if qtype == "Q4_K_M" and gname.endswith(("attn_v.weight", "ffn_down.weight")) else \
+                "Q4_K" if qtype == "Q4_K_M" else qtype
+            q = getattr(Q, kind)
+            w.add_tensor(gname, K_QUANTIZERS[kind](a) if kind in K_QUANTIZERS else quantize(a, q), raw_dtype=q)
         else:
             w.add_tensor(gname, a)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def quantize_q4_k(a: np.ndarray) -> np.ndarray:
+    """A [n, k] float matrix as Q4_K blocks (the `gguf` package reads them but cannot write
+    them): per 256 weights fp16 d, dmin; 8 sub-blocks of 32 with 6-bit scale and min
+    (w = d sc q - dmin m, q in 0..15); codes of sub-blocks 2i / 2i+1 in one byte's low / high
+    nibble. A plain min/max recipe, not llama.cpp's search: only the layout must be right."""
+    n, k = a.shape
+    g = a.astype(np.float32).reshape(-1, 8, 32)  # [blocks, sub-block, 32]
+    mins = np.maximum(-g.min(-1), 0.0)  # w = d1 q - m1 with m1 >= 0
+    d1 = np.maximum((g.max(-1) + mins) / 15.0, 1e-8)
+    d = (d1.max(-1, keepdims=True) / 63.0).astype(np.float16)
+    dmin = (np.maximum(mins.max(-1, keepdims=True), 1e-8) / 63.0).astype(np.float16)
+    sc = np.clip(np.round(d1 / d.astype(np.float32)), 1, 63).astype(np.uint8)
+    m = np.clip(np.round(mins / dmin.astype(np.float32)), 0, 63).astype(np.uint8)
+    step = d.astype(np.float32) * sc
+    q = np.clip(np.round((g + (dmin.astype(np.float32) * m)[..., None]) / step[..., None]), 0, 15).astype(np.uint8)
+    scales = np.empty((g.shape[0], 12), np.uint8)
+    scales[:, 0:4] = (sc[:, :4] & 63) | ((sc[:, 4:] >> 4) << 6)
+    scales[:, 4:8] = (m[:, :4] & 63) | ((m[:, 4:] >> 4) << 6)
+    scales[:, 8:12] = (sc[:, 4:] & 0x0F) | ((m[:, 4:] & 0x0F) << 4)
+    q = q.reshape(-1, 4, 2, 32)
+    qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, 128)
+    blocks = np.concatenate([d.view(np.uint8), dmin.view(np.uint8), scales, qs], axis=1)
+    return blocks.reshape(n, k // 256 * 144)
+
+
+def quantize_q6_k(a: np.ndarray) -> np.ndarray:
+    """A [n, k] float matrix as Q6_K blocks: per 256 weights 128 bytes of low nibbles, 64 of
+    high bit pairs, 16 int8 scales (one per 16 weights) and fp16 d; w = d sc (q - 32)."""
+    n, k = a.shape
+    g = a.astype(np.float32).reshape(-1, 16, 16)
+    s = np.maximum(np.abs(g).max(-1) / 31.0, 1e-8)
+    d = (s.max(-1, keepdims=True) / 127.0).astype(np.float16)
+    sc = np.clip(np.round(s / d.astype(np.float32)), 1, 127).astype(np.int8)
+    step = d.astype(np.float32) * sc
+    q = (np.clip(np.round(g / step[..., None]), -32, 31) + 32).astype(np.uint8).reshape(-1, 2, 4, 32)
+    ql = np.concatenate([(q[:, :, 0] & 0x0F) | ((q[:, :, 2] & 0x0F) << 4),
+                         (q[:, :, 1] & 0x0F) | ((q[:, :, 3] & 0x0F) << 4)], axis=2).reshape(-1, 128)
+    qh = ((q[:, :, 0] >> 4) | ((q[:, :, 1] >> 4) << 2) | ((q[:, :, 2] >> 4) << 4) | ((q[:, :, 3] >> 4) << 6))
+    blocks = np.concatenate([ql, qh.reshape(-1, 64), sc.view(np.uint8), d.view(np.uint8)], axis=1)
+    return blocks.reshape(n, k // 256 * 210)
+
+
+K_QUANTIZERS = {"Q4_K": quantize_q4_k, "Q6_K": quantize_q6_k}
 
 
 def rest_is(name: str, proj: str) -> bool:

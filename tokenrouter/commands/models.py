@@ -18,7 +18,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--measure-kernels", metavar="MODEL", default=None,
                         help="measure again which kernel runs each weight shape and row count of MODEL "
                              "(a built-in name, folder or .gguf) in --quant's format on this host, and cache it")
-    parser.add_argument("--quant", choices=("native", "int4", "int8"), default="native",
+    parser.add_argument("--quant", choices=("none", "native", "int4", "int8"), default="native",
                         help="the format --measure-kernels measures (default native)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads to measure at (plans are per count)")
 

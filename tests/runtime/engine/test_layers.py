@@ -6,18 +6,32 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tokenrouter.runtime.engine.kernels import PlannedLinear, fixed_plan
 from tokenrouter.runtime.engine.layers import LinearWeight, Rotary, interleave, linear
 
 
+def _weight(w: torch.Tensor, path: str):
+    """`w` as the engine holds it on `path`: F.linear (float64, other devices) or one of the
+    float kernels a CPU float32 model's measured plan picks from."""
+    if path == "plain":
+        return LinearWeight(w)
+    lin = PlannedLinear(w, w.dtype)
+    if path not in lin.candidates():
+        pytest.skip(f"{path} is not available in this torch build")
+    lin.finalize(fixed_plan(path))
+    return lin
+
+
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 16, 40])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_linear_paths_agree_and_stay_contiguous(rows, dtype):
+@pytest.mark.parametrize("dtype,path", [(torch.float64, "plain"), (torch.float32, "plain"), (torch.float32, "linear"),
+                                        (torch.float32, "mkl"), (torch.float32, "onednn")])
+def test_linear_paths_agree_and_stay_contiguous(rows, dtype, path):
     g = torch.Generator().manual_seed(rows)
     w = torch.randn(96, 64, generator=g, dtype=dtype)
     b = torch.randn(96, generator=g, dtype=dtype)
     res = torch.randn(rows, 96, generator=g, dtype=dtype)
     x = torch.randn(rows, 64, generator=g, dtype=dtype)
-    lw = LinearWeight(w)
+    lw = _weight(w, path)
     want = x.double() @ w.double().T
     tol = 1e-4 if dtype == torch.float32 else 1e-12
     for got, ref in ((linear(x, lw), want), (linear(x, lw, b), want + b.double()),
@@ -57,16 +71,14 @@ def test_interleave_pairs_dimension_i_with_i_plus_half():
 def test_onednn_runs_a_bounded_set_of_row_counts_and_pads_them_exactly():
     """oneDNN keeps memory per row count it has seen: a server's batches must map onto a
     bounded set, with few padding rows, and padding must not change the real rows' values."""
-    from tokenrouter.runtime.engine.layers import LinearWeight, linear, onednn_rows
+    from tokenrouter.runtime.engine.layers import onednn_rows
     counts = {onednn_rows(t) for t in range(3, 4097)}
     assert len(counts) <= 16 + 28 + 56
     for t in range(3, 4097):
         m = onednn_rows(t)
         assert t <= m <= t + (3 if t <= 64 else 15 if t <= 512 else 63)
     w = torch.randn(96, 64)
-    lw = LinearWeight(w)
-    if lw.packed is None:
-        pytest.skip("no oneDNN in this torch build")
+    lw = _weight(w, "onednn")
     b, res = torch.randn(96), torch.randn(37, 96)
     x = torch.randn(37, 64)  # 37 rows run as 40
     torch.testing.assert_close(linear(x, lw, b, residual=res), res + x @ w.T + b, rtol=1e-5, atol=1e-5)

@@ -62,6 +62,49 @@ def test_native_int4_with_float32_activations_equals_the_dequantised_engine(tmp_
         assert (a - b).abs().max() < 1e-5
 
 
+K_SHAPES = {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64}  # K-quant blocks hold 256 inputs
+
+
+@pytest.mark.parametrize("fused_ops", [False, None])
+def test_native_q4_k_on_the_int4_kernel_equals_the_dequantised_engine(tmp_path, tmp_cache, fused_ops):
+    """Q4_K (w = d sc q - dmin m per sub-block of 32) is group-32 int4 with scale = d sc and
+    zero = 8 scale - dmin m: with float32 activations, the float engine's products to rounding."""
+    path = _gguf(tmp_path, "llama", "Q4_K", **K_SHAPES)
+    ref = _engine(load_model(path))
+    native = load_model(path, quant="native")
+    assert native.weights["model.layers.1.mlp.down_proj.weight"].source == "Q4_K"
+    eng = _engine(native, quant="native", act_dtype=torch.float32, kernel_plan="int4", fused_ops=fused_ops)
+    assert {k for plan in eng.kernel_plans.values() for _, k in plan} == {"int4"}
+    p = _prompts(3, 11)
+    a = ref.step([(i, x) for i, x in enumerate(p)]).logits
+    b = eng.step([(i, x) for i, x in enumerate(p)]).logits
+    assert (a - b).abs().max() < 1e-5
+    for _ in range(3):
+        nxt = a.argmax(-1).tolist()
+        a = ref.step([(i, [t]) for i, t in enumerate(nxt)]).logits
+        b = eng.step([(i, [t]) for i, t in enumerate(nxt)]).logits
+        assert (a - b).abs().max() < 1e-5
+
+
+def test_a_q4_k_m_mix_runs_natively_with_its_q6_k_matrices_in_float(tmp_path, tmp_cache):
+    """llama.cpp's Q4_K_M puts v and down projections in Q6_K (6-bit codes, no kernel here):
+    quant=native holds those as their exact float32 values, runs the Q4_K ones on int4, and
+    the whole model matches the dequantised float engine."""
+    path = _gguf(tmp_path, "llama", "Q4_K_M", **K_SHAPES)
+    floats, native = load_model(path), load_model(path, quant="native")
+    down, up = "model.layers.0.mlp.down_proj.weight", "model.layers.0.mlp.up_proj.weight"
+    assert not isinstance(native.weights[down], QuantTensor) and torch.equal(native.weights[down], floats.weights[down])
+    assert native.weights[up].source == "Q4_K"
+    eng = _engine(native, quant="native", act_dtype=torch.float32, kernel_plan="int4")
+    kinds = {key: k for key, plan in eng.kernel_plans.items() for _, k in plan}
+    assert kinds["256x512:f32"] != "int4" and kinds["1024x256:q4g32"] == "int4"  # down float, gate|up int4
+    ref = _engine(floats)
+    p = _prompts(2, 9)
+    a = ref.step([(i, x) for i, x in enumerate(p)]).logits
+    b = eng.step([(i, x) for i, x in enumerate(p)]).logits
+    assert (a - b).abs().max() < 1e-5
+
+
 def test_gguf_blocks_unpack_to_the_gguf_package_dequantisation(tmp_path, tmp_cache):
     path = _gguf(tmp_path, "llama", "Q8_0")
     floats, native = load_model(path), load_model(path, quant="native")
@@ -69,6 +112,14 @@ def test_gguf_blocks_unpack_to_the_gguf_package_dequantisation(tmp_path, tmp_cac
         qt = native.weights[name]
         assert qt.source == "Q8_0" and qt.codes.dtype == torch.int8
         assert torch.equal(qt.dequantize(), floats.weights[name])  # k rows un-permuted like the floats
+    path = _gguf(tmp_path, "llama", "Q4_K", **K_SHAPES)
+    floats, native = load_model(path), load_model(path, quant="native")
+    for name in ("model.layers.1.mlp.down_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+                 "model.embed_tokens.weight"):
+        qt = native.weights[name]
+        assert qt.source == "Q4_K" and qt.group == 32
+        # (q - 8) scale + zero rounds once more than gguf's d sc q - dmin m
+        torch.testing.assert_close(qt.dequantize(), floats.weights[name], rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("plan", ["int4", "measured"])

@@ -36,11 +36,12 @@ Threads are the caller's choice (`torch.set_num_threads`); measured on the share
 machine, two threads per engine collapse when the cores are oversubscribed (two subservers,
 or other work), so one thread per engine is the robust setting there.
 
+Matrix kernels: on CPU in float32 every matrix runs the kernels measured fastest on this
+host per shape and row count (`kernels.py`; `kernel_plan` forces a kernel name or a plan,
+`plan_cache` is where a measured plan is kept, otherwise it is measured at construction).
 Quantised weights (`quant="native" | "int4" | "int8"`, see `quant.py`): the decoder's
 matrices run on int4/int8 kernels with `act_dtype` activations (bfloat16 by default) where
-that is faster, float32 where not, per shape and row count as measured on this host
-(`kernels.py`; `kernel_plan` forces a kernel name or a plan, `plan_cache` is where a
-measured plan is kept). `head_quant` is the LM head's format in those modes ("auto":
+that is faster, float32 where not, one row-invariant kernel per shape. `head_quant` is the LM head's format in those modes ("auto":
 int4 where its kernel takes the shape, else int8; see `Model`).
 
 Attention (`attention`): on CPU in float32, decodes and short extends run a C kernel built
@@ -120,9 +121,11 @@ class Engine:
                            quant=quant, act_dtype=act_dtype, head_quant=head_quant)
         self.quant = quant
         self.kernel_plans: dict = {}
-        if quant != "none":
+        if self.model.linears():
             from .kernels import choose
-            self.kernel_plans = choose(self.model.linears(), kernel_plan, plan_cache)
+            # a float32 model takes the fastest kernel per row count; a quantised one, one
+            # row-invariant kernel per shape (kernels.py)
+            self.kernel_plans = choose(self.model.linears(), kernel_plan, plan_cache, per_rows=quant == "none")
         self.model.fused = self._fused_ops(fused_ops)
         # "eager": the graphs' padded static-shape steps without capturing, on any device (tests)
         use_graphs = cuda_graphs == "eager" or (cuda_graphs is True and self.device.type == "cuda")

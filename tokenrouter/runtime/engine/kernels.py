@@ -1,4 +1,4 @@
-"""The measured choice of kernel per weight shape, for quantised weights.
+"""The measured choice of kernel per weight shape and row count, for every CPU float32 model.
 
 Decode at batch 1 streams every weight once per step, so the smallest format wins there;
 at many rows the product becomes compute-bound and oneDNN's float32 kernel can win over the
@@ -8,7 +8,7 @@ the model's matrices of that shape so the weights stream from memory as in a rea
 for each kernel that computes the matrix's exact values and each row bucket (1, 2, 4, ...
 64), kernels interleaved within each round so load hits all alike, best of the rounds.
 
-Each shape then runs on ONE kernel at every row count, and only on a kernel that passes
+A quantised model's shapes then run on ONE kernel at every row count, and only on a kernel that passes
 `row_invariant`: kernels round differently, and with bfloat16 activations a one-ulp
 difference in a layer's input grows, measured on SmolLM2, into 0.25 in the logits, enough
 to change a greedy token or a routing decision. One kernel that computes each row
@@ -16,22 +16,37 @@ independently of its neighbours is what keeps a request's tokens the same at any
 concurrency (with `attention.short_shape` for attention). The kernel with the least mean
 slowdown over the decode row counts (1-16) wins.
 
+A float32 model (`quant = none`) is not bit-invariant to begin with (its kernels round
+differently at different row counts; the float32 engine keeps a request's logits within
+5e-5 at any concurrency), so its plan takes the fastest kernel per row bucket
+(`per_rows`), preferring a kernel on the plain weight within `FLOAT_MARGIN` of oneDNN's
+so that no reordered copy is held where it buys nothing. Measured on two hosts, the
+winner differs: an AMD EPYC ran one or two rows fastest on MKL's `W @ x.T`, an Intel Xeon
+ran them 2.8x slower there than on `F.linear` (`bench_linear.py`), which is why nothing here
+is fixed in code. Matrices too small for timing to mean anything (`MEASURE_MIN_BYTES`
+per shape, the tests' tiny models) run `F.linear` unmeasured, the same in every process.
+
 The plan is cached under the model cache (`kernel-plans/`), keyed by the host (CPU model,
 torch version, threads), the model and its format, one entry per matrix shape and format (a
 new head format adds its shape; the others are not measured again);
-`tokenrouter models --measure-kernels` measures again.
+`tokenrouter models --measure-kernels` measures again. Processes that start together (a
+server's subservers) take a lock on the cached file: one measures, the others wait and read
+its plan, so they neither time each other's load nor end up with different plans.
 
 Kernels:
 - `int4`: torch's int4 kernel on packed codes (q4 formats);
 - `int8`: `_weight_int8pack_mm` (per-row q8);
 - `onednn`: float32 weights reordered once for oneDNN;
-- `mkl`: float32 `W @ x.T` (one row padded to two, as `layers.linear` does).
-After the choice, only what the chosen kernel needs is kept: a matrix that int4 runs holds
-no float copy at all.
+- `mkl`: float32 `W @ x.T` (one row padded to two real rows: MKL's one-row path is slower);
+- `linear`: float32 `F.linear(x, W)`, what `transformers` runs.
+After the choice, only what the chosen kernels need is kept: a matrix that int4 runs holds
+no float copy at all, and `mkl` and `linear` share one plain weight.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -39,14 +54,17 @@ import time
 from typing import Iterable
 
 import torch
+import torch.nn.functional as F
 
 from ..host import cpu_flags, cpu_model
 from .layers import onednn_linear, onednn_rows
 from .quant import Int4Weight, Int8Weight, QuantTensor, int4_shape_problem
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-PLAN_VERSION = 2  # 2: one row-invariant kernel per shape
+PLAN_VERSION = 3  # 2: one row-invariant kernel per shape; 3: `linear`, float32 models' plans
 INT_KERNELS = ("int4", "int8")  # kernels that hold no float copy of the matrix
+PLAIN_KERNELS = ("linear", "mkl")  # float kernels on the plain [out, in] weight (one copy for both)
+MEASURE_MIN_BYTES = 4 << 20  # a float shape whose matrices hold less runs `linear` unmeasured
 
 
 def _mkl(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -80,7 +98,7 @@ class PlannedLinear:
             out.append("int8")
         if torch.backends.mkldnn.is_available():
             out.append("onednn")
-        out.append("mkl")
+        out += PLAIN_KERNELS
         return out
 
     def float_weight(self) -> torch.Tensor:
@@ -99,7 +117,7 @@ class PlannedLinear:
                 self.impl[k] = Int8Weight(self.source, self.act_dtype)
             elif k == "onednn":
                 self.impl[k] = torch.ops.mkldnn._reorder_linear_weight(self.float_weight(), 16)
-            elif k == "mkl":
+            elif k in PLAIN_KERNELS:
                 self.impl[k] = self.float_weight()
             else:
                 raise ValueError(f"unknown kernel {k!r}")
@@ -125,6 +143,8 @@ class PlannedLinear:
             return impl(x)
         if kernel == "onednn":
             return onednn_linear(x, impl)
+        if kernel == "linear":
+            return F.linear(x, impl)
         return _mkl(impl, x)
 
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None = None,
@@ -144,8 +164,10 @@ class PlannedLinear:
                 total += v.packed.numel() * v.packed.element_size() + v.sz.numel() * v.sz.element_size()
             elif k == "int8":
                 total += v.codes.numel() + v.scale.numel() * v.scale.element_size()
-            else:
-                total += v.numel() * v.element_size() if k == "mkl" else _onednn_bytes(v)
+            elif k == "onednn":
+                total += _onednn_bytes(v)
+            elif k == next(p for p in PLAIN_KERNELS if p in self.impl):  # one plain copy for both
+                total += v.numel() * v.element_size()
         return total
 
 
@@ -181,25 +203,31 @@ def row_invariant(lin: PlannedLinear, kernel: str, buckets=ROW_BUCKETS) -> bool:
 
 
 def measure(linears: list[PlannedLinear], rounds: int = 2, buckets=ROW_BUCKETS,
-            progress=None) -> dict[str, list[tuple[int, str]]]:
-    """{shape key: plan} (one kernel per shape, `fixed_plan`): the candidates that pass
-    `row_invariant`, timed by one pass over all matrices of the shape per kernel and row
-    bucket (see the module docstring), and the one with the least mean slowdown over the
-    decode buckets (`DECODE_ROWS`) wins. Timings are kept in `last_timings`."""
+            progress=None, per_rows: bool = False) -> dict[str, list[tuple[int, str]]]:
+    """{shape key: plan}, each shape's candidates timed by one pass over all its matrices
+    per kernel and row bucket (see the module docstring). By default one kernel per shape
+    (`fixed_plan`): among the candidates that pass `row_invariant`, the one with the least
+    mean slowdown over the decode buckets (`DECODE_ROWS`). With `per_rows` (float32 models),
+    the fastest kernel per bucket (`per_rows_plan`), and shapes under `MEASURE_MIN_BYTES`
+    on `linear` untimed. Timings are kept in `last_timings`."""
     groups: dict[str, list[PlannedLinear]] = {}
     for lin in linears:
         groups.setdefault(lin.key, []).append(lin)
     plans: dict[str, list[tuple[int, str]]] = {}
     timings: dict[str, dict[str, dict[int, float]]] = {}
     for gi, (key, group) in enumerate(groups.items()):
+        if per_rows and sum(lin.shape[0] * lin.shape[1] * 4 for lin in group) < MEASURE_MIN_BYTES:
+            plans[key] = fixed_plan("linear")  # timings this small are noise: the same in every process
+            continue
         if progress:
             progress(f"measuring kernels for {key} ({gi + 1}/{len(groups)}, {len(group)} matrices)")
         kernels = group[0].candidates()
         for lin in group:
             lin.build(kernels)
-        # a kernel whose rows depend on their neighbours would make a request's tokens depend
-        # on its batch; only if no candidate is invariant (no oneDNN, float MKL only) run anyway
-        kernels = [k for k in kernels if row_invariant(group[0], k, buckets)] or kernels
+        if not per_rows:
+            # a kernel whose rows depend on their neighbours would make a request's tokens depend
+            # on its batch; only if no candidate is invariant (no oneDNN, float MKL only) run anyway
+            kernels = [k for k in kernels if row_invariant(group[0], k, buckets)] or kernels
         k_in = group[0].shape[1]
         best = {k: {} for k in kernels}
         live = list(kernels)
@@ -220,7 +248,10 @@ def measure(linears: list[PlannedLinear], rounds: int = 2, buckets=ROW_BUCKETS,
                 if rows >= DECODE_ROWS:
                     fastest = min(best[k][rows] for k in live)
                     live = [k for k in live if best[k][rows] <= 3 * fastest]
-        plans[key] = fixed_plan(_pick(best, [b for b in buckets if b <= DECODE_ROWS]))
+        if per_rows:
+            plans[key] = per_rows_plan(best, buckets)
+        else:
+            plans[key] = fixed_plan(_pick(best, [b for b in buckets if b <= DECODE_ROWS]))
         timings[key] = {k: {str(r): v * 1e3 for r, v in t.items()} for k, t in best.items()}
     measure.last_timings = timings
     return plans
@@ -230,7 +261,7 @@ measure.last_timings = {}
 
 
 DECODE_ROWS = 16  # the row counts a decode step sees; larger ones are prefill chunks
-FLOAT_MARGIN = 1.10  # a float kernel must beat the integer one by 10% to earn its float copy
+FLOAT_MARGIN = 1.10  # a kernel that needs its own copy of the matrix must win by 10% to earn it
 
 
 def _pick(best: dict[str, dict[int, float]], rows: list[int]) -> str:
@@ -250,6 +281,23 @@ def _pick(best: dict[str, dict[int, float]], rows: list[int]) -> str:
     return winner
 
 
+def per_rows_plan(best: dict[str, dict[int, float]], buckets) -> list[tuple[int, str]]:
+    """A float32 model's plan: per row bucket the fastest kernel, except that a kernel on the
+    plain weight (`PLAIN_KERNELS`) within `FLOAT_MARGIN` of the fastest wins (oneDNN's
+    reordered copy doubles the matrix's memory); adjacent buckets on one kernel merge."""
+    plan: list[tuple[int, str]] = []
+    for rows in buckets:
+        times = {k: t[rows] for k, t in best.items() if rows in t}
+        fastest = min(times.values())
+        plain = [k for k in PLAIN_KERNELS if k in times and times[k] <= FLOAT_MARGIN * fastest]
+        kernel = min(plain or times, key=times.get)
+        if plan and plan[-1][1] == kernel:
+            plan[-1] = (rows, kernel)
+        else:
+            plan.append((rows, kernel))
+    return plan
+
+
 def plan_path(model_id: str, quant: str, act_dtype: torch.dtype, threads: int | None = None) -> str:
     """Where the plan of (model, format, host) is cached."""
     from ..loader.cache import cache_root
@@ -259,10 +307,12 @@ def plan_path(model_id: str, quant: str, act_dtype: torch.dtype, threads: int | 
 
 
 def choose(linears: list[PlannedLinear], plan: dict | str | None = None, cache_path: str | None = None,
-           remeasure: bool = False, progress=None) -> dict:
+           progress=None, per_rows: bool = False) -> dict:
     """Give every matrix its plan and drop what it no longer needs. `plan`: a kernel name
-    (every matrix on it where it can run, else on its own integer kernel, else float32), a {shape key: plan} dict, or
-    None to measure (read from / written to `cache_path` when given). Returns the plans used."""
+    (every matrix on it where it can run, else on its own integer kernel, else float32), a
+    {shape key: plan} dict, or None to measure (`measure`, with `per_rows` for a float32
+    model; read from / written to `cache_path` when given, under a lock so that processes
+    starting together measure once). Returns the plans used."""
     if isinstance(plan, str):
         plans = {}
         for lin in linears:
@@ -275,26 +325,49 @@ def choose(linears: list[PlannedLinear], plan: dict | str | None = None, cache_p
     else:
         # the cache holds one entry per shape key: a model loaded with another head format adds
         # its head's shape to the file instead of measuring (and rewriting) every shape again
-        plans, timings = {}, {}
-        if cache_path and os.path.isfile(cache_path) and not remeasure:
-            try:
-                with open(cache_path) as f:
-                    data = json.load(f)
-                plans = {k: [tuple(p) for p in v] for k, v in data["plans"].items()}
-                timings = data.get("timings_ms", {})
-            except (OSError, ValueError, KeyError, TypeError):
-                plans, timings = {}, {}
-        todo = [lin for lin in linears if lin.key not in plans]
-        if todo:
-            plans.update(measure(todo, progress=progress))
-            timings.update(measure.last_timings)
-            if cache_path:
-                write_json(cache_path, {"host": host_key(), "plans": plans, "timings_ms": timings,
-                                         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                         "load_avg": os.getloadavg()})
+        plans, _ = _read_plans(cache_path)
+        if any(lin.key not in plans for lin in linears):
+            with _locked(cache_path):
+                plans, timings = _read_plans(cache_path)  # another process may have measured meanwhile
+                todo = [lin for lin in linears if lin.key not in plans]
+                if todo:
+                    plans.update(measure(todo, progress=progress, per_rows=per_rows))
+                    timings.update(measure.last_timings)
+                    if cache_path:
+                        write_json(cache_path, {"host": host_key(), "plans": plans, "timings_ms": timings,
+                                                 "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                                 "load_avg": os.getloadavg()})
     for lin in linears:
         lin.finalize(plans[lin.key])
     return {lin.key: plans[lin.key] for lin in linears}
+
+
+def _read_plans(cache_path: str | None) -> tuple[dict, dict]:
+    """(plans, timings) cached at `cache_path`; empty where there is none or it is unreadable."""
+    if not cache_path or not os.path.isfile(cache_path):
+        return {}, {}
+    try:
+        with open(cache_path) as f:
+            data = json.load(f)
+        return {k: [tuple(p) for p in v] for k, v in data["plans"].items()}, data.get("timings_ms", {})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}, {}
+
+
+@contextlib.contextmanager
+def _locked(cache_path: str | None):
+    """An exclusive lock beside `cache_path` (nothing without a path): one process measures at a
+    time, on an otherwise quiet CPU, and the next reads what it wrote."""
+    if not cache_path:
+        yield
+        return
+    os.makedirs(os.path.dirname(cache_path), exist_ok=True)
+    with open(cache_path + ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def write_json(path: str, data: dict) -> None:

@@ -2,13 +2,9 @@
 
 They follow Hugging Face `transformers` operation by operation (RMSNorm in float32, RoPE
 tables computed in float32), so float32/float64 logits agree with the reference to
-rounding. `linear` picks the matrix-multiply path by measurement over a whole model's
-weights streaming from memory, as in a real step (`python benchmarks/bench_linear.py`,
-cold section, 2 threads): one or two rows go through MKL as `W @ x.T` with the weight in
-its natural [out, in] layout (one row padded to two real rows: MKL's one-row path is
-slower), 2.5-4.5x faster than `F.linear` and 1.2-1.5x faster than oneDNN; from three rows
-a float32 weight reordered once for oneDNN (`LinearWeight.packed`) wins, 1.1-1.8x over the
-MKL layouts at 4-64 rows.
+rounding. `linear` runs a matrix as `kernels.PlannedLinear` (every CPU float32 or quantised
+model: the kernel per row count measured on the host) or, for float64 parity runs and
+other devices, as a plain `LinearWeight` on `F.linear`.
 """
 
 from __future__ import annotations
@@ -18,48 +14,23 @@ import math
 import torch
 import torch.nn.functional as F
 
-# Without oneDNN (1-2 rows, float64, other devices): rows at or above this use F.linear;
-# below, `W @ x.T`, which won 1.4-3x at 2-8 rows and is even at 16-32 here.
-_SMALL_ROWS = 16
-# With a packed weight: rows at or above this use it (at 3 rows the two paths are even).
-_PACKED_ROWS = 3
-# The row count oneDNN chooses the packed layout for. Measured over the whole model's
-# weights (cold): a layout for 16 rows runs 3-64 row steps 6-11% faster than the default
-# (no hint), and 512-row prefills the same.
-_PACK_FOR_ROWS = 16
-
 
 class LinearWeight:
-    """A linear layer's weight `w` [out, in], plus, for float32 on CPU, a copy reordered
-    once into oneDNN's blocked layout (None where oneDNN is unavailable or the dtype is
-    not float32, e.g. the float64 parity runs)."""
+    """A linear layer's weight `w` [out, in] run by `F.linear` (float64, other devices)."""
 
-    __slots__ = ("w", "packed")
+    __slots__ = ("w",)
 
     def __init__(self, w: torch.Tensor):
         self.w = w
-        self.packed = None
-        if w.device.type == "cpu" and w.dtype == torch.float32 and torch.backends.mkldnn.is_available():
-            try:
-                self.packed = torch.ops.mkldnn._reorder_linear_weight(w, _PACK_FOR_ROWS)
-            except (RuntimeError, AttributeError):  # a torch build without the op: plain path
-                self.packed = None
 
 
-def linear(x: torch.Tensor, lw: LinearWeight, b: torch.Tensor | None = None,
+def linear(x: torch.Tensor, lw, b: torch.Tensor | None = None,
            residual: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ w.T + b (+ residual) for x [T, in], w [out, in], choosing the faster CPU layout.
-    With oneDNN the residual add is fused into the matrix multiply. A quantised model's
-    matrices (`kernels.PlannedLinear`) run their own measured plan."""
+    """y = x @ w.T + b (+ residual) for x [T, in], w [out, in]. A measured matrix
+    (`kernels.PlannedLinear`) runs its own plan."""
     if type(lw) is not LinearWeight:
         return lw(x, b, residual)
-    t = x.shape[0]
-    if lw.packed is not None and t >= _PACKED_ROWS:
-        if residual is not None and onednn_rows(t) == t:  # no padding: the add fused in
-            return torch.ops.mkldnn._linear_pointwise.binary(x.contiguous(), residual, lw.packed, b, "add")
-        y = onednn_linear(x, lw.packed, b)
-        return y if residual is None else residual + y
-    y = _plain_linear(x, lw.w, b)
+    y = F.linear(x, lw.w, b)
     return y if residual is None else residual + y
 
 
@@ -86,20 +57,6 @@ def onednn_linear(x: torch.Tensor, packed: torch.Tensor, b: torch.Tensor | None 
     if m != t:
         x = torch.cat([x, x.new_zeros(m - t, x.shape[1])])
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, b, "none", [], "")[:t]
-
-
-def _plain_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    t = x.shape[0]
-    if x.device.type != "cpu" or t >= _SMALL_ROWS:
-        return F.linear(x, w, b)
-    if t == 1:
-        # two real rows (a stride-0 expand leaves the BLAS path); outputs are kept contiguous:
-        # a transposed output propagates through the residual stream and, measured, put a
-        # later projection on a 4x slower MKL path
-        y = (w @ x.repeat(2, 1).T)[:, 0].contiguous().unsqueeze(0)
-    else:
-        y = (w @ x.contiguous().T).T.contiguous()
-    return y if b is None else y + b
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

@@ -100,11 +100,14 @@ class Model:
                     w.dequantize(dtype=dtype).to(device)
             return w.to(device=device, dtype=dtype)
 
+        from .kernels import PlannedLinear
+        # float32 on CPU: each matrix on the kernels measured fastest here per row count (kernels.py)
+        planned_floats = torch.device(device).type == "cpu" and dtype == torch.float32
+
         def mat(w, name: str):
             """A decoder matrix in this model's format."""
             if quant == "none":
-                return LinearWeight(w)
-            from .kernels import PlannedLinear
+                return PlannedLinear(w, dtype) if planned_floats else LinearWeight(w)
             if quant == "int4" and not (isinstance(w, QuantTensor) and w.fmt == "q4"):
                 w = quantize_int4(w.dequantize() if isinstance(w, QuantTensor) else w, name)
             elif quant == "int8" and not (isinstance(w, QuantTensor) and w.fmt == "q8" and w.group == w.shape[1]):
@@ -118,7 +121,7 @@ class Model:
         self.head_exact: QuantTensor | None = None
         if quant == "none":
             self.embed_tokens = embed
-            self.lm_head = LinearWeight(embed if head is None else head)
+            self.lm_head = mat(embed if head is None else head, "lm_head.weight")
         else:
             src = embed if head is None else head
             if isinstance(src, QuantTensor) and src.fmt == "q4" and int4_shape_problem(*src.shape, src.group) is None:
@@ -129,7 +132,6 @@ class Model:
                 head_w = quantize_int8(src.dequantize() if isinstance(src, QuantTensor) else src)
             else:
                 head_w = src.dequantize() if isinstance(src, QuantTensor) else src
-            from .kernels import PlannedLinear
             self.lm_head = PlannedLinear(head_w, act_dtype)
             if isinstance(embed, QuantTensor):
                 self.embed_q = embed
@@ -179,10 +181,9 @@ class Model:
         return torch.cat([interleave(qn, 1).expand(self.nh, -1), interleave(kn, 1).expand(self.kvh, -1)])
 
     def linears(self) -> list:
-        """The quantised model's matrices (`kernels.PlannedLinear`), for the kernel choice."""
-        if self.quant == "none":
-            return []
-        return [self.lm_head] + self.decoder_linears()
+        """The matrices whose kernels are chosen by measurement (`kernels.PlannedLinear`): a
+        quantised model's, and a float32 model's on CPU; none in float64 or on other devices."""
+        return [m for m in (self.lm_head, *self.decoder_linears()) if not isinstance(m, LinearWeight)]
 
     def decoder_linears(self) -> list:
         return [m for ly in self.layers for m in (ly.qkv, ly.o, ly.gate_up, ly.down)]

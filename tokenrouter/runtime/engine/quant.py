@@ -3,17 +3,20 @@
 `quant` (a model block attribute, `--quant` on the commands) says how a model's weights are held:
 
 - `none`: float, as the checkpoint gives them (a GGUF file dequantised), the exact default;
-- `native`: a GGUF file's own blocks as they are: Q4_0 and Q4_1 run on torch's int4 kernel
-  (`aten._weight_int4pack_mm_for_cpu`, group 32), Q8_0 (no exact torch kernel: its scale is
-  per 32 weights, `_weight_int8pack_mm` takes one per output row) is held as its codes and
-  run through whichever measured float path wins; F32/F16/BF16 tensors stay float;
+- `native`: a GGUF file's own blocks as they are: Q4_0, Q4_1 and Q4_K run on torch's int4
+  kernel (`aten._weight_int4pack_mm_for_cpu`, group 32), Q8_0 (no exact torch kernel: its
+  scale is per 32 weights, `_weight_int8pack_mm` takes one per output row) is held as its
+  codes and run through whichever measured float path wins; F32/F16/BF16 tensors stay
+  float, and so do the Q5_K / Q6_K matrices of K-quant mixes (dequantised exactly: no
+  kernel here takes 5- or 6-bit codes);
 - `int4`: a float checkpoint quantised on load, asymmetric min/max per group of 32 along the
   input dimension (Q4_1's recipe: scale = (max - min) / 15, zero = min);
 - `int8`: symmetric per output row (scale = max |w| / 127), torch's `_weight_int8pack_mm`.
 
 The int4 kernel computes w = (q - 8) * scale + zero per group, so a GGUF block maps onto it
 exactly: Q4_0 (w = d (q - 8)) is scale = d, zero = 0; Q4_1 (w = d q + m) is scale = d,
-zero = m + 8 d. Only bfloat16 activations take its vectorised path (float32 falls to a
+zero = m + 8 d; Q4_K (w = d sc q - dmin m per sub-block of 32) is scale = d sc,
+zero = 8 d sc - dmin m. Only bfloat16 activations take its vectorised path (float32 falls to a
 scalar loop), so a quantised layer casts its input to `act_dtype` (bfloat16 by default)
 and its output back; the residual stream, norms, attention and KV cache stay in the
 engine's dtype. With float32 activations the product equals the dequantised matmul to

@@ -64,12 +64,11 @@ class LoadedModel:
         """Engine keyword arguments for this model's format: `quant` and where its measured
         kernel plan is cached."""
         quant = quant or self.quant
-        if quant == "none":
-            return {}
         import torch
 
         from ..engine.kernels import plan_path
-        return {"quant": quant, "plan_cache": plan_path(self.model_id(), quant, torch.bfloat16, threads)}
+        act = torch.float32 if quant == "none" else torch.bfloat16
+        return {"quant": quant, "plan_cache": plan_path(self.model_id(), quant, act, threads)}
 
 
 def load_model(path_or_name: str, dtype=None, quant: str = "none") -> LoadedModel:
@@ -100,8 +99,6 @@ def load_model(path_or_name: str, dtype=None, quant: str = "none") -> LoadedMode
 def quant_kwargs(model: Any, quant: str) -> dict[str, Any]:
     """Engine keyword arguments that hold `model` (a `LoadedModel`, or any object with config and
     weights) in format `quant`, with its kernel plan cached when the model has a known source."""
-    if quant == "none":
-        return {}
     if isinstance(model, LoadedModel):
         return model.engine_kwargs(quant)
     return {"quant": quant}

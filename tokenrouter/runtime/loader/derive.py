@@ -88,7 +88,10 @@ def collect_hidden(model_config, weights: dict[str, torch.Tensor], prompts: list
     """({layer: rmsnorm(h_layer)}, final normed hidden) at every position the large model
     samples while answering `prompts` (seeded sampling, all prompts in one batch)."""
     max_len = max(map(len, prompts)) + steps + 1
-    eng = Engine(model_config, weights, max_model_len=max_len, num_blocks=len(prompts) * (max_len // 16 + 2))
+    # one fixed kernel (F.linear), not this host's measured plan: a derivation is not timed, and
+    # its hidden states should not depend on which kernel won a timing here
+    eng = Engine(model_config, weights, max_model_len=max_len, num_blocks=len(prompts) * (max_len // 16 + 2),
+                 kernel_plan="linear")
     needs = FeatureNeeds(hidden_layers=(*layers, -1))
     params = [SamplingParams(temperature=temperature, top_p=0.95, seed=seed * 100003 + i) for i in range(len(prompts))]
     xs: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}

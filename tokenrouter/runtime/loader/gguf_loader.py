@@ -155,16 +155,21 @@ def _dequantize(tensor) -> np.ndarray:
             "dequantised; re-export it as F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1 or a K-quant") from None
 
 
-_NATIVE = ("Q4_0", "Q4_1", "Q8_0")
+_NATIVE = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")  # held as their own codes
+# K-quant mixes (Q4_K_M, Q4_K_S) store a few matrices as Q5_K or Q6_K: 5- and 6-bit codes no
+# integer kernel here takes, so quant=native holds those dequantised (exactly) as float32
+_NATIVE_AS_FLOAT = ("Q5_K", "Q6_K")
 _FLOAT = ("F32", "F16", "BF16", "F64")
 
 
 def _native_tensor(tensor):
-    """A GGUF matrix as a `QuantTensor` of its own blocks (Q4_0, Q4_1, Q8_0), unpacked with numpy
-    (the blocks' layout as the gguf package's dequantiser reads it)."""
+    """A GGUF matrix as a `QuantTensor` of its own blocks (Q4_0, Q4_1, Q4_K, Q8_0), unpacked with
+    numpy (the blocks' layout as the gguf package's dequantiser reads it)."""
     kind = tensor.tensor_type.name
     k, n = int(tensor.shape[0]), int(tensor.shape[1])
     g = k // 32
+    if kind == "Q4_K":
+        return _q4_k(np.asarray(tensor.data), n, k)
     if kind in ("Q4_0", "Q4_1"):
         size = 18 if kind == "Q4_0" else 20
         b = np.asarray(tensor.data).reshape(n, g, size)
@@ -183,10 +188,30 @@ def _native_tensor(tensor):
     return QuantTensor("q8", torch.from_numpy(codes.copy()), torch.from_numpy(d), None, 32, kind)
 
 
+def _q4_k(data: np.ndarray, n: int, k: int) -> QuantTensor:
+    """Q4_K as group-32 int4, exactly. A 144-byte block holds 256 weights in 8 sub-blocks of
+    32: fp16 d and dmin, 6-bit scale sc_j and min m_j per sub-block (12 bytes), 4-bit codes q
+    (sub-blocks 2i and 2i+1 share 32 bytes, low and high nibble). w = d sc_j q - dmin m_j, which
+    is the int4 kernel's (q - 8) scale + zero with scale = d sc_j, zero = 8 scale - dmin m_j."""
+    from gguf.quants import Q4_K
+    b = data.reshape(n * (k // 256), 144)
+    d = np.ascontiguousarray(b[:, 0:2]).view(np.float16).astype(np.float32)  # [blocks, 1]
+    dmin = np.ascontiguousarray(b[:, 2:4]).view(np.float16).astype(np.float32)
+    sc, mins = Q4_K.get_scale_min(np.ascontiguousarray(b[:, 4:16]))  # [blocks, 8] each
+    scale = d * sc.astype(np.float32)
+    zero = 8.0 * scale - dmin * mins.astype(np.float32)
+    qs = b[:, 16:].reshape(-1, 4, 1, 32)
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(n, k)  # sub-block 2i low, 2i+1 high
+    return QuantTensor("q4", torch.from_numpy(np.ascontiguousarray(codes)),
+                       torch.from_numpy(np.ascontiguousarray(scale.reshape(n, k // 32))),
+                       torch.from_numpy(np.ascontiguousarray(zero.reshape(n, k // 32))), 32, "Q4_K")
+
+
 def read_gguf(path: str, native: bool = False):
     """(config dict, {hf name: float32 tensor}, Tokenizer) of a GGUF file. With `native`, matrices
-    stored as Q4_0, Q4_1 or Q8_0 come as `QuantTensor`s of their own blocks instead (float
-    tensors stay float; any other block type is an `UnsupportedQuantization` naming the tensor)."""
+    stored as Q4_0, Q4_1, Q4_K or Q8_0 come as `QuantTensor`s of their own blocks instead (float
+    tensors, and Q5_K / Q6_K matrices dequantised, stay float; any other block type is an
+    `UnsupportedQuantization` naming the tensor)."""
     if not os.path.isfile(path):
         raise MissingFile(f"no such GGUF file: {path}")
     try:
@@ -205,12 +230,12 @@ def read_gguf(path: str, native: bool = False):
     for t in reader.tensors:
         name = hf_name(t.name)
         kind = t.tensor_type.name
-        if native and kind not in _FLOAT:
+        if native and kind not in _FLOAT and not (kind in _NATIVE_AS_FLOAT and len(t.shape) == 2):
             if kind not in _NATIVE or len(t.shape) != 2:
                 raise UnsupportedQuantization(
                     f"GGUF tensor {t.name!r} is stored as {kind}, which quant=native cannot run as it is "
-                    f"(native block types: {', '.join(_NATIVE)}); use quant=none (dequantise to float) "
-                    "or quant=int4 / int8 (requantise on load)")
+                    f"(native block types: {', '.join(_NATIVE)}, and {', '.join(_NATIVE_AS_FLOAT)} held "
+                    "as float32); use quant=none (dequantise to float) or quant=int4 / int8 (requantise on load)")
             w = _native_tensor(t)
             fix = lambda x: x.contiguous()  # noqa: E731
             if permute and name.endswith("q_proj.weight"):
