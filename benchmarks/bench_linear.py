@@ -1,7 +1,9 @@
 """The engine's linear layer on this CPU: MKL sgemm layouts against oneDNN-packed weights.
 
-Decode and extend steps multiply a few rows by every weight matrix of the model. What
-`tokenrouter/runtime/engine/layers.py` chooses by is the **cold** section: one pass over
+Decode and extend steps multiply a few rows by every weight matrix of the model. The
+engine does not take its choice from here: `tokenrouter/runtime/engine/kernels.py` times
+the same candidates on the host at a model's first load. This script shows why that has
+to be measured per host. Its **cold** section is what the engine's measurement mirrors: one pass over
 a whole model's weight set (SmolLM2-135M's shapes: 30 layers x qkv/o/gate_up/down plus
 the 49152-row LM head, 538 MB in float32), so every weight streams from memory as it does
 in a real step. Methods, side by side in one run, at 2 threads (the comparison with

@@ -10,6 +10,9 @@ from the file's codes), C element-wise path (`fused_ops`) / torch's:
   agree at 808/808, and a float32 head gives the same 98.9% / 98.5%.
 - int8 (one scale per output row): 96.8%: a row with an outlier weight gets a coarse step
   for all its others, which group-wise formats avoid.
+- native on the C int4 kernel (`int4dp`, AVX-512 BF16 hosts): 99.9% (807/808), 100% over the
+  first 41 positions: it keeps the file's float16 scales and a float32 output, so only x is
+  rounded to bfloat16.
 The thresholds sit a few positions under those figures, so rounding noise does not fail the
 test but a wrong kernel or layout (which costs tens of points) does."""
 
@@ -57,19 +60,28 @@ def reference():
     return m, prompts, logits, toks
 
 
+# (format, kernel, least agreement): torch's int4 kernel rounds its scales, zeros and output to
+# bfloat16; the C kernel (`int4dp`, where the CPU has AVX-512 BF16) rounds only x, and agrees
+# at 807/808 (99.9%) on an Intel Xeon
+CASES = [("native", "int4", 0.98), ("int4", "int4", 0.98), ("int8", "int8", 0.96), ("native", "int4dp", 0.99)]
+
+
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("quant", ["native", "int4", "int8"])
-def test_quantised_formats_agree_with_float32_on_greedy_tokens(reference, quant, capsys):
-    """`kernel_plan` puts every matrix on its integer kernel."""
+@pytest.mark.parametrize("quant,kernel,least", CASES)
+def test_quantised_formats_agree_with_float32_on_greedy_tokens(reference, quant, kernel, least, capsys):
+    """`kernel_plan` puts every matrix on the named integer kernel."""
     from tokenrouter.runtime.loader import load_model
+    if kernel == "int4dp" and ckernels.int4dp_problem() is not None:
+        pytest.skip(ckernels.int4dp_problem())
     m, prompts, ref, toks = reference
     src = load_model("smollm2-135m", quant="native") if quant == "native" else m
     eng = Engine(src.config, src.weights, num_blocks=80, max_model_len=160, quant=quant,
-                 kernel_plan="int4" if quant != "int8" else "int8", attention=ATTENTION)
+                 kernel_plan=kernel, attention=ATTENTION)
+    assert {k for plan in eng.kernel_plans.values() for _, k in plan} == {kernel}
     got, _ = _run(eng, prompts, forced=toks)
     agree = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
     dmax = (got - ref).abs().max().item()
     with capsys.disabled():
-        print(f"\n[quant={quant}] greedy agreement {100 * agree:.1f}% of {ref.shape[0] * ref.shape[1]} "
+        print(f"\n[quant={quant}, {kernel}] greedy agreement {100 * agree:.1f}% of {ref.shape[0] * ref.shape[1]} "
               f"teacher-forced positions, max |dlogit| {dmax:.3f}")
-    assert agree >= (0.96 if quant == "int8" else 0.98)
+    assert agree >= least

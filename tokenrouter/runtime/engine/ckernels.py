@@ -7,6 +7,8 @@ decode or short-extend token's attention in one pass that reads K/V where they l
 paged cache (`benchmarks/README.md`, "Engine", has the figures). `csrc/decode_ops.c` does
 the element-wise stretches between a quantised layer's matrix products (residual add, RMSNorm,
 casts, RoPE, the K/V write, SwiGLU) in one pass each, where torch runs about 25 ops a layer.
+`csrc/int4_matmul.c` multiplies by 4-bit weights on AVX-512 bfloat16 dot products, unpacking
+each block of codes once for up to 8 rows (a kernel candidate, `kernels.py`).
 
 It is plain C, no torch headers: built at first use with the host's C compiler
 (`cc -O3 -march=native -ffp-contract=fast -fopenmp`, `$CC` to choose another; without
@@ -31,7 +33,7 @@ import torch
 log = logging.getLogger(__name__)
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-SOURCES = tuple(os.path.join(_CSRC, n) for n in ("paged_attention.c", "decode_ops.c"))
+SOURCES = tuple(os.path.join(_CSRC, n) for n in ("paged_attention.c", "decode_ops.c", "int4_matmul.c"))
 HEADERS = tuple(os.path.join(_CSRC, n) for n in ("vexp.h",))
 LIB_PREFIX = "tokenrouter-kernels-"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c11", "-shared", "-fPIC")
@@ -125,6 +127,10 @@ def load():
                        ("tr_rope_write", [p, i32, i64, i64, i64, i64, i64, p, p, p, f32, p, i64, p, p, i64, i64])):
         getattr(lib, name).restype = None
         getattr(lib, name).argtypes = args
+    lib.tr_int4dp_supported.restype = ctypes.c_int
+    lib.tr_int4dp_supported.argtypes = []
+    lib.tr_int4dp_mm.restype = ctypes.c_int
+    lib.tr_int4dp_mm.argtypes = [p, i32, i64, i64, i64, p, p, i64, p, i64, i32]
     _lib = lib
     return lib
 
@@ -271,6 +277,40 @@ def _check_rope(qkv, heads, kv_heads, cis, positions, qk_norm, kv_layer, slots, 
     if qk_norm is not None and (qk_norm.dtype != _F32 or not qk_norm.is_contiguous()
                                 or qk_norm.shape != (heads + kv_heads, hd)):
         raise ValueError(f"qk_norm must be a contiguous float32 [{heads + kv_heads}, {hd}] tensor")
+
+
+# ------------------------------------------------------------------ int4_matmul.c
+
+def int4dp_problem() -> str | None:
+    """Why the bfloat16 dot-product int4 kernel cannot run here, or None: it needs the C
+    kernels and a CPU with AVX-512 BF16 (`vdpbf16ps`), as the build for this host saw it."""
+    why = available()
+    if why is not None:
+        return why
+    if not load().tr_int4dp_supported():
+        return "this CPU has no AVX-512 BF16 dot products (the build for it leaves the kernel out)"
+    return None
+
+
+def int4dp_mm(x: torch.Tensor, codes: torch.Tensor, sm: torch.Tensor, n: int) -> torch.Tensor:
+    """x [T, K] (bf16 or float32, contiguous rows) @ W.T -> [T, n] float32, W packed as
+    `quant.Int4DotWeight` holds it (codes int32 [n/16, K/32, 4, 16], sm float16
+    [n/16, K/32, 2, 16]). Checks what would make the C code read out of bounds."""
+    lib = load()
+    t, k = x.shape
+    if x.dtype not in (_BF16, _F32) or x.stride(1) != 1 or x.device.type != "cpu":
+        raise ValueError(f"x must be a CPU bf16/float32 tensor with contiguous rows, not {x.dtype} {x.stride()}")
+    if k % 32 or n % 16 or codes.shape != (n // 16, k // 32, 4, 16) or sm.shape != (n // 16, k // 32, 2, 16) \
+            or codes.dtype != torch.int32 or sm.dtype != torch.float16 or not (codes.is_contiguous() and sm.is_contiguous()):
+        raise ValueError(f"packed int4 weights do not match a [{n}, {k}] matrix")
+    out = torch.empty(t, n, dtype=_F32)
+    rc = lib.tr_int4dp_mm(x.data_ptr(), int(x.dtype == _BF16), x.stride(0), t, k, codes.data_ptr(), sm.data_ptr(),
+                          n, out.data_ptr(), out.stride(0), torch.get_num_threads())
+    if rc == 1:
+        raise MemoryError("the C int4 kernel could not allocate its scratch")
+    if rc:
+        raise NativeKernelError("the C int4 kernel is not built for this CPU")
+    return out
 
 
 def source_hash() -> str:

@@ -175,6 +175,59 @@ class Int4Weight:
         return y.to(x.dtype)
 
 
+
+
+class Int4DotWeight:
+    """A q4 matrix packed for the C kernel on AVX-512 bfloat16 dot products
+    (`csrc/int4_matmul.c`, which documents the layout): the codes, and per output row and
+    group of 32 the scale and the min (w = q scale + min, min = zero - 8 scale) as float16.
+    Its output is float32 whatever x's dtype (x is rounded to bfloat16 inside)."""
+
+    __slots__ = ("codes", "sm", "n")
+
+    SHIFTS = (0, 16, 4, 20, 8, 24, 12, 28)  # input i of 8 goes to bit 4 (i // 2) + 16 (i % 2)
+
+    def __init__(self, qt: QuantTensor):
+        why = int4dp_problem(qt)
+        if why:
+            raise QuantError(f"the C int4 kernel cannot take this [{qt.shape[0]}, {qt.shape[1]}] matrix: {why}")
+        n, k = qt.shape
+        c = qt.codes.to(torch.int64).view(n // 16, 16, k // 32, 4, 8)
+        shifts = torch.tensor(self.SHIFTS, dtype=torch.int64)
+        d = (c << shifts).sum(-1)  # [n/16, 16, k/32, 4] < 2**32
+        d = torch.where(d >= 2 ** 31, d - 2 ** 32, d).to(torch.int32)  # the same bits as int32
+        self.codes = d.permute(0, 2, 3, 1).contiguous()  # [n/16, k/32, 4, 16]
+        zero = torch.zeros_like(qt.scale) if qt.zero is None else qt.zero
+        mins = zero - 8.0 * qt.scale
+        sm = torch.stack([qt.scale, mins]).view(2, n // 16, 16, k // 32)  # [2, n/16, 16, k/32]
+        self.sm = sm.permute(1, 3, 0, 2).to(torch.float16).contiguous()  # [n/16, k/32, 2, 16]
+        self.n = n
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        from .ckernels import int4dp_mm
+        return int4dp_mm(x if x.stride(-1) == 1 else x.contiguous(), self.codes, self.sm, self.n)
+
+
+def int4dp_problem(qt: QuantTensor) -> str | None:
+    """Why `Int4DotWeight` cannot hold `qt`, or None: a q4 matrix of group 32 whose shape the
+    kernel takes, on a CPU where the kernel is built, and whose scales and mins float16
+    holds closely enough: no weight may move by more than 2**-11 of its row's largest (GGUF's
+    Q4_0/Q4_1 store them as float16, so those move by nothing)."""
+    if qt.fmt != "q4" or qt.group != GROUP:
+        return f"it takes 4-bit codes in groups of {GROUP}, not {qt.source} (group {qt.group})"
+    why = int4_shape_problem(*qt.shape)
+    if why:
+        return why
+    zero = torch.zeros_like(qt.scale) if qt.zero is None else qt.zero
+    s, m = qt.scale.to(torch.float32), (zero - 8.0 * qt.scale).to(torch.float32)
+    moved = 15 * (s - s.half().float()).abs() + (m - m.half().float()).abs()  # NaN/inf on overflow
+    largest = (15 * s.abs() + m.abs()).amax(1, keepdim=True)
+    if not bool((moved <= largest * 2.0 ** -11).all()):
+        return "its scales or mins do not fit float16 (the kernel holds them so)"
+    from .ckernels import int4dp_problem as host_problem
+    return host_problem()
+
+
 class Int8Weight:
     """A per-row q8 matrix for torch's `_weight_int8pack_mm`."""
 

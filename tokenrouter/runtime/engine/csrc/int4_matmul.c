@@ -1,0 +1,183 @@
+/* y = x @ W.T for a 4-bit matrix W, on AVX-512 bfloat16 dot products (`vdpbf16ps`).
+ *
+ * Why: torch's CPU int4 kernel unpacks the codes again for every row of x, so a decode step
+ * of 8 requests costs about 2.8x one of 1 (benchmarks/README.md). Here each block of codes
+ * is unpacked once into registers and used for up to 8 rows.
+ *
+ * W [N, K] is held as codes q in 0..15 with, per output row and group of 32 inputs, a scale s
+ * and a min m: w = q s + m (Q4_1's form; Q4_0 and Q4_K map onto it exactly, quant.py). Then
+ *
+ *     y[n] = sum over groups g of  s * sum_i x_i q_i  +  m * sum_i x_i
+ *
+ * The codes enter the dot products as the bfloat16 numbers 128 + q (exact: 0x4300 | q), so
+ * unpacking is a shift and a mask; the bias is taken out with the group's sum of x:
+ * s * sum x_i (128 + q_i) + (m - 128 s) * sum x_i. x is rounded to bfloat16 once per call
+ * (the int4 kernel's activation dtype); products and sums are float32, and so is the output.
+ * s and m are held as float16 (exact for Q4_0/Q4_1, whose file stores them so).
+ *
+ * Layout (packed by quant.Int4DotWeight): for each block of 16 output rows and group g, 4
+ * chunks of 16 uint32, one per output row, holding 8 codes of inputs 8c..8c+7: the pair of
+ * inputs (2k, 2k+1) at bits 4k and 16 + 4k, so that (D >> 4k) & 0x000F000F is pair k's two
+ * codes in one 32-bit lane, the low and high halves of a bfloat16 pair. Then [16 s, 16 m]
+ * float16 per block and group.
+ *
+ * Each row is computed by the same sequence of operations whatever the number of rows and
+ * threads (threads split output blocks), so a request's values do not depend on its batch.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#define TR_INT4DP 1
+#endif
+
+int tr_int4dp_supported(void) {
+#ifdef TR_INT4DP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+#ifdef TR_INT4DP
+
+#define ROWS 8        /* rows that share one unpacking */
+#define PARALLEL_MIN (1 << 16)
+
+static inline uint32_t bf16_bits(float f) {
+    uint32_t b;
+    memcpy(&b, &f, sizeof b);
+    if ((b & 0x7fffffffu) > 0x7f800000u)
+        return (b >> 16) | 0x40u;
+    b += 0x7fffu + ((b >> 16) & 1u);
+    return b >> 16;
+}
+
+static inline float bf16_value(uint32_t h) {
+    const uint32_t b = h << 16;
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+/* One block of 16 outputs for rows [r0, r0 + nr), nr <= ROWS. Per group, each chunk of 4
+ * input pairs is unpacked once and used by every row; a row's dot products run on two
+ * accumulators (pairs 0, 2 and 1, 3 of each chunk) so that one row alone is not held up by
+ * the instruction's latency, and are summed per group in the same order for every row. */
+static inline __attribute__((always_inline)) void
+block(const uint32_t *xp, const float *xs, int64_t r0, const int nr, int64_t groups, const uint32_t *codes,
+      const uint16_t *sm, float *out, int64_t out_stride, int64_t col) {
+    const __m512i mask = _mm512_set1_epi32(0x000F000F), bias = _mm512_set1_epi32(0x43004300);
+    const __m512 b128 = _mm512_set1_ps(128.0f);
+    __m512 tot[ROWS];
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++)
+        tot[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        const uint32_t *cg = codes + g * 64;
+        __m512 a0[ROWS], a1[ROWS];
+#pragma GCC unroll 8
+        for (int r = 0; r < nr; r++)
+            a0[r] = a1[r] = _mm512_setzero_ps();
+        for (int ch = 0; ch < 4; ch++) {
+            const __m512i d = _mm512_loadu_si512((const void *)(cg + ch * 16));
+            const __m512i w0 = _mm512_ternarylogic_epi32(d, mask, bias, 0xEA); /* (a & b) | c */
+            const __m512i w1 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(d, 4), mask, bias, 0xEA);
+            const __m512i w2 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(d, 8), mask, bias, 0xEA);
+            const __m512i w3 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(d, 12), mask, bias, 0xEA);
+#pragma GCC unroll 8
+            for (int r = 0; r < nr; r++) {
+                const uint32_t *x = xp + (r0 + r) * groups * 16 + g * 16 + ch * 4;
+                a0[r] = _mm512_dpbf16_ps(a0[r], (__m512bh)w0, (__m512bh)_mm512_set1_epi32((int)x[0]));
+                a1[r] = _mm512_dpbf16_ps(a1[r], (__m512bh)w1, (__m512bh)_mm512_set1_epi32((int)x[1]));
+                a0[r] = _mm512_dpbf16_ps(a0[r], (__m512bh)w2, (__m512bh)_mm512_set1_epi32((int)x[2]));
+                a1[r] = _mm512_dpbf16_ps(a1[r], (__m512bh)w3, (__m512bh)_mm512_set1_epi32((int)x[3]));
+            }
+        }
+        const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sm + g * 32)));
+        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sm + g * 32 + 16)));
+        const __m512 c = _mm512_fnmadd_ps(b128, s, m); /* m - 128 s */
+#pragma GCC unroll 8
+        for (int r = 0; r < nr; r++) {
+            tot[r] = _mm512_fmadd_ps(s, _mm512_add_ps(a0[r], a1[r]), tot[r]);
+            tot[r] = _mm512_fmadd_ps(c, _mm512_set1_ps(xs[(r0 + r) * groups + g]), tot[r]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < nr; r++)
+        _mm512_storeu_ps(out + (r0 + r) * out_stride + col, tot[r]);
+}
+
+/* `block` compiled for each row count, so that its per-row values live in registers */
+#define BLOCK_N(n) \
+    static void block##n(const uint32_t *xp, const float *xs, int64_t r0, int64_t groups, const uint32_t *codes, \
+                         const uint16_t *sm, float *out, int64_t out_stride, int64_t col) { \
+        block(xp, xs, r0, n, groups, codes, sm, out, out_stride, col); \
+    }
+BLOCK_N(1) BLOCK_N(2) BLOCK_N(3) BLOCK_N(4) BLOCK_N(5) BLOCK_N(6) BLOCK_N(7) BLOCK_N(8)
+typedef void (*block_fn)(const uint32_t *, const float *, int64_t, int64_t, const uint32_t *, const uint16_t *,
+                         float *, int64_t, int64_t);
+static const block_fn BLOCKS[ROWS + 1] = {0, block1, block2, block3, block4, block5, block6, block7, block8};
+
+/* x [rows, K] (bfloat16 when x_bf16, else float32; row stride x_stride elements), codes and
+ * sm as packed above for N outputs, out [rows, N] float32 (row stride out_stride). K % 32 == 0,
+ * N % 16 == 0. Returns 0, or 1 when scratch memory could not be had. */
+int tr_int4dp_mm(const void *x, int x_bf16, int64_t x_stride, int64_t rows, int64_t k, const uint32_t *codes,
+                 const uint16_t *sm, int64_t n, float *out, int64_t out_stride, int threads) {
+    const int64_t groups = k / 32, blocks = n / 16;
+    uint32_t *xp = malloc((size_t)(rows * k / 2) * sizeof *xp);
+    float *xs = malloc((size_t)(rows * groups) * sizeof *xs);
+    if (!xp || !xs) {
+        free(xp);
+        free(xs);
+        return 1;
+    }
+    for (int64_t r = 0; r < rows; r++) { /* x as bfloat16 pairs, and each group's sum of them */
+        for (int64_t g = 0; g < groups; g++) {
+            float sum = 0.0f;
+            for (int64_t i = 0; i < 32; i += 2) {
+                const int64_t j = r * x_stride + g * 32 + i;
+                uint32_t lo, hi;
+                if (x_bf16) {
+                    lo = ((const uint16_t *)x)[j];
+                    hi = ((const uint16_t *)x)[j + 1];
+                } else {
+                    lo = bf16_bits(((const float *)x)[j]);
+                    hi = bf16_bits(((const float *)x)[j + 1]);
+                }
+                sum += bf16_value(lo) + bf16_value(hi);
+                xp[r * groups * 16 + g * 16 + i / 2] = lo | (hi << 16);
+            }
+            xs[r * groups + g] = sum;
+        }
+    }
+#ifdef _OPENMP
+    const int nt = rows * n * k >= PARALLEL_MIN && threads > 1 ? threads : 1;
+#pragma omp parallel for schedule(static) num_threads(nt)
+#endif
+    for (int64_t b = 0; b < blocks; b++) {
+        for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
+            const int64_t nr = rows - r0 < ROWS ? rows - r0 : ROWS;
+            BLOCKS[nr](xp, xs, r0, groups, codes + b * groups * 64, sm + b * groups * 32, out, out_stride, b * 16);
+        }
+    }
+    free(xp);
+    free(xs);
+    return 0;
+}
+
+#else
+
+int tr_int4dp_mm(const void *x, int x_bf16, int64_t x_stride, int64_t rows, int64_t k, const uint32_t *codes,
+                 const uint16_t *sm, int64_t n, float *out, int64_t out_stride, int threads) {
+    (void)x; (void)x_bf16; (void)x_stride; (void)rows; (void)k; (void)codes; (void)sm; (void)n; (void)out;
+    (void)out_stride; (void)threads;
+    return 2; /* not built for this CPU: tr_int4dp_supported() says 0 */
+}
+
+#endif
