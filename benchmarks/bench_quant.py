@@ -9,11 +9,11 @@ many), batches 1, 4, 8 and 16. Configurations:
   (the file's Q8_0 embedding) as int4 (`--head-quant` to change), one row-invariant kernel per shape, chosen by
   the plan measured on this host at first load;
 - `int4`, `int8`: the float32 weights quantised on load (int4: min/max per group of 32);
-- `native-torch-attention`, `native-unfused`, `native-torch-int4`, `native-int4dp` (not run
-  by default): `native` without the C decode-attention kernel, without the C element-wise
-  ops between the matrix products (`fused_ops=False`), or with every matrix on torch's int4
-  kernel or on the C one (`csrc/int4_matmul.c`) instead of the measured plan, to measure
-  what each gives;
+- `native-torch-attention`, `native-unfused`, `native-torch-int4`, `native-int4dp`,
+  `native-int4amx` (not run by default): `native` without the C decode-attention kernel,
+  without the C element-wise ops between the matrix products (`fused_ops=False`), or with
+  every matrix on torch's int4 kernel or on one of the C ones (`csrc/int4_matmul.c`:
+  AVX-512 dot products, AMX tiles) instead of the measured plan, to measure what each gives;
 - `llama.cpp`: upstream llama.cpp's server (the `xllamacpp` wheel, in its own process) with
   as many slots as concurrent requests, continuous batching, requests over loopback HTTP.
 
@@ -49,7 +49,8 @@ PROMPT, NEW = 32, 128
 OURS = ("none", "native", "int4", "int8")
 # `native` with one of the engine's C paths turned off, to measure what it gives
 VARIANTS = {"native-torch-attention": {"attention": "torch"}, "native-unfused": {"fused_ops": False},
-            "native-torch-int4": {"kernel_plan": "int4"}, "native-int4dp": {"kernel_plan": "int4dp"}}
+            "native-torch-int4": {"kernel_plan": "int4"}, "native-int4dp": {"kernel_plan": "int4dp"},
+            "native-int4amx": {"kernel_plan": "int4amx"}}
 
 
 def prompts(batch: int, vocab: int) -> list[list[int]]:

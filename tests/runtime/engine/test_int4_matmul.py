@@ -1,4 +1,5 @@
-"""The C int4 kernel on AVX-512 bfloat16 dot products (`csrc/int4_matmul.c`, `quant.Int4DotWeight`).
+"""The C int4 kernel on AVX-512 bfloat16 dot products and on AMX tiles (`csrc/int4_matmul.c`,
+`quant.Int4DotWeight`).
 
 Its stated tolerance: x is rounded to bfloat16, the scales and mins to float16 (exact for
 GGUF's Q4_0/Q4_1, which store them so); everything after is float32, so the output equals
@@ -22,6 +23,8 @@ from tokenrouter.runtime.engine.quant import (Int4DotWeight, QuantError, QuantTe
 
 HOST = ckernels.int4dp_problem()
 needs_kernel = pytest.mark.skipif(HOST is not None, reason=f"no int4dp kernel here: {HOST}")
+# the AVX-512 dot-product kernel, and its AMX-tile variant where this host has one
+VARIANTS = [False] + ([True] if ckernels.int4amx_problem() is None else [])
 
 
 def _reference(qt: QuantTensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,37 +42,38 @@ def _reference(qt: QuantTensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 @needs_kernel
 @settings(max_examples=30, deadline=None)
-@given(rows=st.integers(1, 21), n16=st.integers(1, 8), k32=st.integers(1, 12), q4_0=st.booleans(),
-       bf16_in=st.booleans(), seed=st.integers(0, 10_000))
-def test_the_kernel_is_the_product_of_its_rounded_inputs(rows, n16, k32, q4_0, bf16_in, seed):
+@given(rows=st.integers(1, 40), n16=st.integers(1, 8), k32=st.integers(1, 12), q4_0=st.booleans(),
+       bf16_in=st.booleans(), amx=st.sampled_from(VARIANTS), seed=st.integers(0, 10_000))
+def test_the_kernel_is_the_product_of_its_rounded_inputs(rows, n16, k32, q4_0, bf16_in, amx, seed):
     g = torch.Generator().manual_seed(seed)
     n, k = 16 * n16, 32 * k32
     qt = quantize_int4(torch.randn(n, k, generator=g) * 0.1)
     if q4_0:  # Q4_0's form: no min of its own (zero = 0)
         qt = QuantTensor("q4", qt.codes, qt.scale, None, 32, "Q4_0")
     x = torch.randn(rows, k, generator=g) * 3
-    got = Int4DotWeight(qt)(x.to(torch.bfloat16) if bf16_in else x)
+    got = Int4DotWeight(qt, amx)(x.to(torch.bfloat16) if bf16_in else x)
     ref, size = _reference(qt, x)
     assert got.dtype == torch.float32 and got.shape == (rows, n)
     assert ((got.double() - ref).abs() <= 1e-6 * size + 1e-30).all(), f"max {(got.double() - ref).abs().max():.3g}"
 
 
 @needs_kernel
+@pytest.mark.parametrize("amx", VARIANTS)
 @pytest.mark.parametrize("threads", [1, 2])
-def test_each_row_gets_the_same_bits_whatever_shares_the_call(threads):
+def test_each_row_gets_the_same_bits_whatever_shares_the_call(threads, amx):
     g = torch.Generator().manual_seed(1)
     qt = quantize_int4(torch.randn(96, 320, generator=g))
-    w = Int4DotWeight(qt)
-    x = torch.randn(19, 320, generator=g)
+    w = Int4DotWeight(qt, amx)
+    x = torch.randn(37, 320, generator=g)  # rows in chunks of 8 (dp) or 16 (AMX), and a rest
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
         full = w(x)
     finally:
         torch.set_num_threads(before)
-    for r in range(19):
+    for r in range(37):
         assert torch.equal(w(x[r:r + 1]), full[r:r + 1])
-    assert torch.equal(w(x[3:14]), full[3:14])  # rows 3.. in chunks that start elsewhere
+    assert torch.equal(w(x[3:30]), full[3:30])  # rows 3.. in chunks that start elsewhere
 
 
 @needs_kernel

@@ -122,15 +122,16 @@ def test_gguf_blocks_unpack_to_the_gguf_package_dequantisation(tmp_path, tmp_cac
         torch.testing.assert_close(qt.dequantize(), floats.weights[name], rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("plan", ["int4", "int4dp", "measured"])
+@pytest.mark.parametrize("plan", ["int4", "int4dp", "int4amx", "measured"])
 def test_mixed_batch_in_a_quantised_engine_equals_each_request_alone(tmp_path, tmp_cache, plan):
     """Prefill, decode and short extends at different context lengths in one step give, bit
     for bit, what each gets alone (bfloat16 activations, where any rounding difference grows:
     the measured plan runs each shape on one row-invariant kernel, and attention pads each
     request to its own shape)."""
-    from tokenrouter.runtime.engine.ckernels import int4dp_problem
-    if plan == "int4dp" and int4dp_problem() is not None:
-        pytest.skip(int4dp_problem())
+    from tokenrouter.runtime.engine.ckernels import int4amx_problem, int4dp_problem
+    why = {"int4dp": int4dp_problem, "int4amx": int4amx_problem}.get(plan, lambda: None)()
+    if why:
+        pytest.skip(why)
     m = load_model(_gguf(tmp_path), quant="native")
     kernel_plan = None if plan == "measured" else plan
     seqs = _prompts(5, 40, seed=3)

@@ -130,7 +130,9 @@ def load():
     lib.tr_int4dp_supported.restype = ctypes.c_int
     lib.tr_int4dp_supported.argtypes = []
     lib.tr_int4dp_mm.restype = ctypes.c_int
-    lib.tr_int4dp_mm.argtypes = [p, i32, i64, i64, i64, p, p, i64, p, i64, i32]
+    lib.tr_int4dp_mm.argtypes = [p, i32, i64, i64, i64, p, p, i64, p, i64, i32, i32]
+    lib.tr_int4amx_supported.restype = ctypes.c_int
+    lib.tr_int4amx_supported.argtypes = []
     _lib = lib
     return lib
 
@@ -292,10 +294,22 @@ def int4dp_problem() -> str | None:
     return None
 
 
-def int4dp_mm(x: torch.Tensor, codes: torch.Tensor, sm: torch.Tensor, n: int) -> torch.Tensor:
+def int4amx_problem() -> str | None:
+    """Why the AMX variant of that kernel cannot run here, or None: it also needs AMX tiles
+    with bfloat16 (`tdpbf16ps`) and the Linux kernel's leave to use their state."""
+    why = int4dp_problem()
+    if why is not None:
+        return why
+    if not load().tr_int4amx_supported():
+        return "this CPU or its kernel gives no AMX bfloat16 tiles"
+    return None
+
+
+def int4dp_mm(x: torch.Tensor, codes: torch.Tensor, sm: torch.Tensor, n: int, amx: bool = False) -> torch.Tensor:
     """x [T, K] (bf16 or float32, contiguous rows) @ W.T -> [T, n] float32, W packed as
     `quant.Int4DotWeight` holds it (codes int32 [n/16, K/32, 4, 16], sm float16
-    [n/16, K/32, 2, 16]). Checks what would make the C code read out of bounds."""
+    [n/16, K/32, 2, 16]), on AVX-512 dot products or (`amx`) AMX tiles. Checks what would make
+    the C code read out of bounds."""
     lib = load()
     t, k = x.shape
     if x.dtype not in (_BF16, _F32) or x.stride(1) != 1 or x.device.type != "cpu":
@@ -305,11 +319,11 @@ def int4dp_mm(x: torch.Tensor, codes: torch.Tensor, sm: torch.Tensor, n: int) ->
         raise ValueError(f"packed int4 weights do not match a [{n}, {k}] matrix")
     out = torch.empty(t, n, dtype=_F32)
     rc = lib.tr_int4dp_mm(x.data_ptr(), int(x.dtype == _BF16), x.stride(0), t, k, codes.data_ptr(), sm.data_ptr(),
-                          n, out.data_ptr(), out.stride(0), torch.get_num_threads())
+                          n, out.data_ptr(), out.stride(0), torch.get_num_threads(), int(amx))
     if rc == 1:
         raise MemoryError("the C int4 kernel could not allocate its scratch")
     if rc:
-        raise NativeKernelError("the C int4 kernel is not built for this CPU")
+        raise NativeKernelError(f"the C int4 kernel{' on AMX' if amx else ''} is not built for this CPU")
     return out
 
 

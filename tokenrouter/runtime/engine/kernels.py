@@ -38,6 +38,8 @@ Kernels:
 - `int4dp`: the C kernel on AVX-512 bfloat16 dot products (`csrc/int4_matmul.c`; q4 formats
   on CPUs that have them), which unpacks each block of codes once for up to 8 rows and keeps
   the scales, mins and output in float16/float32 where torch's kernel rounds them to bfloat16;
+- `int4amx`: the same on AMX tiles (one `tdpbf16ps` per block and group for up to 16 rows),
+  where the CPU has them; its sums run in another order, so it is a kernel of its own;
 - `int8`: `_weight_int8pack_mm` (per-row q8);
 - `onednn`: float32 weights reordered once for oneDNN;
 - `mkl`: float32 `W @ x.T` (one row padded to two real rows: MKL's one-row path is slower);
@@ -65,7 +67,7 @@ from .quant import Int4DotWeight, Int4Weight, Int8Weight, QuantTensor, int4_shap
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 PLAN_VERSION = 3  # 2: one row-invariant kernel per shape; 3: `linear`, float32 models' plans
-INT_KERNELS = ("int4", "int4dp", "int8")  # kernels that hold no float copy of the matrix
+INT_KERNELS = ("int4", "int4dp", "int4amx", "int8")  # kernels that hold no float copy of the matrix
 PLAIN_KERNELS = ("linear", "mkl")  # float kernels on the plain [out, in] weight (one copy for both)
 MEASURE_MIN_BYTES = 4 << 20  # a float shape whose matrices hold less runs `linear` unmeasured
 
@@ -97,8 +99,8 @@ class PlannedLinear:
         out = []
         if isinstance(s, QuantTensor) and s.fmt == "q4" and int4_shape_problem(*s.shape, s.group) is None:
             out.append("int4")
-            if self.act_dtype == torch.bfloat16 and int4dp_problem(s) is None:  # it rounds x to bf16
-                out.append("int4dp")
+            if self.act_dtype == torch.bfloat16:  # these round x to bf16
+                out += [k for k, amx in (("int4dp", False), ("int4amx", True)) if int4dp_problem(s, amx) is None]
         if isinstance(s, QuantTensor) and s.fmt == "q8" and s.group == s.shape[1]:
             out.append("int8")
         if torch.backends.mkldnn.is_available():
@@ -118,8 +120,8 @@ class PlannedLinear:
                 continue
             if k == "int4":
                 self.impl[k] = Int4Weight(self.source, self.act_dtype)
-            elif k == "int4dp":
-                self.impl[k] = Int4DotWeight(self.source)
+            elif k in ("int4dp", "int4amx"):
+                self.impl[k] = Int4DotWeight(self.source, amx=k == "int4amx")
             elif k == "int8":
                 self.impl[k] = Int8Weight(self.source, self.act_dtype)
             elif k == "onednn":
@@ -169,7 +171,7 @@ class PlannedLinear:
         for k, v in self.impl.items():
             if k == "int4":
                 total += v.packed.numel() * v.packed.element_size() + v.sz.numel() * v.sz.element_size()
-            elif k == "int4dp":
+            elif k in ("int4dp", "int4amx"):
                 total += v.codes.numel() * 4 + v.sm.numel() * 2
             elif k == "int8":
                 total += v.codes.numel() + v.scale.numel() * v.scale.element_size()
@@ -273,7 +275,7 @@ DECODE_ROWS = 16  # the row counts a decode step sees; larger ones are prefill c
 FLOAT_MARGIN = 1.10  # a kernel that needs its own copy of the matrix must win by 10% to earn it
 
 
-PREFERRED = ("int4dp", "int4", "int8")  # within FLOAT_MARGIN, the first of these wins
+PREFERRED = ("int4dp", "int4amx", "int4", "int8")  # within FLOAT_MARGIN, the first of these wins
 
 
 def _pick(best: dict[str, dict[int, float]], rows: list[int]) -> str:

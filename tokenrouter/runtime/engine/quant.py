@@ -183,12 +183,12 @@ class Int4DotWeight:
     group of 32 the scale and the min (w = q scale + min, min = zero - 8 scale) as float16.
     Its output is float32 whatever x's dtype (x is rounded to bfloat16 inside)."""
 
-    __slots__ = ("codes", "sm", "n")
+    __slots__ = ("codes", "sm", "n", "amx")
 
     SHIFTS = (0, 16, 4, 20, 8, 24, 12, 28)  # input i of 8 goes to bit 4 (i // 2) + 16 (i % 2)
 
-    def __init__(self, qt: QuantTensor):
-        why = int4dp_problem(qt)
+    def __init__(self, qt: QuantTensor, amx: bool = False):
+        why = int4dp_problem(qt, amx)
         if why:
             raise QuantError(f"the C int4 kernel cannot take this [{qt.shape[0]}, {qt.shape[1]}] matrix: {why}")
         n, k = qt.shape
@@ -202,13 +202,14 @@ class Int4DotWeight:
         sm = torch.stack([qt.scale, mins]).view(2, n // 16, 16, k // 32)  # [2, n/16, 16, k/32]
         self.sm = sm.permute(1, 3, 0, 2).to(torch.float16).contiguous()  # [n/16, k/32, 2, 16]
         self.n = n
+        self.amx = amx  # the AMX-tile variant (`int4amx`): the same layout, other summation order
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         from .ckernels import int4dp_mm
-        return int4dp_mm(x if x.stride(-1) == 1 else x.contiguous(), self.codes, self.sm, self.n)
+        return int4dp_mm(x if x.stride(-1) == 1 else x.contiguous(), self.codes, self.sm, self.n, self.amx)
 
 
-def int4dp_problem(qt: QuantTensor) -> str | None:
+def int4dp_problem(qt: QuantTensor, amx: bool = False) -> str | None:
     """Why `Int4DotWeight` cannot hold `qt`, or None: a q4 matrix of group 32 whose shape the
     kernel takes, on a CPU where the kernel is built, and whose scales and mins float16
     holds closely enough: no weight may move by more than 2**-11 of its row's largest (GGUF's
@@ -224,8 +225,8 @@ def int4dp_problem(qt: QuantTensor) -> str | None:
     largest = (15 * s.abs() + m.abs()).amax(1, keepdim=True)
     if not bool((moved <= largest * 2.0 ** -11).all()):
         return "its scales or mins do not fit float16 (the kernel holds them so)"
-    from .ckernels import int4dp_problem as host_problem
-    return host_problem()
+    from .ckernels import int4amx_problem, int4dp_problem as host_problem
+    return int4amx_problem() if amx else host_problem()
 
 
 class Int8Weight:

@@ -34,11 +34,28 @@
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #define TR_INT4DP 1
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define TR_INT4AMX 1
+#endif
 #endif
 
 int tr_int4dp_supported(void) {
 #ifdef TR_INT4DP
     return 1;
+#else
+    return 0;
+#endif
+}
+
+/* AMX tiles need the kernel's leave to use their state, asked once per process */
+int tr_int4amx_supported(void) {
+#ifdef TR_INT4AMX
+    static int ok = -1;
+    if (ok < 0)
+        ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+    return ok;
 #else
     return 0;
 #endif
@@ -124,12 +141,106 @@ typedef void (*block_fn)(const uint32_t *, const float *, int64_t, int64_t, cons
                          float *, int64_t, int64_t);
 static const block_fn BLOCKS[ROWS + 1] = {0, block1, block2, block3, block4, block5, block6, block7, block8};
 
+#ifdef TR_INT4AMX
+/* The same product on AMX tiles: per block and group, the unpacked codes (16 input pairs x 16
+ * outputs, exactly the B tile's layout) are stored once and one `tdpbf16ps` multiplies them
+ * by up to 16 rows of x; each row's group sum is then scaled as in `block`. A separate kernel
+ * (`int4amx`): its float32 sums run in another order than `block`'s. */
+#define AROWS 16
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tilecfg;
+
+static void amx_config(int nr) {
+    tilecfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 6; t += 3) { /* two sets, for two groups in flight */
+        c.rows[t] = (uint8_t)nr; c.colsb[t] = 64;         /* C: nr rows x 16 float32 */
+        c.rows[t + 1] = (uint8_t)nr; c.colsb[t + 1] = 64; /* A: nr rows x 16 bfloat16 pairs */
+        c.rows[t + 2] = 16; c.colsb[t + 2] = 64;          /* B: 16 pairs x 16 outputs */
+    }
+    _tile_loadconfig(&c);
+}
+
+static inline void unpack_to(uint32_t *bbuf, const uint32_t *cg) {
+    const __m512i mask = _mm512_set1_epi32(0x000F000F), bias = _mm512_set1_epi32(0x43004300);
+    for (int ch = 0; ch < 4; ch++) {
+        const __m512i d = _mm512_loadu_si512((const void *)(cg + ch * 16));
+        _mm512_store_si512((void *)(bbuf + (ch * 4 + 0) * 16), _mm512_ternarylogic_epi32(d, mask, bias, 0xEA));
+        _mm512_store_si512((void *)(bbuf + (ch * 4 + 1) * 16),
+                           _mm512_ternarylogic_epi32(_mm512_srli_epi32(d, 4), mask, bias, 0xEA));
+        _mm512_store_si512((void *)(bbuf + (ch * 4 + 2) * 16),
+                           _mm512_ternarylogic_epi32(_mm512_srli_epi32(d, 8), mask, bias, 0xEA));
+        _mm512_store_si512((void *)(bbuf + (ch * 4 + 3) * 16),
+                           _mm512_ternarylogic_epi32(_mm512_srli_epi32(d, 12), mask, bias, 0xEA));
+    }
+}
+
+static inline void scale_into(float *tot, const float *cbuf, const uint16_t *smg, const float *xs, int64_t r0,
+                              int nr, int64_t groups, int64_t g) {
+    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)smg));
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(smg + 16)));
+    const __m512 c = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), s, m); /* m - 128 s */
+    for (int r = 0; r < nr; r++) {
+        __m512 t = _mm512_fmadd_ps(s, _mm512_load_ps(cbuf + r * 16), _mm512_load_ps(tot + r * 16));
+        t = _mm512_fmadd_ps(c, _mm512_set1_ps(xs[(r0 + r) * groups + g]), t);
+        _mm512_store_ps(tot + r * 16, t);
+    }
+}
+
+static void amx_block(const uint32_t *xp, const float *xs, int64_t r0, int nr, int64_t groups,
+                      const uint32_t *codes, const uint16_t *sm, float *out, int64_t out_stride, int64_t col,
+                      uint32_t *bbuf, float *cbuf, float *tot) {
+    memset(tot, 0, (size_t)nr * 16 * sizeof *tot);
+    const uint32_t *xa = xp + r0 * groups * 16;
+    int64_t g = 0;
+    for (; g + 1 < groups; g += 2) { /* two groups in flight, on tile sets 0-2 and 3-5 */
+        unpack_to(bbuf, codes + g * 64);
+        unpack_to(bbuf + 256, codes + (g + 1) * 64);
+        _tile_zero(0);
+        _tile_zero(3);
+        _tile_loadd(1, xa + g * 16, groups * 64);
+        _tile_loadd(2, bbuf, 64);
+        _tile_loadd(4, xa + (g + 1) * 16, groups * 64);
+        _tile_loadd(5, bbuf + 256, 64);
+        _tile_dpbf16ps(0, 1, 2);
+        _tile_dpbf16ps(3, 4, 5);
+        _tile_stored(0, cbuf, 64);
+        _tile_stored(3, cbuf + 256, 64);
+        scale_into(tot, cbuf, sm + g * 32, xs, r0, nr, groups, g);
+        scale_into(tot, cbuf + 256, sm + (g + 1) * 32, xs, r0, nr, groups, g + 1);
+    }
+    if (g < groups) {
+        unpack_to(bbuf, codes + g * 64);
+        _tile_zero(0);
+        _tile_loadd(1, xa + g * 16, groups * 64);
+        _tile_loadd(2, bbuf, 64);
+        _tile_dpbf16ps(0, 1, 2);
+        _tile_stored(0, cbuf, 64);
+        scale_into(tot, cbuf, sm + g * 32, xs, r0, nr, groups, g);
+    }
+    for (int r = 0; r < nr; r++)
+        memcpy(out + (r0 + r) * out_stride + col, tot + r * 16, 16 * sizeof *tot);
+}
+#endif
+
 /* x [rows, K] (bfloat16 when x_bf16, else float32; row stride x_stride elements), codes and
  * sm as packed above for N outputs, out [rows, N] float32 (row stride out_stride). K % 32 == 0,
  * N % 16 == 0. Returns 0, or 1 when scratch memory could not be had. */
 int tr_int4dp_mm(const void *x, int x_bf16, int64_t x_stride, int64_t rows, int64_t k, const uint32_t *codes,
-                 const uint16_t *sm, int64_t n, float *out, int64_t out_stride, int threads) {
+                 const uint16_t *sm, int64_t n, float *out, int64_t out_stride, int threads, int amx) {
     const int64_t groups = k / 32, blocks = n / 16;
+#ifndef TR_INT4AMX
+    if (amx)
+        return 2;
+#else
+    if (amx && !tr_int4amx_supported())
+        return 2;
+#endif
     uint32_t *xp = malloc((size_t)(rows * k / 2) * sizeof *xp);
     float *xs = malloc((size_t)(rows * groups) * sizeof *xs);
     if (!xp || !xs) {
@@ -158,6 +269,39 @@ int tr_int4dp_mm(const void *x, int x_bf16, int64_t x_stride, int64_t rows, int6
     }
 #ifdef _OPENMP
     const int nt = rows * n * k >= PARALLEL_MIN && threads > 1 ? threads : 1;
+#endif
+#ifdef TR_INT4AMX
+    if (amx) {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+#endif
+        {
+            uint32_t bbuf[512] __attribute__((aligned(64)));
+            float cbuf[2 * 256] __attribute__((aligned(64))), tot[AROWS * 16] __attribute__((aligned(64)));
+            int configured = 0; /* the A and C tiles' row count, per thread */
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+            for (int64_t b = 0; b < blocks; b++) {
+                for (int64_t r0 = 0; r0 < rows; r0 += AROWS) {
+                    const int nr = (int)(rows - r0 < AROWS ? rows - r0 : AROWS);
+                    if (nr != configured) {
+                        amx_config(nr);
+                        configured = nr;
+                    }
+                    amx_block(xp, xs, r0, nr, groups, codes + b * groups * 64, sm + b * groups * 32, out, out_stride,
+                              b * 16, bbuf, cbuf, tot);
+                }
+            }
+            if (configured)
+                _tile_release();
+        }
+        free(xp);
+        free(xs);
+        return 0;
+    }
+#endif
+#ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(nt)
 #endif
     for (int64_t b = 0; b < blocks; b++) {
@@ -174,9 +318,9 @@ int tr_int4dp_mm(const void *x, int x_bf16, int64_t x_stride, int64_t rows, int6
 #else
 
 int tr_int4dp_mm(const void *x, int x_bf16, int64_t x_stride, int64_t rows, int64_t k, const uint32_t *codes,
-                 const uint16_t *sm, int64_t n, float *out, int64_t out_stride, int threads) {
+                 const uint16_t *sm, int64_t n, float *out, int64_t out_stride, int threads, int amx) {
     (void)x; (void)x_bf16; (void)x_stride; (void)rows; (void)k; (void)codes; (void)sm; (void)n; (void)out;
-    (void)out_stride; (void)threads;
+    (void)out_stride; (void)threads; (void)amx;
     return 2; /* not built for this CPU: tr_int4dp_supported() says 0 */
 }
 
