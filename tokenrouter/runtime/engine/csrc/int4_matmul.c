@@ -66,22 +66,6 @@ int tr_int4amx_supported(void) {
 #define ROWS 8        /* rows that share one unpacking */
 #define PARALLEL_MIN (1 << 16)
 
-static inline uint32_t bf16_bits(float f) {
-    uint32_t b;
-    memcpy(&b, &f, sizeof b);
-    if ((b & 0x7fffffffu) > 0x7f800000u)
-        return (b >> 16) | 0x40u;
-    b += 0x7fffu + ((b >> 16) & 1u);
-    return b >> 16;
-}
-
-static inline float bf16_value(uint32_t h) {
-    const uint32_t b = h << 16;
-    float f;
-    memcpy(&f, &b, sizeof f);
-    return f;
-}
-
 /* One block of 16 outputs for rows [r0, r0 + nr), nr <= ROWS. Per group, each chunk of 4
  * input pairs is unpacked once and used by every row; a row's dot products run on two
  * accumulators (pairs 0, 2 and 1, 3 of each chunk) so that one row alone is not held up by
@@ -197,32 +181,42 @@ static void amx_block(const uint32_t *xp, const float *xs, int64_t r0, int nr, i
                       uint32_t *bbuf, float *cbuf, float *tot) {
     memset(tot, 0, (size_t)nr * 16 * sizeof *tot);
     const uint32_t *xa = xp + r0 * groups * 16;
-    int64_t g = 0;
-    for (; g + 1 < groups; g += 2) { /* two groups in flight, on tile sets 0-2 and 3-5 */
-        unpack_to(bbuf, codes + g * 64);
-        unpack_to(bbuf + 256, codes + (g + 1) * 64);
-        _tile_zero(0);
-        _tile_zero(3);
-        _tile_loadd(1, xa + g * 16, groups * 64);
-        _tile_loadd(2, bbuf, 64);
-        _tile_loadd(4, xa + (g + 1) * 16, groups * 64);
-        _tile_loadd(5, bbuf + 256, 64);
-        _tile_dpbf16ps(0, 1, 2);
-        _tile_dpbf16ps(3, 4, 5);
-        _tile_stored(0, cbuf, 64);
-        _tile_stored(3, cbuf + 256, 64);
-        scale_into(tot, cbuf, sm + g * 32, xs, r0, nr, groups, g);
-        scale_into(tot, cbuf + 256, sm + (g + 1) * 32, xs, r0, nr, groups, g + 1);
-    }
-    if (g < groups) {
-        unpack_to(bbuf, codes + g * 64);
+    /* groups go in pairs on tile sets 0-2 and 3-5; a pair's products are scaled into `tot`
+     * after the next pair's tile work is issued, so the tiles' latency overlaps the unpacking.
+     * Buffers alternate between pairs (bbuf and cbuf hold 2 x 2 x 256 entries). */
+    int64_t prev = -1;
+    for (int64_t g = 0; g < groups; g += 2) {
+        const int two = g + 1 < groups, half = (int)((g / 2) & 1);
+        uint32_t *bb = bbuf + half * 512;
+        float *cb = cbuf + half * 512;
+        unpack_to(bb, codes + g * 64);
+        if (two)
+            unpack_to(bb + 256, codes + (g + 1) * 64);
         _tile_zero(0);
         _tile_loadd(1, xa + g * 16, groups * 64);
-        _tile_loadd(2, bbuf, 64);
+        _tile_loadd(2, bb, 64);
         _tile_dpbf16ps(0, 1, 2);
-        _tile_stored(0, cbuf, 64);
-        scale_into(tot, cbuf, sm + g * 32, xs, r0, nr, groups, g);
+        if (two) {
+            _tile_zero(3);
+            _tile_loadd(4, xa + (g + 1) * 16, groups * 64);
+            _tile_loadd(5, bb + 256, 64);
+            _tile_dpbf16ps(3, 4, 5);
+        }
+        _tile_stored(0, cb, 64);
+        if (two)
+            _tile_stored(3, cb + 256, 64);
+        if (prev >= 0) {
+            const float *pc = cbuf + (1 - half) * 512;
+            scale_into(tot, pc, sm + prev * 32, xs, r0, nr, groups, prev);
+            if (prev + 1 < groups)
+                scale_into(tot, pc + 256, sm + (prev + 1) * 32, xs, r0, nr, groups, prev + 1);
+        }
+        prev = g;
     }
+    const float *pc = cbuf + ((prev / 2) & 1) * 512;
+    scale_into(tot, pc, sm + prev * 32, xs, r0, nr, groups, prev);
+    if (prev + 1 < groups)
+        scale_into(tot, pc + 256, sm + (prev + 1) * 32, xs, r0, nr, groups, prev + 1);
     for (int r = 0; r < nr; r++)
         memcpy(out + (r0 + r) * out_stride + col, tot + r * 16, 16 * sizeof *tot);
 }
@@ -248,23 +242,23 @@ int tr_int4dp_mm(const void *x, int x_bf16, int64_t x_stride, int64_t rows, int6
         free(xs);
         return 1;
     }
-    for (int64_t r = 0; r < rows; r++) { /* x as bfloat16 pairs, and each group's sum of them */
+    for (int64_t r = 0; r < rows; r++) { /* x as bfloat16 (pairs: little-endian uint32), each group's sum */
         for (int64_t g = 0; g < groups; g++) {
-            float sum = 0.0f;
-            for (int64_t i = 0; i < 32; i += 2) {
-                const int64_t j = r * x_stride + g * 32 + i;
-                uint32_t lo, hi;
-                if (x_bf16) {
-                    lo = ((const uint16_t *)x)[j];
-                    hi = ((const uint16_t *)x)[j + 1];
-                } else {
-                    lo = bf16_bits(((const float *)x)[j]);
-                    hi = bf16_bits(((const float *)x)[j + 1]);
-                }
-                sum += bf16_value(lo) + bf16_value(hi);
-                xp[r * groups * 16 + g * 16 + i / 2] = lo | (hi << 16);
+            __m256i lo, hi; /* 16 + 16 bfloat16 */
+            if (x_bf16) {
+                const uint16_t *src = (const uint16_t *)x + r * x_stride + g * 32;
+                lo = _mm256_loadu_si256((const __m256i *)src);
+                hi = _mm256_loadu_si256((const __m256i *)(src + 16));
+            } else { /* round to nearest even, as torch's cast */
+                const float *src = (const float *)x + r * x_stride + g * 32;
+                lo = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src));
+                hi = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + 16));
             }
-            xs[r * groups + g] = sum;
+            _mm256_storeu_si256((__m256i *)(xp + r * groups * 16 + g * 16), lo);
+            _mm256_storeu_si256((__m256i *)(xp + r * groups * 16 + g * 16 + 8), hi);
+            const __m512 a = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(lo), 16));
+            const __m512 b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
+            xs[r * groups + g] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
         }
     }
 #ifdef _OPENMP
@@ -276,8 +270,8 @@ int tr_int4dp_mm(const void *x, int x_bf16, int64_t x_stride, int64_t rows, int6
 #pragma omp parallel num_threads(nt)
 #endif
         {
-            uint32_t bbuf[512] __attribute__((aligned(64)));
-            float cbuf[2 * 256] __attribute__((aligned(64))), tot[AROWS * 16] __attribute__((aligned(64)));
+            uint32_t bbuf[1024] __attribute__((aligned(64)));
+            float cbuf[1024] __attribute__((aligned(64))), tot[AROWS * 16] __attribute__((aligned(64)));
             int configured = 0; /* the A and C tiles' row count, per thread */
 #ifdef _OPENMP
 #pragma omp for schedule(static)
