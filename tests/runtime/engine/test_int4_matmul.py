@@ -24,7 +24,7 @@ from tokenrouter.runtime.engine.quant import (Int4DotWeight, QuantError, QuantTe
 HOST = ckernels.int4dp_problem()
 needs_kernel = pytest.mark.skipif(HOST is not None, reason=f"no int4dp kernel here: {HOST}")
 # the AVX-512 dot-product kernel, and its AMX-tile variant where this host has one
-VARIANTS = [False] + ([True] if ckernels.int4amx_problem() is None else [])
+VARIANTS = [False] + ([True] if ckernels.int4dp_problem(amx=True) is None else [])
 
 
 def _reference(qt: QuantTensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -128,8 +128,8 @@ def test_mixed_batch_in_a_quantised_engine_equals_each_request_alone(tmp_path, t
     for bit, what each gets alone (bfloat16 activations, where any rounding difference grows:
     the measured plan runs each shape on one row-invariant kernel, and attention pads each
     request to its own shape)."""
-    from tokenrouter.runtime.engine.ckernels import int4amx_problem, int4dp_problem
-    why = {"int4dp": int4dp_problem, "int4amx": int4amx_problem}.get(plan, lambda: None)()
+    from tokenrouter.runtime.engine.ckernels import int4dp_problem
+    why = int4dp_problem(amx=plan == "int4amx") if plan in ("int4dp", "int4amx") else None
     if why:
         pytest.skip(why)
     m = load_model(_gguf(tmp_path), quant="native")

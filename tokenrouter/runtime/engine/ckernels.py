@@ -283,24 +283,16 @@ def _check_rope(qkv, heads, kv_heads, cis, positions, qk_norm, kv_layer, slots, 
 
 # ------------------------------------------------------------------ int4_matmul.c
 
-def int4dp_problem() -> str | None:
-    """Why the bfloat16 dot-product int4 kernel cannot run here, or None: it needs the C
-    kernels and a CPU with AVX-512 BF16 (`vdpbf16ps`), as the build for this host saw it."""
+def int4dp_problem(amx: bool = False) -> str | None:
+    """Why the C int4 kernel cannot run here, or None: it needs the C kernels and a CPU with
+    AVX-512 BF16 (`vdpbf16ps`), as the build for this host saw it; its `amx` variant also AMX
+    tiles with bfloat16 (`tdpbf16ps`) and the Linux kernel's leave to use their state."""
     why = available()
     if why is not None:
         return why
     if not load().tr_int4dp_supported():
         return "this CPU has no AVX-512 BF16 dot products (the build for it leaves the kernel out)"
-    return None
-
-
-def int4amx_problem() -> str | None:
-    """Why the AMX variant of that kernel cannot run here, or None: it also needs AMX tiles
-    with bfloat16 (`tdpbf16ps`) and the Linux kernel's leave to use their state."""
-    why = int4dp_problem()
-    if why is not None:
-        return why
-    if not load().tr_int4amx_supported():
+    if amx and not load().tr_int4amx_supported():
         return "this CPU or its kernel gives no AMX bfloat16 tiles"
     return None
 

@@ -225,8 +225,8 @@ def int4dp_problem(qt: QuantTensor, amx: bool = False) -> str | None:
     largest = (15 * s.abs() + m.abs()).amax(1, keepdim=True)
     if not bool((moved <= largest * 2.0 ** -11).all()):
         return "its scales or mins do not fit float16 (the kernel holds them so)"
-    from .ckernels import int4amx_problem, int4dp_problem as host_problem
-    return int4amx_problem() if amx else host_problem()
+    from .ckernels import int4dp_problem as host_problem
+    return host_problem(amx)
 
 
 class Int8Weight:
