@@ -30,8 +30,9 @@ The plan is cached under the model cache (`kernel-plans/`), keyed by the host (C
 torch version, threads), the model and its format, one entry per matrix shape and format (a
 new head format adds its shape; the others are not measured again);
 `tokenrouter models --measure-kernels` measures again. Processes that start together (a
-server's subservers) take a lock on the cached file: one measures, the others wait and read
-its plan, so they neither time each other's load nor end up with different plans.
+server's subservers) take one lock to measure: one measures at a time, and a process whose
+plan another has just measured reads it, so they neither time each other's load nor end up
+with different plans.
 
 Kernels:
 - `int4`: torch's int4 kernel on packed codes (q4 formats);
@@ -369,13 +370,15 @@ def _read_plans(cache_path: str | None) -> tuple[dict, dict]:
 
 @contextlib.contextmanager
 def _locked(cache_path: str | None):
-    """An exclusive lock beside `cache_path` (nothing without a path): one process measures at a
-    time, on an otherwise quiet CPU, and the next reads what it wrote."""
+    """An exclusive lock on the folder of cached plans (nothing without a path): one process
+    measures at a time, whatever model it loads, so two subservers starting together neither
+    time their kernels against each other's load nor measure the same model twice (the second
+    reads what the first wrote)."""
     if not cache_path:
         yield
         return
     os.makedirs(os.path.dirname(cache_path), exist_ok=True)
-    with open(cache_path + ".lock", "a") as f:
+    with open(os.path.join(os.path.dirname(cache_path), ".measuring.lock"), "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
