@@ -174,3 +174,42 @@ def test_official_loop_routes_as_the_program_says(models):
     assert m.written_by == {k: sum(w.written_by.get(k, 0) for w in want) for k in ("slm", "llm")}
     # static batches of 3 then 1: one small-model call per position per batch
     assert m.steps["slm"] == 2 * 10 and m.latencies_s[0] == m.latencies_s[2] != m.latencies_s[3]
+
+
+def test_a_call_whose_connection_drops_is_sent_again_and_a_dead_server_is_named():
+    """A real HTTP server on loopback that closes the first connections without answering:
+    the dispatcher sends the call again on a new connection; one that never answers fails
+    with a RuntimeError naming the model."""
+    import asyncio
+    import types
+
+    import httpx
+
+    async def main(drops: int):
+        seen = 0
+
+        async def handle(reader, writer):
+            nonlocal seen
+            await reader.readuntil(b"\r\n\r\n")
+            seen += 1
+            if seen > drops:
+                body = b'{"tokens": [7]}'
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                             + str(len(body)).encode() + b"\r\n\r\n" + body)
+                await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        holder = types.SimpleNamespace(RETRIES=LlamaCppStandard.RETRIES, retries=0)
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                r = await LlamaCppStandard._post(holder, client, "large", {"prompt": [1]})
+                return r.json(), holder.retries
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    assert asyncio.run(main(2)) == ({"tokens": [7]}, 2)
+    with pytest.raises(RuntimeError, match="'large' failed 4 times"):
+        asyncio.run(main(10))

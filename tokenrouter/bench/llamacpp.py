@@ -198,6 +198,7 @@ class LlamaCppStandard:
             raise
         self._loop = _Loop()
         self.blind_steps = 0  # steps whose distribution the server did not return (counted, see _request)
+        self.retries = 0  # calls sent again after their connection dropped (`_post`)
 
     def measure(self, name: str, prompts, sampling, concurrency: int, batch=None) -> Measurement:
         return self._loop.call(self._run(name, prompts, sampling, concurrency))
@@ -242,7 +243,7 @@ class LlamaCppStandard:
         writer, visit = self.program.start, 0
         while len(out) < sampling["max_tokens"]:
             t0 = time.perf_counter()
-            r = await clients[writer].post("/completion", json=completion_body(tokens, slot, 1, TOP_N))
+            r = await self._post(clients[writer], writer, completion_body(tokens, slot, 1, TOP_N))
             busy[writer] += time.perf_counter() - t0
             calls[writer] += 1
             r.raise_for_status()
@@ -267,6 +268,26 @@ class LlamaCppStandard:
             if d.dest != writer:
                 writer, visit = d.dest, 0
         return out, written
+
+    RETRIES = 3
+
+    async def _post(self, client, writer: str, body: dict):
+        """One `/completion` call, sent again (it is a pure function of the prompt, and the
+        slot's cache makes the repeat cheap) when the connection drops under it: a keep-alive
+        connection that the server closes just as the next call goes out is an ordinary
+        event over the thousands of calls a run makes (seen at N = 16). A server that keeps
+        failing is a RuntimeError naming it."""
+        import httpx
+        for attempt in range(self.RETRIES + 1):
+            try:
+                return await client.post("/completion", json=body)
+            except httpx.TransportError as exc:
+                if attempt == self.RETRIES:
+                    raise RuntimeError(f"llama.cpp server of {writer!r} failed {self.RETRIES + 1} times in a row: "
+                                       f"{type(exc).__name__}: {exc}") from exc
+                self.retries += 1
+                print(f"llama.cpp {writer}: connection dropped ({type(exc).__name__}), sending the call again",
+                      file=sys.stderr)
 
     def close(self):
         if hasattr(self, "_loop"):

@@ -158,6 +158,7 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     raw: dict[int, dict[str, list]] = {}
     n_req: dict[int, dict[str, int]] = {}
     load: dict[int, dict[str, Any]] = {}
+    failed: dict[int, str] = {}
 
     def batch_of(c: str, n: int):
         if c.startswith("tokenrouter@"):
@@ -190,7 +191,7 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
         try:
             for n, names in plan:
                 level_deps = {}
-                try:
+                try:  # a level that fails (a peer server dying, say) is reported; the others still run
                     for c in names:
                         if c in C.PER_LEVEL:
                             _log(f"starting {c} (--parallel {n}) ...")
@@ -222,6 +223,10 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
                             raw[n][c].append(m)
                             bar.update()
                     load[n]["after"] = load_average()
+                except (RuntimeError, OSError, TimeoutError, ValueError, ConnectionError) as exc:
+                    failed[n] = f"{type(exc).__name__}: {exc}"
+                    _log(f"level N={n} failed, its figures are dropped: {failed[n]}")
+                    raw.pop(n, None)
                 finally:
                     for d in level_deps.values():
                         d.close()
@@ -245,7 +250,7 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
                                           "llamacpp_std": f"{max(1, cores // 2)} per server",
                                           "llamacpp_large_and_official": opts.threads}},
                "profile": tuning.slowdown_summary(profile) if profile is not None else None,
-               "elapsed_s": None, "levels": {}}
+               "elapsed_s": None, "levels": {}, "failed_levels": {str(n): why for n, why in failed.items()}}
     levels_doc = {}
     for n, per in raw.items():
         cfg = {c: R.config_result(ms) for c, ms in per.items() if not c.startswith("tokenrouter@")}

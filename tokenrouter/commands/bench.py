@@ -168,4 +168,6 @@ def run(args) -> int:
     ok = all(lv["identical_outputs"] is not False for lv in details["levels"].values())
     if not ok:
         print("error: routed configurations produced different tokens", file=sys.stderr)
-    return 0 if ok else 1
+    for n, why in details.get("failed_levels", {}).items():
+        print(f"error: level N={n} failed and has no figures: {why}", file=sys.stderr)
+    return 0 if ok and not details.get("failed_levels") else 1
