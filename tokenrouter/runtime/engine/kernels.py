@@ -67,7 +67,7 @@ from .layers import onednn_linear, onednn_rows
 from .quant import Int4DotWeight, Int4Weight, Int8Weight, QuantTensor, int4_shape_problem, int4dp_problem
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-PLAN_VERSION = 3  # 2: one row-invariant kernel per shape; 3: `linear`, float32 models' plans
+PLAN_VERSION = 4  # 2: one row-invariant kernel per shape; 3: `linear`, float32 models' plans; 4: int4dp/amx
 INT_KERNELS = ("int4", "int4dp", "int4amx", "int8")  # kernels that hold no float copy of the matrix
 PLAIN_KERNELS = ("linear", "mkl")  # float kernels on the plain [out, in] weight (one copy for both)
 MEASURE_MIN_BYTES = 4 << 20  # a float shape whose matrices hold less runs `linear` unmeasured
@@ -315,8 +315,10 @@ def per_rows_plan(best: dict[str, dict[int, float]], buckets) -> list[tuple[int,
 def plan_path(model_id: str, quant: str, act_dtype: torch.dtype, threads: int | None = None) -> str:
     """Where the plan of (model, format, host) is cached."""
     from ..loader.cache import cache_root
+    from .ckernels import source_hash
+    # the C kernels' source: a changed kernel is timed again
     key = json.dumps({"v": PLAN_VERSION, "model": model_id, "quant": quant, "act": str(act_dtype),
-                      "host": host_key(threads)}, sort_keys=True)
+                      "host": host_key(threads), "csrc": source_hash()}, sort_keys=True)
     return os.path.join(cache_root(), "kernel-plans", hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
 
 
