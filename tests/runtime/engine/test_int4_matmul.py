@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenrouter.runtime.engine import ckernels
-from tokenrouter.runtime.engine.kernels import PlannedLinear, _pick
+from tokenrouter.runtime.engine.kernels import PlannedLinear, pick_kernel
 from tokenrouter.runtime.engine.quant import (Int4DotWeight, QuantError, QuantTensor, int4dp_problem,
                                               quantize_int4)
 
@@ -97,7 +97,7 @@ def test_the_packed_weights_must_match_the_matrix():
 
 def test_within_the_margin_the_more_exact_kernel_wins():
     rows = [1, 2]
-    assert _pick({"int4": {1: 1.0, 2: 1.0}, "int4dp": {1: 1.05, 2: 1.05}, "onednn": {1: 2, 2: 2}}, rows) == "int4dp"
-    assert _pick({"int4": {1: 1.0, 2: 1.0}, "int4dp": {1: 1.3, 2: 1.3}}, rows) == "int4"
-    assert _pick({"onednn": {1: 1.0, 2: 1.0}, "int4": {1: 1.08, 2: 1.08}}, rows) == "int4"
-    assert _pick({"onednn": {1: 1.0, 2: 1.0}, "int4": {1: 1.5, 2: 1.5}}, rows) == "onednn"
+    assert pick_kernel({"int4": {1: 1.0, 2: 1.0}, "int4dp": {1: 1.05, 2: 1.05}, "onednn": {1: 2, 2: 2}}, rows) == "int4dp"
+    assert pick_kernel({"int4": {1: 1.0, 2: 1.0}, "int4dp": {1: 1.3, 2: 1.3}}, rows) == "int4"
+    assert pick_kernel({"onednn": {1: 1.0, 2: 1.0}, "int4": {1: 1.08, 2: 1.08}}, rows) == "int4"
+    assert pick_kernel({"onednn": {1: 1.0, 2: 1.0}, "int4": {1: 1.5, 2: 1.5}}, rows) == "onednn"

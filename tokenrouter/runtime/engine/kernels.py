@@ -263,7 +263,7 @@ def measure(linears: list[PlannedLinear], rounds: int = 2, buckets=ROW_BUCKETS,
         if per_rows:
             plans[key] = per_rows_plan(best, buckets)
         else:
-            plans[key] = fixed_plan(_pick(best, [b for b in buckets if b <= DECODE_ROWS]))
+            plans[key] = fixed_plan(pick_kernel(best, [b for b in buckets if b <= DECODE_ROWS]))
         timings[key] = {k: {str(r): v * 1e3 for r, v in t.items()} for k, t in best.items()}
     measure.last_timings = timings
     return plans
@@ -279,7 +279,7 @@ FLOAT_MARGIN = 1.10  # a kernel that needs its own copy of the matrix must win b
 PREFERRED = ("int4dp", "int4amx", "int4", "int8")  # within FLOAT_MARGIN, the first of these wins
 
 
-def _pick(best: dict[str, dict[int, float]], rows: list[int]) -> str:
+def pick_kernel(best: dict[str, dict[int, float]], rows: list[int]) -> str:
     """The kernel with the least mean slowdown against the fastest at each of `rows`; but a
     kernel within `FLOAT_MARGIN` of it wins by `PREFERRED`'s order: an integer kernel over a
     float one (which costs a float copy of the matrix), and `int4dp` over `int4` (it keeps
