@@ -297,26 +297,37 @@ def int4dp_problem(amx: bool = False) -> str | None:
     return None
 
 
-def int4dp_mm(x: torch.Tensor, codes: torch.Tensor, sm: torch.Tensor, n: int, amx: bool = False) -> torch.Tensor:
+def int4dp_mm(x: torch.Tensor, codes: torch.Tensor, sm: torch.Tensor, n: int, amx: bool = False,
+              checked: bool = False) -> torch.Tensor:
     """x [T, K] (bf16 or float32, contiguous rows) @ W.T -> [T, n] float32, W packed as
     `quant.Int4DotWeight` holds it (codes int32 [n/16, K/32, 4, 16], sm float16
     [n/16, K/32, 2, 16]), on AVX-512 dot products or (`amx`) AMX tiles. Checks what would make
-    the C code read out of bounds."""
-    lib = load()
+    the C code read out of bounds; `checked=True` skips the packed weights' checks for a
+    caller that made them once (the engine calls this 121 times a SmolLM2 step, and the
+    checks cost more than a small product)."""
+    lib = _lib or load()
     t, k = x.shape
     if x.dtype not in (_BF16, _F32) or x.stride(1) != 1 or x.device.type != "cpu":
         raise ValueError(f"x must be a CPU bf16/float32 tensor with contiguous rows, not {x.dtype} {x.stride()}")
-    if k % 32 or n % 16 or codes.shape != (n // 16, k // 32, 4, 16) or sm.shape != (n // 16, k // 32, 2, 16) \
-            or codes.dtype != torch.int32 or sm.dtype != torch.float16 or not (codes.is_contiguous() and sm.is_contiguous()):
-        raise ValueError(f"packed int4 weights do not match a [{n}, {k}] matrix")
+    if codes.shape[1] * 32 != k:
+        raise ValueError(f"x has {k} columns, the packed matrix {codes.shape[1] * 32}")
+    if not checked:
+        check_int4dp_packing(codes, sm, n, k)
     out = torch.empty(t, n, dtype=_F32)
     rc = lib.tr_int4dp_mm(x.data_ptr(), int(x.dtype == _BF16), x.stride(0), t, k, codes.data_ptr(), sm.data_ptr(),
-                          n, out.data_ptr(), out.stride(0), torch.get_num_threads(), int(amx))
+                          n, out.data_ptr(), n, torch.get_num_threads(), int(amx))
     if rc == 1:
         raise MemoryError("the C int4 kernel could not allocate its scratch")
     if rc:
         raise NativeKernelError(f"the C int4 kernel{' on AMX' if amx else ''} is not built for this CPU")
     return out
+
+
+def check_int4dp_packing(codes: torch.Tensor, sm: torch.Tensor, n: int, k: int) -> None:
+    """ValueError unless codes and sm are the packed form of an [n, k] matrix."""
+    if k % 32 or n % 16 or codes.shape != (n // 16, k // 32, 4, 16) or sm.shape != (n // 16, k // 32, 2, 16) \
+            or codes.dtype != torch.int32 or sm.dtype != torch.float16 or not (codes.is_contiguous() and sm.is_contiguous()):
+        raise ValueError(f"packed int4 weights do not match a [{n}, {k}] matrix")
 
 
 def source_hash() -> str:

@@ -34,6 +34,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .ckernels import check_int4dp_packing, int4dp_mm
+from .ckernels import int4dp_problem as host_int4dp_problem
+
 QUANTS = ("none", "native", "int4", "int8")
 GROUP = 32  # GGUF's block length, and the int4 group used on load
 
@@ -203,10 +206,10 @@ class Int4DotWeight:
         self.sm = sm.permute(1, 3, 0, 2).to(torch.float16).contiguous()  # [n/16, k/32, 2, 16]
         self.n = n
         self.amx = amx  # the AMX-tile variant (`int4amx`): the same layout, other summation order
+        check_int4dp_packing(self.codes, self.sm, n, k)  # once: the calls skip it
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        from .ckernels import int4dp_mm
-        return int4dp_mm(x if x.stride(-1) == 1 else x.contiguous(), self.codes, self.sm, self.n, self.amx)
+        return int4dp_mm(x if x.stride(-1) == 1 else x.contiguous(), self.codes, self.sm, self.n, self.amx, True)
 
 
 def int4dp_problem(qt: QuantTensor, amx: bool = False) -> str | None:
@@ -225,8 +228,7 @@ def int4dp_problem(qt: QuantTensor, amx: bool = False) -> str | None:
     largest = (15 * s.abs() + m.abs()).amax(1, keepdim=True)
     if not bool((moved <= largest * 2.0 ** -11).all()):
         return "its scales or mins do not fit float16 (the kernel holds them so)"
-    from .ckernels import int4dp_problem as host_problem
-    return host_problem(amx)
+    return host_int4dp_problem(amx)
 
 
 class Int8Weight:
