@@ -101,3 +101,19 @@ def test_within_the_margin_the_more_exact_kernel_wins():
     assert pick_kernel({"int4": {1: 1.0, 2: 1.0}, "int4dp": {1: 1.3, 2: 1.3}}, rows) == "int4"
     assert pick_kernel({"onednn": {1: 1.0, 2: 1.0}, "int4": {1: 1.08, 2: 1.08}}, rows) == "int4"
     assert pick_kernel({"onednn": {1: 1.0, 2: 1.0}, "int4": {1: 1.5, 2: 1.5}}, rows) == "onednn"
+
+
+@needs_kernel
+@pytest.mark.parametrize("plan", [None, "int4dp"])
+def test_one_matrix_the_kernel_cannot_hold_keeps_its_whole_shape_off_it(plan):
+    """A plan is per shape, but whether the C kernel takes a matrix depends on its scales:
+    a shape whose matrices disagree runs a kernel all of them can (measured, or forced)."""
+    from tokenrouter.runtime.engine.kernels import choose
+    good = quantize_int4(torch.randn(32, 64))
+    bad = QuantTensor("q4", good.codes, good.scale * 1e6, good.zero * 1e6, 32, "int4")
+    lins = [PlannedLinear(good, torch.bfloat16), PlannedLinear(bad, torch.bfloat16)]
+    (kernels,) = {tuple(k for _, k in p) for p in choose(lins, plan).values()}
+    assert not {"int4dp", "int4amx"} & set(kernels)
+    x = torch.randn(3, 64)
+    for lin in lins:
+        assert lin(x).shape == (3, 32)

@@ -312,7 +312,7 @@ def int4dp_mm(x: torch.Tensor, codes: torch.Tensor, sm: torch.Tensor, n: int, am
     if codes.shape[1] * 32 != k:
         raise ValueError(f"x has {k} columns, the packed matrix {codes.shape[1] * 32}")
     if not checked:
-        check_int4dp_packing(codes, sm, n, k)
+        _check_int4dp_packing(codes, sm, n, k)
     out = torch.empty(t, n, dtype=_F32)
     rc = lib.tr_int4dp_mm(x.data_ptr(), int(x.dtype == _BF16), x.stride(0), t, k, codes.data_ptr(), sm.data_ptr(),
                           n, out.data_ptr(), n, torch.get_num_threads(), int(amx))
@@ -323,7 +323,7 @@ def int4dp_mm(x: torch.Tensor, codes: torch.Tensor, sm: torch.Tensor, n: int, am
     return out
 
 
-def check_int4dp_packing(codes: torch.Tensor, sm: torch.Tensor, n: int, k: int) -> None:
+def _check_int4dp_packing(codes: torch.Tensor, sm: torch.Tensor, n: int, k: int) -> None:
     """ValueError unless codes and sm are the packed form of an [n, k] matrix."""
     if k % 32 or n % 16 or codes.shape != (n // 16, k // 32, 4, 16) or sm.shape != (n // 16, k // 32, 2, 16) \
             or codes.dtype != torch.int32 or sm.dtype != torch.float16 or not (codes.is_contiguous() and sm.is_contiguous()):

@@ -41,8 +41,9 @@ host per shape and row count (`kernels.py`; `kernel_plan` forces a kernel name o
 `plan_cache` is where a measured plan is kept, otherwise it is measured at construction).
 Quantised weights (`quant="native" | "int4" | "int8"`, see `quant.py`): the decoder's
 matrices run on int4/int8 kernels with `act_dtype` activations (bfloat16 by default) where
-that is faster, float32 where not, one row-invariant kernel per shape. `head_quant` is the LM head's format in those modes ("auto":
-int4 where its kernel takes the shape, else int8; see `Model`).
+that is faster, float32 where not, one row-invariant kernel per shape. `head_quant` is the
+LM head's format in those modes ("auto": int4 where its kernel takes the shape, else int8;
+see `Model`).
 
 Attention (`attention`): on CPU in float32, decodes and short extends run a C kernel built
 on this host at first use (`ckernels.py`), which reads each request's K/V where it lies in

@@ -64,6 +64,7 @@ import torch.nn.functional as F
 
 from ..host import cpu_flags, cpu_model
 from .layers import onednn_linear, onednn_rows
+from .ckernels import int4dp_problem as host_int4dp_problem
 from .quant import Int4DotWeight, Int4Weight, Int8Weight, QuantTensor, int4_shape_problem, int4dp_problem
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -100,8 +101,8 @@ class PlannedLinear:
         out = []
         if isinstance(s, QuantTensor) and s.fmt == "q4" and int4_shape_problem(*s.shape, s.group) is None:
             out.append("int4")
-            if self.act_dtype == torch.bfloat16:  # these round x to bf16
-                out += [k for k, amx in (("int4dp", False), ("int4amx", True)) if int4dp_problem(s, amx) is None]
+            if self.act_dtype == torch.bfloat16 and int4dp_problem(s) is None:  # these round x to bf16
+                out += ["int4dp"] + (["int4amx"] if host_int4dp_problem(amx=True) is None else [])
         if isinstance(s, QuantTensor) and s.fmt == "q8" and s.group == s.shape[1]:
             out.append("int8")
         if torch.backends.mkldnn.is_available():
@@ -122,7 +123,9 @@ class PlannedLinear:
             if k == "int4":
                 self.impl[k] = Int4Weight(self.source, self.act_dtype)
             elif k in ("int4dp", "int4amx"):
-                self.impl[k] = Int4DotWeight(self.source, amx=k == "int4amx")
+                twin = self.impl.get("int4amx" if k == "int4dp" else "int4dp")  # the same packing
+                amx = k == "int4amx"
+                self.impl[k] = twin.variant(amx) if twin is not None else Int4DotWeight(self.source, amx)
             elif k == "int8":
                 self.impl[k] = Int8Weight(self.source, self.act_dtype)
             elif k == "onednn":
@@ -222,9 +225,7 @@ def measure(linears: list[PlannedLinear], rounds: int = 2, buckets=ROW_BUCKETS,
     mean slowdown over the decode buckets (`DECODE_ROWS`). With `per_rows` (float32 models),
     the fastest kernel per bucket (`per_rows_plan`), and shapes under `MEASURE_MIN_BYTES`
     on `linear` untimed. Timings are kept in `last_timings`."""
-    groups: dict[str, list[PlannedLinear]] = {}
-    for lin in linears:
-        groups.setdefault(lin.key, []).append(lin)
+    groups = _by_shape(linears)
     plans: dict[str, list[tuple[int, str]]] = {}
     timings: dict[str, dict[str, dict[int, float]]] = {}
     for gi, (key, group) in enumerate(groups.items()):
@@ -233,7 +234,7 @@ def measure(linears: list[PlannedLinear], rounds: int = 2, buckets=ROW_BUCKETS,
             continue
         if progress:
             progress(f"measuring kernels for {key} ({gi + 1}/{len(groups)}, {len(group)} matrices)")
-        kernels = group[0].candidates()
+        kernels = _candidates(group)
         for lin in group:
             lin.build(kernels)
         if not per_rows:
@@ -270,6 +271,20 @@ def measure(linears: list[PlannedLinear], rounds: int = 2, buckets=ROW_BUCKETS,
 
 
 measure.last_timings = {}
+
+
+def _by_shape(linears: list[PlannedLinear]) -> dict[str, list[PlannedLinear]]:
+    """The matrices grouped by the key a plan is chosen by (shape and format)."""
+    groups: dict[str, list[PlannedLinear]] = {}
+    for lin in linears:
+        groups.setdefault(lin.key, []).append(lin)
+    return groups
+
+
+def _candidates(group: list[PlannedLinear]) -> list[str]:
+    """The kernels every matrix of a shape can run: one plan serves them all, and whether the
+    C int4 kernels take a matrix depends on its own scales, not only on its shape."""
+    return [k for k in group[0].candidates() if all(k in lin.candidates() for lin in group[1:])]
 
 
 DECODE_ROWS = 16  # the row counts a decode step sees; larger ones are prefill chunks
@@ -331,11 +346,11 @@ def choose(linears: list[PlannedLinear], plan: dict | str | None = None, cache_p
     starting together measure once). Returns the plans used."""
     if isinstance(plan, str):
         plans = {}
-        for lin in linears:
-            # the named kernel where it runs, else the matrix's own integer kernel, else float32
-            cands = lin.candidates()
+        for key, group in _by_shape(linears).items():
+            # the named kernel where it runs, else the shape's own integer kernel, else float32
+            cands = _candidates(group)
             k = plan if plan in cands else next((c for c in (*INT_KERNELS, "onednn") if c in cands), "mkl")
-            plans[lin.key] = fixed_plan(k)
+            plans[key] = fixed_plan(k)
     elif isinstance(plan, dict):
         plans = {k: [tuple(p) for p in v] for k, v in plan.items()}
     else:

@@ -19,7 +19,7 @@ from .attention import AttnMeta, paged_attention
 from .config import ModelConfig
 from .kv_cache import KVCache
 from .layers import LinearWeight, Rotary, interleave, linear, rms_norm, silu_mul
-from .kernels import INT_KERNELS
+from .kernels import INT_KERNELS, PlannedLinear
 from .quant import (QUANTS, QuantError, QuantTensor, int4_shape_problem, quantize_int4, quantize_int8,
                     quantize_q8_0)
 
@@ -100,7 +100,6 @@ class Model:
                     w.dequantize(dtype=dtype).to(device)
             return w.to(device=device, dtype=dtype)
 
-        from .kernels import PlannedLinear
         # float32 on CPU: each matrix on the kernels measured fastest here per row count (kernels.py)
         planned_floats = torch.device(device).type == "cpu" and dtype == torch.float32
 

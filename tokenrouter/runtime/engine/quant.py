@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .ckernels import check_int4dp_packing, int4dp_mm
+from .ckernels import int4dp_mm
 from .ckernels import int4dp_problem as host_int4dp_problem
 
 QUANTS = ("none", "native", "int4", "int8")
@@ -178,8 +178,6 @@ class Int4Weight:
         return y.to(x.dtype)
 
 
-
-
 class Int4DotWeight:
     """A q4 matrix packed for the C kernel on AVX-512 bfloat16 dot products
     (`csrc/int4_matmul.c`, which documents the layout): the codes, and per output row and
@@ -206,9 +204,18 @@ class Int4DotWeight:
         self.sm = sm.permute(1, 3, 0, 2).to(torch.float16).contiguous()  # [n/16, k/32, 2, 16]
         self.n = n
         self.amx = amx  # the AMX-tile variant (`int4amx`): the same layout, other summation order
-        check_int4dp_packing(self.codes, self.sm, n, k)  # once: the calls skip it
+
+    def variant(self, amx: bool) -> "Int4DotWeight":
+        """The other summation (AMX tiles or dot products) on these same packed codes."""
+        why = host_int4dp_problem(amx)
+        if why:
+            raise QuantError(f"the C int4 kernel cannot run here: {why}")
+        w = object.__new__(Int4DotWeight)
+        w.codes, w.sm, w.n, w.amx = self.codes, self.sm, self.n, amx
+        return w
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # packed above, so the packing's checks are skipped on this hot path (`checked`)
         return int4dp_mm(x if x.stride(-1) == 1 else x.contiguous(), self.codes, self.sm, self.n, self.amx, True)
 
 

@@ -66,6 +66,23 @@ int tr_int4amx_supported(void) {
 #define ROWS 8        /* rows that share one unpacking */
 #define PARALLEL_MIN (1 << 16)
 
+/* One chunk of the packed codes (16 outputs x 8 inputs) as 4 input pairs of bfloat16 128 + q */
+static inline void unpack_chunk(const uint32_t *chunk, __m512i w[4]) {
+    const __m512i mask = _mm512_set1_epi32(0x000F000F), bias = _mm512_set1_epi32(0x43004300);
+    const __m512i d = _mm512_loadu_si512((const void *)chunk);
+    w[0] = _mm512_ternarylogic_epi32(d, mask, bias, 0xEA); /* (a & b) | c */
+    w[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(d, 4), mask, bias, 0xEA);
+    w[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(d, 8), mask, bias, 0xEA);
+    w[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(d, 12), mask, bias, 0xEA);
+}
+
+/* A group's 16 scales s, and c = m - 128 s, which takes the codes' bias of 128 out */
+static inline void group_scales(const uint16_t *smg, __m512 *s, __m512 *c) {
+    *s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)smg));
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(smg + 16)));
+    *c = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), *s, m);
+}
+
 /* One block of 16 outputs for rows [r0, r0 + nr), nr <= ROWS. Per group, each chunk of 4
  * input pairs is unpacked once and used by every row; a row's dot products run on two
  * accumulators (pairs 0, 2 and 1, 3 of each chunk) so that one row alone is not held up by
@@ -73,8 +90,6 @@ int tr_int4amx_supported(void) {
 static inline __attribute__((always_inline)) void
 block(const uint32_t *xp, const float *xs, int64_t r0, const int nr, int64_t groups, const uint32_t *codes,
       const uint16_t *sm, float *out, int64_t out_stride, int64_t col) {
-    const __m512i mask = _mm512_set1_epi32(0x000F000F), bias = _mm512_set1_epi32(0x43004300);
-    const __m512 b128 = _mm512_set1_ps(128.0f);
     __m512 tot[ROWS];
 #pragma GCC unroll 8
     for (int r = 0; r < nr; r++)
@@ -86,23 +101,19 @@ block(const uint32_t *xp, const float *xs, int64_t r0, const int nr, int64_t gro
         for (int r = 0; r < nr; r++)
             a0[r] = a1[r] = _mm512_setzero_ps();
         for (int ch = 0; ch < 4; ch++) {
-            const __m512i d = _mm512_loadu_si512((const void *)(cg + ch * 16));
-            const __m512i w0 = _mm512_ternarylogic_epi32(d, mask, bias, 0xEA); /* (a & b) | c */
-            const __m512i w1 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(d, 4), mask, bias, 0xEA);
-            const __m512i w2 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(d, 8), mask, bias, 0xEA);
-            const __m512i w3 = _mm512_ternarylogic_epi32(_mm512_srli_epi32(d, 12), mask, bias, 0xEA);
+            __m512i w[4];
+            unpack_chunk(cg + ch * 16, w);
 #pragma GCC unroll 8
             for (int r = 0; r < nr; r++) {
                 const uint32_t *x = xp + (r0 + r) * groups * 16 + g * 16 + ch * 4;
-                a0[r] = _mm512_dpbf16_ps(a0[r], (__m512bh)w0, (__m512bh)_mm512_set1_epi32((int)x[0]));
-                a1[r] = _mm512_dpbf16_ps(a1[r], (__m512bh)w1, (__m512bh)_mm512_set1_epi32((int)x[1]));
-                a0[r] = _mm512_dpbf16_ps(a0[r], (__m512bh)w2, (__m512bh)_mm512_set1_epi32((int)x[2]));
-                a1[r] = _mm512_dpbf16_ps(a1[r], (__m512bh)w3, (__m512bh)_mm512_set1_epi32((int)x[3]));
+                a0[r] = _mm512_dpbf16_ps(a0[r], (__m512bh)w[0], (__m512bh)_mm512_set1_epi32((int)x[0]));
+                a1[r] = _mm512_dpbf16_ps(a1[r], (__m512bh)w[1], (__m512bh)_mm512_set1_epi32((int)x[1]));
+                a0[r] = _mm512_dpbf16_ps(a0[r], (__m512bh)w[2], (__m512bh)_mm512_set1_epi32((int)x[2]));
+                a1[r] = _mm512_dpbf16_ps(a1[r], (__m512bh)w[3], (__m512bh)_mm512_set1_epi32((int)x[3]));
             }
         }
-        const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sm + g * 32)));
-        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sm + g * 32 + 16)));
-        const __m512 c = _mm512_fnmadd_ps(b128, s, m); /* m - 128 s */
+        __m512 s, c;
+        group_scales(sm + g * 32, &s, &c);
 #pragma GCC unroll 8
         for (int r = 0; r < nr; r++) {
             tot[r] = _mm512_fmadd_ps(s, _mm512_add_ps(a0[r], a1[r]), tot[r]);
@@ -150,25 +161,20 @@ static void amx_config(int nr) {
     _tile_loadconfig(&c);
 }
 
+/* a group's codes, unpacked into the B tile's 16 rows */
 static inline void unpack_to(uint32_t *bbuf, const uint32_t *cg) {
-    const __m512i mask = _mm512_set1_epi32(0x000F000F), bias = _mm512_set1_epi32(0x43004300);
     for (int ch = 0; ch < 4; ch++) {
-        const __m512i d = _mm512_loadu_si512((const void *)(cg + ch * 16));
-        _mm512_store_si512((void *)(bbuf + (ch * 4 + 0) * 16), _mm512_ternarylogic_epi32(d, mask, bias, 0xEA));
-        _mm512_store_si512((void *)(bbuf + (ch * 4 + 1) * 16),
-                           _mm512_ternarylogic_epi32(_mm512_srli_epi32(d, 4), mask, bias, 0xEA));
-        _mm512_store_si512((void *)(bbuf + (ch * 4 + 2) * 16),
-                           _mm512_ternarylogic_epi32(_mm512_srli_epi32(d, 8), mask, bias, 0xEA));
-        _mm512_store_si512((void *)(bbuf + (ch * 4 + 3) * 16),
-                           _mm512_ternarylogic_epi32(_mm512_srli_epi32(d, 12), mask, bias, 0xEA));
+        __m512i w[4];
+        unpack_chunk(cg + ch * 16, w);
+        for (int p = 0; p < 4; p++)
+            _mm512_store_si512((void *)(bbuf + (ch * 4 + p) * 16), w[p]);
     }
 }
 
 static inline void scale_into(float *tot, const float *cbuf, const uint16_t *smg, const float *xs, int64_t r0,
                               int nr, int64_t groups, int64_t g) {
-    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)smg));
-    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(smg + 16)));
-    const __m512 c = _mm512_fnmadd_ps(_mm512_set1_ps(128.0f), s, m); /* m - 128 s */
+    __m512 s, c;
+    group_scales(smg, &s, &c);
     for (int r = 0; r < nr; r++) {
         __m512 t = _mm512_fmadd_ps(s, _mm512_load_ps(cbuf + r * 16), _mm512_load_ps(tot + r * 16));
         t = _mm512_fmadd_ps(c, _mm512_set1_ps(xs[(r0 + r) * groups + g]), t);
@@ -228,13 +234,8 @@ static void amx_block(const uint32_t *xp, const float *xs, int64_t r0, int nr, i
 int tr_int4dp_mm(const void *x, int x_bf16, int64_t x_stride, int64_t rows, int64_t k, const uint32_t *codes,
                  const uint16_t *sm, int64_t n, float *out, int64_t out_stride, int threads, int amx) {
     const int64_t groups = k / 32, blocks = n / 16;
-#ifndef TR_INT4AMX
-    if (amx)
-        return 2;
-#else
     if (amx && !tr_int4amx_supported())
         return 2;
-#endif
     uint32_t *xp = malloc((size_t)(rows * k / 2) * sizeof *xp);
     float *xs = malloc((size_t)(rows * groups) * sizeof *xs);
     if (!xp || !xs) {
