@@ -1,7 +1,7 @@
 """The engine's linear layer on this CPU: MKL sgemm layouts against oneDNN-packed weights.
 
 Decode and extend steps multiply a few rows by every weight matrix of the model. The
-engine does not take its choice from here: `tokenrouter/runtime/engine/kernels.py` times
+engine does not take its choice from here: `tokenrouter/runtime/kernels/plan.py` times
 the same candidates on the host at a model's first load. This script shows why that has
 to be measured per host. Its **cold** section is what the engine's measurement mirrors: one pass over
 a whole model's weight set (SmolLM2-135M's shapes: 30 layers x qkv/o/gate_up/down plus

@@ -19,7 +19,7 @@ import time
 import torch
 
 from tokenrouter.runtime.engine.engine import Engine
-from tokenrouter.runtime.loader.bench_pair import SHAPES, bench_config, random_weights
+from tokenrouter.runtime.loader.builtin.bench_pair import SHAPES, bench_config, random_weights
 from tokenrouter.runtime.loader.hf import parse_config
 
 PAPER_RATIO = 27.9 / 6.0

@@ -217,7 +217,7 @@ def main() -> int:
     if a.rss_child:
         rss_child(a.rss_child, a.head_quant, a.threads)
         return 0
-    from tokenrouter.runtime.loader.registry import embedded_gguf
+    from tokenrouter.runtime.loader.builtin.registry import embedded_gguf
     torch.set_num_threads(a.threads)
     batches = [int(b) for b in (a.batches or ("1,8" if a.quick else "1,4,8,16")).split(",")]
     rounds = a.rounds or (1 if a.quick else 3)

@@ -36,10 +36,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from tokenrouter.compiler import ir  # noqa: E402
-from tokenrouter.compiler.abi import StepTensors  # noqa: E402
-from tokenrouter.compiler.compiled import load_routers  # noqa: E402
+from tokenrouter.protocol.abi import StepTensors  # noqa: E402
+from tokenrouter.compiler.backend.compiled import load_routers  # noqa: E402
 from tokenrouter.compiler.pipeline import check_file  # noqa: E402
-from tokenrouter.compiler.interpreter import Interpreter, RequestStep  # noqa: E402
+from tokenrouter.compiler.backend.interpreter import Interpreter, RequestStep  # noqa: E402
 from tokenrouter.runtime.loader import model_facts
 
 BATCHES = (1, 8, 64)
@@ -66,7 +66,7 @@ def example(name: str, folder: str, weights_dir: str) -> ir.Program:
         raise SystemExit("\n".join(map(str, diags)))
     from safetensors.torch import save_file
 
-    from tokenrouter.compiler.router_nets import input_width
+    from tokenrouter.compiler.weights.nets import input_width
     routers = []
     for r in program.routers:
         f = os.path.join(weights_dir, os.path.basename(r.file))

@@ -32,7 +32,7 @@ import torch
 
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.loader import load_model
-from tokenrouter.runtime.loader.derive import (SMALL_RECIPE, apply_lens, collect_hidden, fit_lens, fit_prompts,
+from tokenrouter.runtime.loader.builtin.derive import (SMALL_RECIPE, apply_lens, collect_hidden, fit_lens, fit_prompts,
                                                subset_layers)
 from tokenrouter.runtime.loader.hf import parse_config
 

@@ -1,7 +1,7 @@
 """The import rules of docs/architecture.md, read from the source with `ast` (nothing is imported):
 
-- a layer imports only the layers before it: dsl -> compiler -> routelib (the generated
-  routers' fixed code) -> runtime -> tuner ->
+- a layer imports only the layers before it: dsl -> protocol (what the compiler, the
+  generated routers and the runtime share) -> compiler -> runtime -> tuner ->
   fit | eval | bench (side by side, not each other) -> commands and cli.py; so the dsl does
   not import the compiler, the compiler not the runtime, the runtime not the tuner, and
   nothing outside commands/ and cli.py imports tokenrouter.commands;
@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tokenrouter"
 TESTS = Path(__file__).resolve().parent
 
 # the order of the layers; fit, eval and bench share a rank and must not import each other
-RANK = {"dsl": 0, "compiler": 1, "routelib": 1.5, "runtime": 2, "tuner": 3, "fit": 4, "eval": 4, "bench": 4,
+RANK = {"dsl": 0, "protocol": 0.5, "compiler": 1, "runtime": 2, "tuner": 3, "fit": 4, "eval": 4, "bench": 4,
         "commands": 5}
 
 

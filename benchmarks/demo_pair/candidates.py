@@ -4,7 +4,7 @@ model cache, and print the folder of each (so a candidate `.route` file can name
     python benchmarks/demo_pair/candidates.py lens16     # layers 0-15 of smollm2-135m + fitted lens
 
 `lensK`: the first K decoder layers read through a ridge-fitted linear lens, the recipe of
-the built-in `smollm2-135m-small` (K = 6) with a deeper cut (tokenrouter/runtime/loader/derive.py).
+the built-in `smollm2-135m-small` (K = 6) with a deeper cut (tokenrouter/runtime/loader/builtin/derive.py).
 Built once (about a minute on 2 cores), then cached like every derived model.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 import sys
 
-from tokenrouter.runtime.loader import cache
-from tokenrouter.runtime.loader.derive import SMALL_RECIPE, small_entry
-from tokenrouter.runtime.loader.registry import _smollm2_entry
+from tokenrouter.runtime import cache
+from tokenrouter.runtime.loader.builtin.derive import SMALL_RECIPE, small_entry
+from tokenrouter.runtime.loader.builtin.registry import _smollm2_entry
 
 
 def folder(name: str) -> str:

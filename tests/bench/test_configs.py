@@ -44,7 +44,7 @@ def test_thresholds_per_configuration(bench_program):
 
 
 def test_launch_switches(bench_program):
-    from tokenrouter.runtime.launcher import LaunchOptions
+    from tokenrouter.runtime.frontend.launch import LaunchOptions
     base = LaunchOptions(mode="thread")
     assert C.launch_options("no_pending", bench_program, base).retention == "rematch"
     naive = C.launch_options("naive", bench_program, base)

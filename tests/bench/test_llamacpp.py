@@ -43,11 +43,11 @@ def smol_vocab_model(folder: str) -> str:
     import torch
     from gguf import GGUFReader
 
-    from tokenrouter.runtime.loader.bench_pair import random_weights
+    from tokenrouter.runtime.loader.builtin.bench_pair import random_weights
     from tokenrouter.runtime.loader.gguf_loader import read_metadata
     from tokenrouter.runtime.loader.gguf_tokenizer import tokenizer_from_gguf
     from tokenrouter.runtime.loader.hf import write_folder
-    from tokenrouter.runtime.loader.registry import embedded_gguf
+    from tokenrouter.runtime.loader.builtin.registry import embedded_gguf
     tok = tokenizer_from_gguf(read_metadata(GGUFReader(embedded_gguf())))
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 32,
            "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -24,8 +24,8 @@ from hypothesis import HealthCheck
 from safetensors.torch import save_file
 
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.abi import StepTensors
-from tokenrouter.compiler.interpreter import RequestStep
+from tokenrouter.protocol.abi import StepTensors
+from tokenrouter.compiler.backend.interpreter import RequestStep
 from tokenrouter.runtime.loader import model_facts
 
 UPDATE_GOLDEN = os.environ.get("TOKENROUTER_UPDATE_GOLDEN") == "1"
@@ -201,8 +201,8 @@ def _hidden_dims(program: ir.Program) -> dict[tuple[str, int], int]:
 
 def write_random_weights(program: ir.Program, base_dir: Path, seed: int = 0) -> None:
     """Random weights of the declared shapes for every router network and head row."""
-    from tokenrouter.compiler.codegen import head_keys
-    from tokenrouter.compiler.router_nets import arch_metadata, random_tensors
+    from tokenrouter.compiler.backend.codegen import head_keys
+    from tokenrouter.compiler.weights.nets import arch_metadata, random_tensors
     g = torch.Generator().manual_seed(seed)
     dims = _hidden_dims(program)
     for r in program.routers:

@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.compiler.conftest import EXAMPLES, PROGRAMS, REPO, UPDATE_GOLDEN, get_program, write_random_weights
-from tokenrouter import routelib
+from tokenrouter.protocol import routelib
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.abi import FeatureNeeds, StepTensors
-from tokenrouter.compiler.codegen import CodegenError, generate_module
-from tokenrouter.compiler.compiled import load_module, load_routers
+from tokenrouter.protocol.abi import FeatureNeeds, StepTensors
+from tokenrouter.compiler.backend.codegen import CodegenError, generate_module
+from tokenrouter.compiler.backend.compiled import load_module, load_routers
 
 GOLDEN = REPO / "tests" / "compiler" / "golden"
 KEYS = [f"example:{n}" for n in EXAMPLES] + sorted(PROGRAMS)
@@ -198,10 +198,10 @@ def _imports(source: str) -> set[str]:
 def test_module_imports_only_torch_and_the_abi(tmp_path):
     """A generated module imports torch and its fixed library, which imports only the ABI."""
     import inspect
-    assert _imports(inspect.getsource(routelib)) == {"__future__", "math", "torch", "tokenrouter.compiler.abi"}
+    assert _imports(inspect.getsource(routelib)) == {"__future__", "math", "torch", "tokenrouter.protocol.abi"}
     for key in KEYS:
         imports = _imports(generate_module(get_program(key, tmp_path)))
-        assert imports == {"torch", "tokenrouter.routelib"}, (key, imports)
+        assert imports == {"torch", "tokenrouter.protocol.routelib"}, (key, imports)
 
 
 def test_route_has_no_loop_over_requests(tmp_path):

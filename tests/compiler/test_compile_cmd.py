@@ -9,7 +9,7 @@ import sys
 from tests.compiler.conftest import REPO
 from tokenrouter.cli import main
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.codegen import generate_module
+from tokenrouter.compiler.backend.codegen import generate_module
 from tokenrouter.compiler.pipeline import check_file
 from tokenrouter.runtime.loader import model_facts
 

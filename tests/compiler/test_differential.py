@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from tests.compiler.conftest import (EXAMPLES, PROGRAMS, ROW_KINDS, SETTINGS, check_coverage, check_route_batch,
                                     get_program, make_batch, write_random_weights)
-from tokenrouter.compiler.compiled import load_routers
-from tokenrouter.compiler.interpreter import Interpreter
+from tokenrouter.compiler.backend.compiled import load_routers
+from tokenrouter.compiler.backend.interpreter import Interpreter
 
 # Every example file gets the full 1,000 batches; the hand-built programs (which also cover
 # operators the examples do not use) get fewer, to stay within the time budget.
@@ -81,7 +81,7 @@ def test_route_matches_interpreter_float32(name, tmp_path):
 def _scenario(rng, writers, models):
     """One random handoff: a state to send from, and a message for a receiver that knows a
     prefix of the tokens (all lined up, an overlap, a gap, or a disagreeing token)."""
-    from tokenrouter.compiler.abi import PeerMessage, RouteState
+    from tokenrouter.protocol.abi import PeerMessage, RouteState
     n = int(rng.integers(1, 40))
     full = rng.integers(0, 50_000, n + int(rng.integers(0, 20))).tolist()
     pick = lambda xs: xs[int(rng.integers(len(xs)))]  # noqa: E731

@@ -10,7 +10,7 @@ import pytest
 
 from tests.compiler.conftest import REPO
 from tokenrouter.cli import main
-from tokenrouter.compiler.draw import draw, layout
+from tokenrouter.compiler.explain.draw import draw, layout
 from tokenrouter.compiler.pipeline import check_file
 from tokenrouter.runtime.loader import model_facts
 

@@ -11,9 +11,9 @@ import torch
 
 from tests.compiler.conftest import write_random_weights
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.abi import StepTensors
-from tokenrouter.compiler.codegen import CodegenError, generate_module
-from tokenrouter.compiler.compiled import load_routers
+from tokenrouter.protocol.abi import StepTensors
+from tokenrouter.compiler.backend.codegen import CodegenError, generate_module
+from tokenrouter.compiler.backend.compiled import load_routers
 
 EVIL = [
     "slm'); import os; os.system('touch /tmp/pwned'); ('",
@@ -94,7 +94,7 @@ def test_generated_module_never_runs_injected_code(tmp_path):
     code = (
         "import sys, torch\n"
         "from tokenrouter.compiler import ir\n"
-        "from tokenrouter.compiler.compiled import load_routers\n"
+        "from tokenrouter.compiler.backend.compiled import load_routers\n"
         f"p = ir.Program.from_json(sys.stdin.read())\n"
         f"r = load_routers(p, base_dir={str(tmp_path)!r})\n"
         "print(sorted(r) == sorted(p.writers()))\n")

@@ -11,8 +11,8 @@ from safetensors.torch import save_file
 
 from tests.compiler.conftest import PROGRAMS
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.abi import RouteState
-from tokenrouter.compiler.interpreter import Interpreter, InterpreterError, RequestStep
+from tokenrouter.protocol.abi import RouteState
+from tokenrouter.compiler.backend.interpreter import Interpreter, InterpreterError, RequestStep
 
 INF = math.inf
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from tests.compiler.conftest import REPO
-from tokenrouter.compiler.compiled import load_routers
+from tokenrouter.compiler.backend.compiled import load_routers
 from tokenrouter.compiler.pipeline import check_file, check_source
-from tokenrouter.compiler.interpreter import Interpreter, RequestStep
+from tokenrouter.compiler.backend.interpreter import Interpreter, RequestStep
 from tokenrouter.runtime.loader import model_facts
 
 RSTITCH = REPO / "examples" / "rstitch.route"
@@ -40,7 +40,7 @@ def _decisions(program, rows: np.ndarray, writer: str):
 
 
 def _generated(program, rows: np.ndarray, writer: str):
-    from tokenrouter.compiler.abi import StepTensors
+    from tokenrouter.protocol.abi import StepTensors
 
     routers = load_routers(program, dtype=torch.float64)
     b = len(rows)
@@ -80,5 +80,5 @@ def test_settings_change_decisions_and_the_default_changes_nothing():
     assert [d.code for d in diags] == ["W002"]  # tau is now unused
     assert _decisions(default, rows, "slm") == _decisions(literal, rows, "slm")
     assert _decisions(default, rows, "llm") == _decisions(literal, rows, "llm")
-    from tokenrouter.compiler.codegen import generate_module
+    from tokenrouter.compiler.backend.codegen import generate_module
     assert generate_module(default) == generate_module(literal)  # the same generated code

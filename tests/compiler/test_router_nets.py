@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import save_file
 
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.compiled import load_routers
-from tokenrouter.compiler.router_nets import RouterWeightsError, load_head, load_router_net
+from tokenrouter.compiler.backend.compiled import load_routers
+from tokenrouter.compiler.weights.nets import RouterWeightsError, load_head, load_router_net
 
 LAYOUT = (ir.InputHidden(-1, 6), ir.InputTokenEmbedding(6), ir.InputTopkLogits(3))  # width 15
 
@@ -130,7 +130,7 @@ def test_load_routers_checks_weights_before_serving(tmp_path):
         load_routers(program)
     _mlp(path, [15, 1])
     routers = load_routers(program)
-    from tokenrouter.compiler.abi import StepTensors
+    from tokenrouter.protocol.abi import StepTensors
     b = 2
     step = StepTensors(logits=torch.randn(b, 8), sampled=torch.zeros(b, dtype=torch.int64),
                        visit_tokens=torch.ones(b, dtype=torch.int64), position=torch.zeros(b, dtype=torch.int64),
@@ -151,8 +151,8 @@ from safetensors import safe_open  # noqa: E402
 
 from tests.compiler.conftest import (S, SETTINGS, check_coverage, check_route_batch, make_batch,  # noqa: E402
                                     write_random_weights)
-from tokenrouter.compiler import router_nets as rn  # noqa: E402
-from tokenrouter.compiler.interpreter import Interpreter  # noqa: E402
+from tokenrouter.compiler.weights import nets as rn  # noqa: E402
+from tokenrouter.compiler.backend.interpreter import Interpreter  # noqa: E402
 from tokenrouter.runtime.loader import model_facts
 
 

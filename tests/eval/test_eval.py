@@ -11,7 +11,7 @@ from tests.helpers import tiny
 from tokenrouter.eval.configs import EvalError, alone, small_and_large
 from tokenrouter.eval.evaluate import evaluate, parse_sweep
 from tokenrouter.runtime.engine.sampler import SamplingParams
-from tokenrouter.runtime.launcher import LaunchOptions
+from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.reference import Reference
 from tokenrouter.runtime.loader import model_facts
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from tests.helpers.fitting import disturbed_pair, other_tokenizer, write_program, write_prompts
 from tokenrouter.cli import main
-from tokenrouter.compiler import router_nets as rn
+from tokenrouter.compiler.weights import nets as rn
 from tokenrouter.fit.fitting import FitOptions, fit
 from tokenrouter.fit.train import Hyper
 from tokenrouter.runtime.loader import model_facts

@@ -20,7 +20,8 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, pre_tokenizers
 from tokenizers import models as tokenizer_models
 
-from tokenrouter.compiler import ir, router_nets
+from tokenrouter.compiler import ir
+from tokenrouter.compiler.weights import nets as router_nets
 from tokenrouter.compiler.pipeline import load_program
 from tokenrouter.runtime.engine.config import ModelConfig
 from tokenrouter.runtime.loader import model_facts

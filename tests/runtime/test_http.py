@@ -10,8 +10,8 @@ import pytest
 
 from tests.helpers import tiny
 from tests.helpers.serving import ServerThread, complete_many, stream_completion
-from tokenrouter.runtime.http import Limits
-from tokenrouter.runtime.launcher import LaunchOptions
+from tokenrouter.runtime.http.app import Limits
+from tokenrouter.runtime.frontend.launch import LaunchOptions
 
 LIMITS = Limits(max_body_bytes=2 << 20)  # the tests below retune it on the running server
 

@@ -4,7 +4,7 @@ import os
 
 from tests.helpers import tiny
 from tokenrouter.compiler import ir
-from tokenrouter.runtime.launcher import LaunchOptions, batch_thresholds, plan, served_writers
+from tokenrouter.runtime.frontend.launch import LaunchOptions, batch_thresholds, plan, served_writers
 
 
 def test_auto_defaults_and_schedule_values(pair):

@@ -16,7 +16,7 @@ import pytest
 from tests.helpers import tiny
 from tests.helpers.liveness import check_against_reference, kill_under_load
 from tests.helpers.serving import ServerThread
-from tokenrouter.runtime.launcher import LaunchOptions
+from tokenrouter.runtime.frontend.launch import LaunchOptions
 
 
 def _port():
@@ -94,7 +94,7 @@ def _netns_available() -> bool:
 
 @pytest.mark.skipif("_netns_available()", reason="test_netns.py runs this across a real network namespace")
 def test_kill_9_of_a_remote_subserver_over_curve_tcp(pair, tmp_path):
-    from tokenrouter.runtime.transport import generate_keys
+    from tokenrouter.runtime.transport.sockets import generate_keys
     keys = str(tmp_path / "keys")
     generate_keys(keys)
     program = tiny.example_program("demo", str(tmp_path), pair)

@@ -22,7 +22,7 @@ import zmq
 from tests.helpers import tiny
 from tests.helpers.liveness import check_against_reference, kill_under_load
 from tests.helpers.serving import ServerThread
-from tokenrouter.runtime.launcher import LaunchOptions
+from tokenrouter.runtime.frontend.launch import LaunchOptions
 
 
 def _ip(*args, check=True):
@@ -78,7 +78,7 @@ def _port():
 
 
 def test_remote_subserver_in_a_network_namespace_over_curve(pair, tmp_path, netns):
-    from tokenrouter.runtime.transport import Security, Sender, generate_keys
+    from tokenrouter.runtime.transport.sockets import Security, Sender, generate_keys
     ns, host_ip, ns_ip = netns
     keys = str(tmp_path / "keys")
     generate_keys(keys)

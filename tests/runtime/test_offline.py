@@ -4,7 +4,7 @@ import pytest
 
 from tests.helpers import tiny
 from tokenrouter.runtime.engine.sampler import SamplingParams
-from tokenrouter.runtime.launcher import LaunchOptions
+from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.offline import LLM
 from tokenrouter.runtime.reference import Reference
 
@@ -29,7 +29,7 @@ def test_generate_text_prompts_in_order_with_a_progress_bar(pair, capsys):
 
 
 def test_a_subserver_that_cannot_start_is_a_clear_error(pair, tmp_path):
-    from tokenrouter.runtime.frontend import RuntimeUnavailable
+    from tokenrouter.runtime.frontend.frontend import RuntimeUnavailable
     program = tiny.coin({"slm": pair["slm"], "llm": str(tmp_path / "missing")}, 0.3)
     with pytest.raises(RuntimeUnavailable, match="llm failed to start"):
         LLM(program, launch=LaunchOptions(mode="thread", num_blocks=64))
@@ -43,8 +43,8 @@ def test_tcp_endpoints_with_a_separately_started_subserver(pair):
 
     import zmq
 
-    from tokenrouter.runtime.launcher import plan
-    from tokenrouter.runtime.subserver import Subserver
+    from tokenrouter.runtime.frontend.launch import plan
+    from tokenrouter.runtime.subserver.subserver import Subserver
 
     def port():
         with socket.socket() as s:

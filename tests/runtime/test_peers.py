@@ -11,10 +11,10 @@ import pytest
 import zmq
 
 from tests.helpers import tiny
-from tokenrouter.compiler.abi import PeerMessage
-from tokenrouter.runtime import wire
-from tokenrouter.runtime.launcher import LaunchOptions, plan
-from tokenrouter.runtime.subserver import Subserver
+from tokenrouter.protocol.abi import PeerMessage
+from tokenrouter.runtime.transport import wire
+from tokenrouter.runtime.frontend.launch import LaunchOptions, plan
+from tokenrouter.runtime.subserver.subserver import Subserver
 
 
 def _port():

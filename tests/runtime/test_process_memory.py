@@ -7,7 +7,7 @@ import pytest
 
 SCRIPT = r"""
 import torch
-from tokenrouter.runtime.process_memory import bound_heap_growth
+from tokenrouter.runtime.subserver.memory import bound_heap_growth
 assert bound_heap_growth()
 def rss():
     return int(open('/proc/self/statm').read().split()[1]) * 4096 / 2**20

@@ -3,7 +3,7 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tokenrouter.runtime.scheduler import Scheduler
+from tokenrouter.runtime.subserver.scheduler import Scheduler
 
 MS = 1_000_000
 

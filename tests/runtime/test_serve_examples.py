@@ -12,7 +12,7 @@ import pytest
 from tests.helpers import tiny
 from tests.helpers.serving import ServerThread, complete_many
 from tokenrouter.runtime.engine.sampler import SamplingParams
-from tokenrouter.runtime.launcher import LaunchOptions
+from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.reference import Reference
 
 EXAMPLES = ["demo", "rstitch", "r2r", "citer", "co_llm", "ensemble"]

@@ -13,14 +13,14 @@ import torch
 import zmq
 
 from tests.helpers import tiny
-from tokenrouter.runtime import wire
+from tokenrouter.runtime.transport import wire
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.engine.sampler import SamplingParams
-from tokenrouter.runtime.launcher import LaunchOptions, plan
+from tokenrouter.runtime.frontend.launch import LaunchOptions, plan
 from tokenrouter.runtime.loader import load_model
 from tokenrouter.runtime.reference import Reference
-from tokenrouter.runtime.subserver import Subserver
-from tokenrouter.runtime.transport import make_addresses
+from tokenrouter.runtime.subserver.subserver import Subserver
+from tokenrouter.runtime.transport.sockets import make_addresses
 
 PROMPTS = [[5 + i, 40 + 3 * i, 77, 100 + i] * (1 + i % 3) for i in range(10)]
 MAX_TOKENS = 14

@@ -4,8 +4,8 @@ import pickle
 
 import pytest
 
-from tokenrouter.compiler.abi import PeerMessage
-from tokenrouter.runtime import wire
+from tokenrouter.protocol.abi import PeerMessage
+from tokenrouter.runtime.transport import wire
 
 
 def test_every_message_round_trips():

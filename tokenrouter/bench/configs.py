@@ -25,7 +25,7 @@ import dataclasses
 
 from tokenrouter.compiler import ir
 from tokenrouter.runtime.baselines.naive import naive_options, no_pending_options
-from tokenrouter.runtime.launcher import served_writers
+from tokenrouter.runtime.frontend.launch import served_writers
 
 CONFIGS = ("tokenrouter", "no_delay", "no_pending", "lockstep", "naive", "large_only", "small_only",
            "llamacpp_std", "llamacpp_large", "official", "bound")

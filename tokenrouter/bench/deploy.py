@@ -19,7 +19,7 @@ import torch
 
 from tokenrouter.runtime.baselines.lockstep import Lockstep
 from tokenrouter.runtime.engine.sampler import SamplingParams
-from tokenrouter.runtime.frontend import Delta
+from tokenrouter.runtime.frontend.frontend import Delta
 from tokenrouter.runtime.offline import LLM
 
 

@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from tokenrouter.compiler.compiled import default_base_dir
-from tokenrouter.compiler.interpreter import Interpreter, RequestStep
+from tokenrouter.compiler.backend.compiled import default_base_dir
+from tokenrouter.compiler.backend.interpreter import Interpreter, RequestStep
 from tokenrouter.runtime.reference import needs_of
 
-from .deploy import Measurement
+from tokenrouter.bench.deploy import Measurement
 
 TOP_N = 20  # probabilities a dispatcher asks for (the full row costs ~0.6 s a token to serialise)
 

@@ -24,13 +24,13 @@ import time
 
 import torch
 
-from tokenrouter.compiler.compiled import default_base_dir
-from tokenrouter.compiler.interpreter import Interpreter, RequestStep
+from tokenrouter.compiler.backend.compiled import default_base_dir
+from tokenrouter.compiler.backend.interpreter import Interpreter, RequestStep
 from tokenrouter.runtime.loader import resolve_folder
 from tokenrouter.runtime.reference import needs_of
 
-from .configs import small_and_large
-from .deploy import Measurement
+from tokenrouter.bench.configs import small_and_large
+from tokenrouter.bench.deploy import Measurement
 
 
 def _cache_keyword() -> str:

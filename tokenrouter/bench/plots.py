@@ -8,7 +8,7 @@ from typing import Any
 
 from tokenrouter.runtime.metrics import PHASES
 
-from .configs import CONFIGS
+from tokenrouter.bench.configs import CONFIGS
 
 
 def _plt():

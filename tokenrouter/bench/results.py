@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .configs import CONFIGS, PEERS_ROUTED, ROUTED
+from tokenrouter.bench.configs import CONFIGS, PEERS_ROUTED, ROUTED
 
 SUMMARY_B_KEY = "B_i"
 

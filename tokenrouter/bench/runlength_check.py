@@ -20,18 +20,18 @@ from typing import Any
 import numpy as np
 
 from tokenrouter.compiler.pipeline import load_program
-from tokenrouter.runtime.launcher import LaunchOptions, batch_thresholds
+from tokenrouter.runtime.frontend.launch import LaunchOptions, batch_thresholds
 from tokenrouter.runtime.loader import model_facts
 from tokenrouter.runtime.offline import tokenizer_for
 from tokenrouter.tuner import api, simulate
 from tokenrouter.tuner.program import inputs_from_program
 from tokenrouter.tuner.runlength import PhaseType, fit, save_traces
 
-from . import configs as C
-from . import results as R
-from . import tuning, workload
-from .deploy import RuntimeDeployment
-from .runlengths import collect
+from tokenrouter.bench import configs as C
+from tokenrouter.bench import results as R
+from tokenrouter.bench import tuning, workload
+from tokenrouter.bench.deploy import RuntimeDeployment
+from tokenrouter.bench.runlengths import collect
 
 
 @dataclass

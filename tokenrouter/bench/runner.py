@@ -19,17 +19,17 @@ from tqdm.auto import tqdm
 
 from tokenrouter.compiler.pipeline import load_program, with_quant
 from tokenrouter.runtime.host import host_info, load_average
-from tokenrouter.runtime.launcher import LaunchOptions
+from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.loader import model_facts, resolve_folder
 from tokenrouter.runtime.loader.gguf_export import exported_gguf
 from tokenrouter.runtime.offline import tokenizer_for
 
-from . import configs as C
-from . import results as R
-from . import tuning, workload
-from .deploy import LockstepDeployment, RuntimeDeployment
-from .llamacpp import LlamaCppLarge, LlamaCppStandard
-from .official import CiterOfficial
+from tokenrouter.bench import configs as C
+from tokenrouter.bench import results as R
+from tokenrouter.bench import tuning, workload
+from tokenrouter.bench.deploy import LockstepDeployment, RuntimeDeployment
+from tokenrouter.bench.llamacpp import LlamaCppLarge, LlamaCppStandard
+from tokenrouter.bench.official import CiterOfficial
 
 
 @dataclass

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tokenrouter.runtime.launcher import batch_thresholds, served_writers
+from tokenrouter.runtime.frontend.launch import batch_thresholds, served_writers
 from tokenrouter.tuner import api
 from tokenrouter.tuner.measure import measure_profile
 from tokenrouter.tuner.profile import Profile

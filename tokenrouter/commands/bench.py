@@ -147,7 +147,7 @@ def run(args) -> int:
     from tokenrouter.bench import plots, results
     from tokenrouter.bench.runner import run_bench
     from tokenrouter.compiler.pipeline import RouteError
-    from tokenrouter.runtime.frontend import RuntimeUnavailable
+    from tokenrouter.runtime.frontend.frontend import RuntimeUnavailable
     from tokenrouter.runtime.loader import LoadError
 
     try:

@@ -38,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from tokenrouter.compiler.codegen import CodegenError, generate_module
+    from tokenrouter.compiler.backend.codegen import CodegenError, generate_module
 
     if report_unreadable([args.file], "compile"):
         return 2
@@ -126,7 +126,7 @@ def _load(path: str, resolve: bool, params=None, model_paths=None):
 def serving_plan(program, source: str) -> dict:
     """What a launcher needs to serve the program, as JSON-ready data."""
     from tokenrouter.compiler import ir
-    from tokenrouter.compiler.codegen import head_keys, writer_needs
+    from tokenrouter.compiler.backend.codegen import head_keys, writer_needs
 
     s = program.schedule
     batch, wait = dict(s.batch), dict(s.max_wait_ms)

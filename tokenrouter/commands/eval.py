@@ -38,8 +38,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tokenrouter.eval.configs import EvalError
     from tokenrouter.eval.evaluate import evaluate
-    from tokenrouter.runtime.frontend import RuntimeUnavailable
-    from tokenrouter.runtime.launcher import LaunchOptions
+    from tokenrouter.runtime.frontend.frontend import RuntimeUnavailable
+    from tokenrouter.runtime.frontend.launch import LaunchOptions
     from tokenrouter.runtime.loader import LoadError, model_facts
 
     try:

@@ -26,7 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from tokenrouter.compiler.describe import describe
+    from tokenrouter.compiler.explain.describe import describe
     from tokenrouter.compiler.pipeline import check_file
     from tokenrouter.runtime.loader import model_facts
     from tokenrouter.dsl.diagnostics import render_all
@@ -50,7 +50,7 @@ def run(args) -> int:
         return 1
     sys.stdout.write(describe(program))
     if args.output:
-        from tokenrouter.compiler.draw import draw
+        from tokenrouter.compiler.explain.draw import draw
 
         try:
             draw(program, args.output)

@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Iterator
 
-from ._args import QUANT_HELP
+from tokenrouter.commands._args import QUANT_HELP
 
 HELP = "generate a completion with one model (greedy by default)"
 
@@ -35,7 +35,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def stream_tokens(engine, prompt_ids: list[int], params, stop_ids, seq_id: object = 0) -> Iterator[int]:
     """Yield the tokens one request generates on `engine` (sampler from the engine package)."""
-    from ..runtime.engine.sampler import sample
+    from tokenrouter.runtime.engine.sampler import sample
     stops = set(stop_ids) | set(params.stop_token_ids)
     new = list(prompt_ids)
     try:
@@ -62,10 +62,10 @@ def _prompt_ids(tokenizer, args) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..runtime.engine.engine import BadBatch, Engine
-    from ..runtime.detokenizer import Detokenizer
-    from ..runtime.engine.sampler import SamplingParams
-    from ..runtime.loader import LoadError, load_model
+    from tokenrouter.runtime.engine.engine import BadBatch, Engine
+    from tokenrouter.runtime.http.detokenizer import Detokenizer
+    from tokenrouter.runtime.engine.sampler import SamplingParams
+    from tokenrouter.runtime.loader import LoadError, load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

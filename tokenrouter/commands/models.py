@@ -30,8 +30,8 @@ def _fmt_params(n: int | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..runtime.loader import BUILTIN_MODELS, LoadError
-    from ..runtime.loader.cache import cache_root
+    from tokenrouter.runtime.loader import BUILTIN_MODELS, LoadError
+    from tokenrouter.runtime.cache import cache_root
 
     if args.measure_kernels:
         return _measure(args)
@@ -63,9 +63,9 @@ def _measure(args: argparse.Namespace) -> int:
     """Load the model in its format, time its kernels, overwrite the cached plan, print it."""
     import torch
 
-    from ..runtime.engine.engine import Engine
-    from ..runtime.engine.quant import QuantError
-    from ..runtime.loader import LoadError, load_model
+    from tokenrouter.runtime.engine.engine import Engine
+    from tokenrouter.runtime.kernels.quant import QuantError
+    from tokenrouter.runtime.loader import LoadError, load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -15,7 +15,7 @@ import sys
 from contextlib import asynccontextmanager
 
 from tokenrouter.commands._args import QUANT_HELP, add_binding_args, bindings, with_quant
-from tokenrouter.runtime.engine.params import DEFAULT_MAX_TOKENS
+from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS
 
 HELP = "serve a .route program over an OpenAI-compatible HTTP API"
 
@@ -87,7 +87,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def _options(args):
     """(LaunchOptions, the --profile or None); B_i for `auto` are added once the program is
     loaded (`_tune`)."""
-    from tokenrouter.runtime.launcher import LaunchOptions
+    from tokenrouter.runtime.frontend.launch import LaunchOptions
     from tokenrouter.tuner.profile import Profile
     profile = Profile.load(args.profile) if args.profile else None
     binds = _pairs(args.bind, "--bind") or None
@@ -103,7 +103,7 @@ def _options(args):
 def _tune(program, opts, profile) -> None:
     """The tuner's B_i for the program's `auto` writers, from --profile, handed to the
     launcher as numbers (without a profile the launcher's default applies)."""
-    from tokenrouter.runtime.launcher import served_writers
+    from tokenrouter.runtime.frontend.launch import served_writers
     from tokenrouter.tuner.program import auto_thresholds
     opts.tuned_batch = auto_thresholds(program, profile, opts.concurrency, served_writers(program), opts.batch)
 
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"{w!r} is not a writer of {args.file} ({', '.join(program.writers())})")
         if opts.batch and min(opts.batch.values()) < 1:
             raise ValueError("batch thresholds must be at least 1")
-        from tokenrouter.runtime.transport import Security, check_bind
+        from tokenrouter.runtime.transport.sockets import Security, check_bind
         sec = Security.load(opts.curve_keys, opts.insecure_tcp)  # SecurityError is a ValueError
         if opts.addresses:
             for w, addr in opts.addresses.items():  # what this process will bind
@@ -156,7 +156,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def _limits(args):
-    from tokenrouter.runtime.http import Limits
+    from tokenrouter.runtime.http.app import Limits
     if not _is_loopback(args.host) and not args.api_key and not args.insecure_http:
         raise ValueError(f"--host {args.host} is reachable from other machines: give --api-key (or "
                          f"$TOKENROUTER_API_KEY), or --insecure-http to serve without one")
@@ -172,8 +172,8 @@ def _limits(args):
 
 
 def _run_subserver(args, program, opts) -> int:
-    from tokenrouter.runtime.launcher import plan
-    from tokenrouter.runtime.subserver import run_process
+    from tokenrouter.runtime.frontend.launch import plan
+    from tokenrouter.runtime.subserver.subserver import run_process
     if opts.addresses is None:
         print("error: --subserver needs --bind NAME=ADDR for the frontend and every writer", file=sys.stderr)
         return 2
@@ -194,8 +194,8 @@ def _run_subserver(args, program, opts) -> int:
 def _run_http(args, program, opts, limits) -> int:
     import uvicorn
 
-    from tokenrouter.runtime.frontend import close_runtime, open_runtime
-    from tokenrouter.runtime.http import build_app
+    from tokenrouter.runtime.frontend.frontend import close_runtime, open_runtime
+    from tokenrouter.runtime.http.app import build_app
     from tokenrouter.runtime.loader import LoadError
     from tokenrouter.runtime.offline import tokenizer_for
 

@@ -1,7 +1,7 @@
 """Names the language knows without a declaration: built-in models and feature functions.
 
 `BUILTIN_MODELS` is the one list of built-in model names the checker accepts (the loader in
-`tokenrouter.runtime.loader.registry` knows how to make each); any other model path must
+`tokenrouter.runtime.loader.builtin.registry` knows how to make each); any other model path must
 look like a path.
 """
 

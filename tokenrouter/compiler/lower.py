@@ -20,7 +20,7 @@ import os
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.check import Checked, bound_model_path
 from tokenrouter.compiler.model_facts import ModelFacts, ModelFactsFn, folders_only
-from tokenrouter.compiler.weights_check import weight_diagnostics
+from tokenrouter.compiler.weights.check import weight_diagnostics
 from tokenrouter.dsl.diagnostics import Diagnostic, Note
 
 

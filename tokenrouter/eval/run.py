@@ -18,7 +18,7 @@ from tokenrouter.compiler import ir
 from tokenrouter.eval.configs import EvalError
 from tokenrouter.eval.tasks import Task
 from tokenrouter.runtime.engine.sampler import SamplingParams
-from tokenrouter.runtime.launcher import LaunchOptions
+from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.loader import resolve_folder
 from tokenrouter.runtime.offline import LLM
 

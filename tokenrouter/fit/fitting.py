@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import save_file
 
 from tokenrouter.compiler import ir
-from tokenrouter.compiler import router_nets as rn
+from tokenrouter.compiler.weights import nets as rn
 from tokenrouter.compiler.check import resolve_path
 from tokenrouter.compiler.pipeline import RouteError, load_program
 from tokenrouter.dsl import ast

@@ -33,7 +33,7 @@ from torch import nn
 from tqdm.auto import trange
 
 from tokenrouter.compiler import ir
-from tokenrouter.compiler import router_nets as rn
+from tokenrouter.compiler.weights import nets as rn
 
 
 @dataclass

@@ -26,8 +26,8 @@ from tqdm.auto import tqdm
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.pipeline import load_program
 from tokenrouter.runtime.engine.sampler import SamplingParams
-from tokenrouter.runtime.frontend import Delta, close_runtime, open_runtime
-from tokenrouter.runtime.launcher import LaunchOptions
+from tokenrouter.runtime.frontend.frontend import Delta, close_runtime, open_runtime
+from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.loader import Tokenizer, model_facts, resolve_folder
 
 

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.abi import FeatureNeeds
-from tokenrouter.compiler.compiled import default_base_dir
-from tokenrouter.compiler.interpreter import Interpreter, RequestStep
+from tokenrouter.protocol.abi import FeatureNeeds
+from tokenrouter.compiler.backend.compiled import default_base_dir
+from tokenrouter.compiler.backend.interpreter import Interpreter, RequestStep
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.engine.sampler import sample
 from tokenrouter.runtime.loader import load_model, quant_kwargs

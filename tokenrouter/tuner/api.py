@@ -14,12 +14,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from . import dtmc, simulate
-from .bounds import upper_bound
-from .profile import Profile, ProfileError
-from .runlength import PhaseType, RunLengthError, fit
-from .errors import TuneError
-from .system import InvalidSystem, System, pair_tokens_per_step
+from tokenrouter.tuner import dtmc, simulate
+from tokenrouter.tuner.bounds import upper_bound
+from tokenrouter.tuner.profile import Profile, ProfileError
+from tokenrouter.tuner.runlength import PhaseType, RunLengthError, fit
+from tokenrouter.tuner.errors import TuneError
+from tokenrouter.tuner.system import InvalidSystem, System, pair_tokens_per_step
 
 #: `auto` uses the chain up to this concurrency (seconds per B on 2 cores), the
 #: simulator above (a tenth of a second per B; the chain would take 10-20 s per B or

@@ -15,7 +15,7 @@ import math
 import numpy as np
 from scipy.optimize import linprog
 
-from .system import System
+from tokenrouter.tuner.system import System
 
 
 def step_shares(system: System) -> tuple[dict[str, float], float]:

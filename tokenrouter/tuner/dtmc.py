@@ -27,7 +27,7 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from .system import System
+from tokenrouter.tuner.system import System
 
 DEFAULT_MAX_STATES = 30_000
 

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.loader import load_model, quant_kwargs
 
-from .profile import Curve, ModelProfile, Profile, machine_info, timestamp
+from tokenrouter.tuner.profile import Curve, ModelProfile, Profile, machine_info, timestamp
 
 PROMPT = 16
 BG_CONTEXT = 256

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import TuneError
+from tokenrouter.tuner.errors import TuneError
 
 PROFILE_FORMAT = "tokenrouter-profile"
 PROFILE_VERSION = 1

@@ -11,10 +11,10 @@ from typing import Sequence
 
 from tokenrouter.compiler import ir
 
-from .api import choose_batch_thresholds
-from .errors import TuneError
-from .profile import Profile
-from .system import InvalidSystem
+from tokenrouter.tuner.api import choose_batch_thresholds
+from tokenrouter.tuner.errors import TuneError
+from tokenrouter.tuner.profile import Profile
+from tokenrouter.tuner.system import InvalidSystem
 
 log = logging.getLogger(__name__)
 

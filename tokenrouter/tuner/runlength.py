@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import TuneError
+from tokenrouter.tuner.errors import TuneError
 
 TRACES_FORMAT = "tokenrouter-runlengths"
 

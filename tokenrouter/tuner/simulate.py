@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .runlength import PhaseType
-from .system import System
+from tokenrouter.tuner.runlength import PhaseType
+from tokenrouter.tuner.system import System
 
 
 @dataclass

@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from .errors import TuneError
-from .profile import Profile
-from .runlength import PhaseType, RunLengthError
+from tokenrouter.tuner.errors import TuneError
+from tokenrouter.tuner.profile import Profile
+from tokenrouter.tuner.runlength import PhaseType, RunLengthError
 
 
 class InvalidSystem(TuneError):

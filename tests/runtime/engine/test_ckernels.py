@@ -13,7 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenrouter.runtime.engine import attention, ckernels
+from tokenrouter.runtime.engine import attention
+from tokenrouter.runtime.kernels import ckernels
 from tokenrouter.runtime.engine.attention import SHORT_Q, CacheGeometry, build_meta, paged_attention
 from tokenrouter.runtime.engine.config import ModelConfig
 from tokenrouter.runtime.engine.engine import Engine

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenrouter.compiler.abi import FeatureNeeds
+from tokenrouter.protocol.abi import FeatureNeeds
 from tokenrouter.runtime.engine.engine import BadBatch, Engine, OutOfBlocks
 
 

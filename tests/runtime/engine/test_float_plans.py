@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from tests.helpers.tiny import write_model
-from tokenrouter.runtime.engine import kernels
+from tokenrouter.runtime.kernels import plan as kernels
 from tokenrouter.runtime.engine.engine import Engine
-from tokenrouter.runtime.engine.kernels import PlannedLinear, per_rows_plan, choose
+from tokenrouter.runtime.kernels.plan import PlannedLinear, per_rows_plan, choose
 from tokenrouter.runtime.loader import load_model
 
 

@@ -16,9 +16,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenrouter.runtime.engine import ckernels
-from tokenrouter.runtime.engine.kernels import PlannedLinear, pick_kernel
-from tokenrouter.runtime.engine.quant import (Int4DotWeight, QuantError, QuantTensor, int4dp_problem,
+from tokenrouter.runtime.kernels import ckernels
+from tokenrouter.runtime.kernels.plan import PlannedLinear, pick_kernel
+from tokenrouter.runtime.kernels.quant import (Int4DotWeight, QuantError, QuantTensor, int4dp_problem,
                                               quantize_int4)
 
 HOST = ckernels.int4dp_problem()
@@ -108,7 +108,7 @@ def test_within_the_margin_the_more_exact_kernel_wins():
 def test_one_matrix_the_kernel_cannot_hold_keeps_its_whole_shape_off_it(plan):
     """A plan is per shape, but whether the C kernel takes a matrix depends on its scales:
     a shape whose matrices disagree runs a kernel all of them can (measured, or forced)."""
-    from tokenrouter.runtime.engine.kernels import choose
+    from tokenrouter.runtime.kernels.plan import choose
     good = quantize_int4(torch.randn(32, 64))
     bad = QuantTensor("q4", good.codes, good.scale * 1e6, good.zero * 1e6, 32, "int4")
     lins = [PlannedLinear(good, torch.bfloat16), PlannedLinear(bad, torch.bfloat16)]

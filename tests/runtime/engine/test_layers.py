@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenrouter.runtime.engine.kernels import PlannedLinear, fixed_plan
+from tokenrouter.runtime.kernels.plan import PlannedLinear, fixed_plan
 from tokenrouter.runtime.engine.layers import LinearWeight, Rotary, interleave, linear
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenrouter.runtime.engine import ckernels
+from tokenrouter.runtime.kernels import ckernels
 from tokenrouter.runtime.engine.engine import Engine
 
 pytestmark = pytest.mark.real_weights

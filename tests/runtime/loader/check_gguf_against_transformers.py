@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from tokenrouter.runtime.loader import load_model
-from tokenrouter.runtime.loader.registry import embedded_gguf
+from tokenrouter.runtime.loader.builtin.registry import embedded_gguf
 
 path = embedded_gguf()
 ours = load_model("smollm2-135m")

@@ -6,8 +6,8 @@ import torch
 
 from tests.helpers.checkpoints import hf_config, transformers_model
 from tokenrouter.runtime.loader import LoadError
-from tokenrouter.runtime.loader.bench_pair import SHAPES, bench_config, random_weights
-from tokenrouter.runtime.loader.derive import apply_lens, derive_small, fit_lens, subset_layers
+from tokenrouter.runtime.loader.builtin.bench_pair import SHAPES, bench_config, random_weights
+from tokenrouter.runtime.loader.builtin.derive import apply_lens, derive_small, fit_lens, subset_layers
 from tokenrouter.runtime.loader.hf import check_weights, parse_config
 
 

@@ -42,7 +42,7 @@ def test_engine_matches_transformers_on_smollm2(smollm):
 
 
 def test_builtin_small_model_is_the_chosen_layer_subset(smollm):
-    from tokenrouter.runtime.loader.derive import SMALL_RECIPE
+    from tokenrouter.runtime.loader.builtin.derive import SMALL_RECIPE
     small = load_model("smollm2-135m-small")
     keep = SMALL_RECIPE["keep_layers"]
     assert small.config.num_hidden_layers == len(keep) < smollm.config.num_hidden_layers
@@ -60,7 +60,7 @@ def test_builtin_small_model_is_the_chosen_layer_subset(smollm):
     # the lens is what makes it a model: teacher-forced on the large model's greedy answers it
     # picks the large model's token more often than the same 6 layers read by the plain head
     from tokenrouter.runtime.engine.engine import Engine
-    from tokenrouter.runtime.loader.derive import subset_layers
+    from tokenrouter.runtime.loader.builtin.derive import subset_layers
     tok = smollm.tokenizer
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]), add_special_tokens=False)
                for q in ("What is the capital of France?", "Name a fruit that is yellow.",
@@ -81,7 +81,7 @@ def test_builtin_small_model_is_the_chosen_layer_subset(smollm):
 
 
 def test_bench_small_builds_with_the_smollm2_tokenizer(smollm):
-    from tokenrouter.runtime.loader.bench_pair import SHAPES
+    from tokenrouter.runtime.loader.builtin.bench_pair import SHAPES
     m = load_model("bench-small")
     assert m.config.architecture == "qwen3" and m.config.hidden_size == SHAPES["small"]["hidden_size"]
     assert m.tokenizer.fingerprint == smollm.tokenizer.fingerprint

@@ -30,7 +30,7 @@ def smollm():
     import gguf
     from tokenrouter.runtime.loader.gguf_loader import read_metadata
     from tokenrouter.runtime.loader.gguf_tokenizer import tokenizer_from_gguf
-    from tokenrouter.runtime.loader.registry import embedded_gguf
+    from tokenrouter.runtime.loader.builtin.registry import embedded_gguf
     meta = read_metadata(gguf.GGUFReader(embedded_gguf()))
     return tokenizer_from_gguf(meta), meta
 
@@ -49,7 +49,7 @@ def test_matches_reference_encoder(smollm, text):
 @pytest.mark.real_weights
 def test_matches_transformers_on_digit_free_text(smollm, tmp_path):
     from transformers import AutoTokenizer
-    from tokenrouter.runtime.loader.registry import embedded_gguf
+    from tokenrouter.runtime.loader.builtin.registry import embedded_gguf
     tok, _ = smollm
     path = embedded_gguf()
     ref = AutoTokenizer.from_pretrained(path.rsplit("/", 1)[0], gguf_file=path.rsplit("/", 1)[1])

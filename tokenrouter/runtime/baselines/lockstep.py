@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.abi import RouteState
+from tokenrouter.protocol.abi import RouteState
 from tokenrouter.runtime.metrics import PHASES
-from tokenrouter.runtime.request import Request
-from tokenrouter.runtime.step import LOOP_ERROR, StepRunner
+from tokenrouter.runtime.subserver.request import Request
+from tokenrouter.runtime.subserver.step import LOOP_ERROR, StepRunner
 
 
 @dataclass
@@ -36,7 +36,7 @@ class Lockstep:
                  max_model_len: int | None = None):
         import torch
 
-        from tokenrouter.compiler.compiled import load_routers
+        from tokenrouter.compiler.backend.compiled import load_routers
         from tokenrouter.runtime.engine.engine import Engine
         from tokenrouter.runtime.loader import load_model, quant_kwargs
 

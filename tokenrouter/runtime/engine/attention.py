@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import ckernels
-from .kernels import host_key, write_json
+from tokenrouter.runtime.kernels import ckernels
+from tokenrouter.runtime.kernels.plan import host_key, write_json
 
 SHORT_Q = 16
 
@@ -291,7 +291,7 @@ def prefer_native(kv_cache, geo, heads: int, layers: int, cache_path: str | None
 
 def choice_path(geo, heads: int, head_dim: int, layers: int) -> str:
     """Where the choice for (host, threads, cache geometry) is cached."""
-    from ..loader.cache import cache_root
+    from tokenrouter.runtime.cache import cache_root
     key = json.dumps({"host": host_key(), "geometry": [geo.block_size, geo.kv_heads, geo.q_per_kv, heads, head_dim,
                                                       layers], "source": ckernels.source_hash()}, sort_keys=True)
     return os.path.join(cache_root(), "attention-choice", hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import AttnGroup, AttnMeta, CacheGeometry, build_group
+from tokenrouter.runtime.engine.attention import AttnGroup, AttnMeta, CacheGeometry, build_group
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 MAX_Q = 4

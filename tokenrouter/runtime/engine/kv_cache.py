@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import ModelConfig
+from tokenrouter.runtime.engine.config import ModelConfig
 
 DEFAULT_BUDGET_BYTES = 1 << 30  # 1 GiB of K+V unless num_blocks is given
 

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import AttnMeta, paged_attention
-from .config import ModelConfig
-from .kv_cache import KVCache
-from .layers import LinearWeight, Rotary, interleave, linear, rms_norm, silu_mul
-from .kernels import INT_KERNELS, PlannedLinear
-from .quant import (QUANTS, QuantError, QuantTensor, int4_shape_problem, quantize_int4, quantize_int8,
+from tokenrouter.runtime.engine.attention import AttnMeta, paged_attention
+from tokenrouter.runtime.engine.config import ModelConfig
+from tokenrouter.runtime.engine.kv_cache import KVCache
+from tokenrouter.runtime.engine.layers import LinearWeight, Rotary, interleave, linear, rms_norm, silu_mul
+from tokenrouter.runtime.kernels.plan import INT_KERNELS, PlannedLinear
+from tokenrouter.runtime.kernels.quant import (QUANTS, QuantError, QuantTensor, int4_shape_problem, quantize_int4, quantize_int8,
                     quantize_q8_0)
 
 
@@ -200,7 +200,7 @@ class Model:
         floats = sorted({lin.key for lin in self.decoder_linears() for _, k in lin.plan if k not in INT_KERNELS})
         if floats:
             return f"matrices {', '.join(floats)} run a float kernel on this host"
-        from . import ckernels
+        from tokenrouter.runtime.kernels import ckernels
         return ckernels.available()
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -282,7 +282,7 @@ class Model:
         kernels compute in). The residual stream stays float32, updated in place; the results
         differ from torch's ops by float rounding only (other reduction order in the norms,
         another exp in SwiGLU), row by row, so batch invariance holds."""
-        from . import ckernels as ck
+        from tokenrouter.runtime.kernels import ckernels as ck
         eps = self.config.rms_norm_eps
         if not h.is_contiguous():
             h = h.contiguous()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .params import DEFAULT_MAX_TOKENS, SamplingParams
+from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS, SamplingParams
 
 __all__ = ["DEFAULT_MAX_TOKENS", "SamplingParams", "filtered_probs", "sample"]
 

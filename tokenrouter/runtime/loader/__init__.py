@@ -32,13 +32,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cache import file_key
-from .errors import (LoadError, MissingFile, ShapeMismatch, UnsupportedArchitecture,
+from tokenrouter.runtime.cache import file_key
+from tokenrouter.runtime.loader.errors import (LoadError, MissingFile, ShapeMismatch, UnsupportedArchitecture,
                      UnsupportedQuantization)
-from .facts import model_facts
-from .registry import BUILTIN_MODELS, BuiltinModel
-from .resolve import native_gguf, resolve_folder
-from .tokenizer import Tokenizer
+from tokenrouter.runtime.loader.facts import model_facts
+from tokenrouter.runtime.loader.builtin.registry import BUILTIN_MODELS, BuiltinModel
+from tokenrouter.runtime.loader.resolve import native_gguf, resolve_folder
+from tokenrouter.runtime.loader.tokenizer import Tokenizer
 
 __all__ = ["load_model", "quant_kwargs", "resolve_folder", "model_facts", "LoadedModel", "Tokenizer", "BUILTIN_MODELS", "BuiltinModel",
            "LoadError", "MissingFile", "ShapeMismatch", "UnsupportedArchitecture", "UnsupportedQuantization"]
@@ -66,7 +66,7 @@ class LoadedModel:
         quant = quant or self.quant
         import torch
 
-        from ..engine.kernels import plan_path
+        from tokenrouter.runtime.kernels.plan import plan_path
         act = torch.float32 if quant == "none" else torch.bfloat16
         return {"quant": quant, "plan_cache": plan_path(self.model_id(), quant, act, threads)}
 
@@ -75,12 +75,12 @@ def load_model(path_or_name: str, dtype=None, quant: str = "none") -> LoadedMode
     """Load a model; see the module docstring."""
     import torch
 
-    from ..engine.quant import QUANTS
-    from .hf import check_weights, parse_config, read_folder
+    from tokenrouter.runtime.kernels.quant import QUANTS
+    from tokenrouter.runtime.loader.hf import check_weights, parse_config, read_folder
     if quant not in QUANTS:
         raise LoadError(f"quant must be one of {', '.join(QUANTS)}, not {quant!r}")
     if quant == "native":
-        from .gguf_loader import read_gguf
+        from tokenrouter.runtime.loader.gguf_loader import read_gguf
         path = native_gguf(path_or_name)
         raw, weights, tokenizer = read_gguf(path, native=True)
         config = parse_config(raw, path)

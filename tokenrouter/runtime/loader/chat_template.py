@@ -11,7 +11,7 @@ from typing import Any
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import LoadError
+from tokenrouter.runtime.loader.errors import LoadError
 
 
 class _TemplateRaised(Exception):

@@ -13,9 +13,9 @@ import os
 
 from tokenrouter.compiler.model_facts import ModelFacts
 
-from .registry import BUILTIN_MODELS
-from .resolve import resolve_folder
-from .tokenizer import Tokenizer
+from tokenrouter.runtime.loader.builtin.registry import BUILTIN_MODELS
+from tokenrouter.runtime.loader.resolve import resolve_folder
+from tokenrouter.runtime.loader.tokenizer import Tokenizer
 
 
 def model_facts(path: str, full: bool) -> ModelFacts | None:

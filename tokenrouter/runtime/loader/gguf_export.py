@@ -25,11 +25,11 @@ import gguf
 import numpy as np
 import torch
 
-from . import LoadedModel, load_model, resolve_folder
-from .cache import cache_root
-from .errors import LoadError, UnsupportedArchitecture
-from .gguf_loader import permute_rows
-from .gguf_tokenizer import SPLIT_REGEX
+from tokenrouter.runtime.loader import LoadedModel, load_model, resolve_folder
+from tokenrouter.runtime.cache import cache_root
+from tokenrouter.runtime.loader.errors import LoadError, UnsupportedArchitecture
+from tokenrouter.runtime.loader.gguf_loader import permute_rows
+from tokenrouter.runtime.loader.gguf_tokenizer import SPLIT_REGEX
 
 # Hugging Face name -> llama.cpp name, the inverse of gguf_loader's maps.
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",

@@ -22,9 +22,9 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from ..engine.quant import QuantTensor
-from .errors import LoadError, MissingFile, UnsupportedArchitecture, UnsupportedQuantization
-from .gguf_tokenizer import tokenizer_from_gguf
+from tokenrouter.runtime.kernels.quant import QuantTensor
+from tokenrouter.runtime.loader.errors import LoadError, MissingFile, UnsupportedArchitecture, UnsupportedQuantization
+from tokenrouter.runtime.loader.gguf_tokenizer import tokenizer_from_gguf
 
 _HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 

@@ -14,8 +14,8 @@ from typing import Any
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from .errors import UnsupportedArchitecture
-from .tokenizer import Tokenizer
+from tokenrouter.runtime.loader.errors import UnsupportedArchitecture
+from tokenrouter.runtime.loader.tokenizer import Tokenizer
 
 # llama.cpp pre-tokenizer names -> how the text is split before byte-level BPE.
 _DIGITS_THEN_GPT2 = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"}

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..engine.config import ModelConfig, UnsupportedModel
-from .errors import LoadError, MissingFile, ShapeMismatch, UnsupportedArchitecture
-from .tokenizer import Tokenizer
+from tokenrouter.runtime.engine.config import ModelConfig, UnsupportedModel
+from tokenrouter.runtime.loader.errors import LoadError, MissingFile, ShapeMismatch, UnsupportedArchitecture
+from tokenrouter.runtime.loader.tokenizer import Tokenizer
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 
-from . import cache
-from .errors import LoadError, MissingFile
-from .registry import BUILTIN_MODELS, gguf_entry
+from tokenrouter.runtime import cache
+from tokenrouter.runtime.loader.errors import LoadError, MissingFile
+from tokenrouter.runtime.loader.builtin.registry import BUILTIN_MODELS, gguf_entry
 
 
 def resolve_folder(path_or_name: str) -> tuple[str, str]:

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Sequence
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from .errors import LoadError, MissingFile
+from tokenrouter.runtime.loader.errors import LoadError, MissingFile
 
 
 def _token_text(value: Any) -> str | None:
@@ -128,7 +128,7 @@ class Tokenizer:
         """Render the model's chat template (Jinja2, sandboxed as transformers does)."""
         if not self.chat_template:
             raise LoadError("this model has no chat template; run without --chat")
-        from .chat_template import render
+        from tokenrouter.runtime.loader.chat_template import render
         return render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
                       bos_token=self._text(self.bos_token_id) or "",
                       eos_token=self._text(self.eos_token_ids[0]) if self.eos_token_ids else "",

@@ -1,0 +1,99 @@
+"""Router and head weights files against their declarations, for `tokenrouter check`.
+
+Only headers are read (safetensors metadata and tensor shapes), so a check stays fast.
+A file that does not fit its declaration (architecture, input layout, shapes) is an error
+E310 at the declaration; a file fitted for other models than the program declares (the
+fingerprints `tokenrouter fit` records) is a warning W004. A weights file that does not
+exist yet is not reported here: `fit` writes it, and the loader refuses to serve without it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Iterable
+
+from tokenrouter.compiler import ir
+from tokenrouter.compiler.weights import files as rn
+from tokenrouter.dsl.diagnostics import Diagnostic
+
+
+def _heads(transitions: Iterable[ir.Transition]) -> list[ir.HeadLogit]:
+    out, seen = [], set()
+
+    def walk(e):
+        if isinstance(e, ir.HeadLogit) and (e.model, e.file) not in seen:
+            seen.add((e.model, e.file))
+            out.append(e)
+        for name in ("left", "right"):
+            if hasattr(e, name):
+                walk(getattr(e, name))
+        for a in getattr(e, "args", ()) or ():
+            walk(a)
+
+    for t in transitions:
+        walk(t.when)
+    return out
+
+
+def weight_diagnostics(routers: Iterable[ir.RouterNet], transitions: Iterable[ir.Transition],
+                       models: list[ir.Model], folder_of: Callable[[ir.Model], str | None],
+                       hidden_size_of: Callable[[ir.Model], int | None]) -> list[Diagnostic]:
+    by_name = {m.name: m for m in models}
+    large = [m for m in models if m.role == "large"]
+    diags: list[Diagnostic] = []
+    prints: dict[str, str | None] = {}
+
+    def fingerprint(model: ir.Model) -> str | None:
+        if model.name not in prints:
+            folder = folder_of(model)
+            prints[model.name] = rn.folder_fingerprint(folder) if folder else None
+        return prints[model.name]
+
+    def check_prints(what: str, reads: str, path: str, meta: dict, span) -> None:
+        fps = rn.fingerprints(meta)
+        pairs = [("reads", by_name.get(reads))]
+        if len(large) == 1 and large[0].name != reads:
+            pairs.append(("large", large[0]))
+        for role, model in pairs:
+            want = (fps.get(role) or {}).get("fingerprint")
+            if not want or model is None:
+                continue
+            have = fingerprint(model)
+            if have is not None and have != want:
+                fitted = (fps.get(role) or {}).get("name", "?")
+                diags.append(Diagnostic(
+                    "W004", f"{what} was fitted with {'the model it reads' if role == 'reads' else 'the large model'} "
+                    f"'{fitted}' (fingerprint {want}), but '{model.name}' ({model.path}) has fingerprint {have}", span,
+                    hint=f"refit it for these models: tokenrouter fit FILE.route --router NAME --out {path}"))
+
+    for r in routers:
+        if not os.path.isfile(r.file):
+            continue
+        what = f"router '{r.name}'"
+        try:
+            meta, shapes = rn.read_header(r.file)
+        except rn.RouterWeightsError as exc:
+            diags.append(Diagnostic("E310", f"{what}: {exc}", r.span))
+            continue
+        problems = rn.file_problems(r, meta, shapes)
+        if problems:
+            diags.append(Diagnostic("E310", f"{what}: {os.path.basename(r.file)}: {problems[0]}", r.span,
+                                    hint=f"the file's tensors must follow arch = {r.arch} (compiler/router_nets.py)"))
+            continue
+        check_prints(what, r.model, r.file, meta, r.span)
+    for h in _heads(transitions):
+        if not os.path.isfile(h.file):
+            continue
+        what = f"head row {os.path.basename(h.file)}"
+        try:
+            meta, shapes = rn.read_header(h.file)
+        except rn.RouterWeightsError as exc:
+            diags.append(Diagnostic("E310", f"{what}: {exc}", h.span))
+            continue
+        model = by_name.get(h.model)
+        problems = rn.head_problems(meta, shapes, hidden_size_of(model) if model else None)
+        if problems:
+            diags.append(Diagnostic("E310", f"{what}: {problems[0]}", h.span))
+            continue
+        check_prints(what, h.model, h.file, meta, h.span)
+    return diags

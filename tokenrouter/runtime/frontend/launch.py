@@ -1,0 +1,216 @@
+"""Start one subserver per writer (processes by default, threads for tests) and stop them.
+
+What each subserver gets comes from the program's serving schedule:
+
+* batch threshold B_i: the number given, or for `auto` (and for a writer the schedule does
+  not mention) the one chosen above the runtime and handed in as a number
+  (`LaunchOptions.tuned_batch`: `tokenrouter serve --profile` and the bench ask the tuner,
+  `tuner.program.auto_thresholds`), else B = 1 for the start writer and
+  min(4, concurrency // 2 or 1) for the others;
+* max wait: the schedule's, else 20 ms;
+* CPU threads: the schedule's, else the machine's cores divided among the local
+  subservers (each subserver process calls torch.set_num_threads; shown in /metrics).
+
+Processes use the `spawn` start method (a forked torch is not safe), are daemons (they
+end with a normal exit of the parent), and also watch their parent, so a killed frontend
+leaves no orphans. `stop` asks nicely (the frontend's shutdown message), then terminates,
+then kills.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenrouter.compiler import ir
+from tokenrouter.runtime.subserver.setup import SubserverSpec
+from tokenrouter.runtime.transport.sockets import cleanup_ipc, make_addresses
+from tokenrouter.runtime.transport.wire import FRONTEND
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_WAIT_MS = 20.0
+
+
+@dataclass
+class LaunchOptions:
+    mode: str = "process"  # "process" | "thread"
+    concurrency: int = 8  # expected concurrent requests, for `auto` thresholds
+    batch: dict[str, int] = field(default_factory=dict)  # overrides the schedule
+    max_wait_ms: dict[str, float] = field(default_factory=dict)
+    threads: dict[str, int] = field(default_factory=dict)
+    addresses: dict[str, str] | None = None  # explicit endpoints (tcp across hosts)
+    remote: tuple[str, ...] = ()  # writers running elsewhere (not started here)
+    block_size: int = 16
+    num_blocks: int | None = None
+    max_model_len: int | None = None
+    retention: str = "pending"  # KV of a departed request: "pending" | "rematch" (policies.py)
+    transport: str = "peer"  # handoffs: "peer" | "relay" through the frontend (policies.py)
+    tuned_batch: dict[str, int] = field(default_factory=dict)  # B_i for `auto` writers, chosen by the caller
+    base_dir: str | None = None
+    test_hooks: bool = False  # subservers accept test-only messages (tests only)
+    curve_keys: str | None = None  # CURVE key folder (`tokenrouter keygen`) for tcp
+    insecure_tcp: bool = False  # allow plain tcp on non-loopback addresses
+
+
+def served_writers(program: ir.Program) -> list[str]:
+    """Writers a request can reach from the start writer; each gets a subserver (a model
+    used only inside an ensemble runs in the ensemble's subserver)."""
+    seen, todo = [], [program.start]
+    while todo:
+        w = todo.pop()
+        if w in seen:
+            continue
+        seen.append(w)
+        todo += [t.dest for t in program.transitions_from(w)]
+        b = program.bound(w)
+        if b.then:
+            todo.append(b.then)
+    return [w for w in program.writers() if w in seen]
+
+
+def batch_thresholds(program: ir.Program, writers: list[str], concurrency: int,
+                     overrides: dict[str, int] | None = None, tuned: dict[str, int] | None = None) -> dict[str, int]:
+    """B_i per writer: `overrides` (`--batch`), else the schedule's number, else for `auto`
+    the caller's `tuned` value, else the default (module docstring)."""
+    given = dict(program.schedule.batch)
+    out: dict[str, int] = {}
+    for w in writers:
+        if overrides and w in overrides:
+            out[w] = int(overrides[w])
+        elif given.get(w, "auto") != "auto":
+            out[w] = int(given[w])
+        elif tuned and w in tuned:
+            out[w] = int(tuned[w])
+        elif w == program.start:
+            out[w] = 1
+        else:
+            out[w] = min(4, max(1, concurrency // 2))
+    return out
+
+
+def plan(program: ir.Program, opts: LaunchOptions) -> dict[str, SubserverSpec]:
+    writers = served_writers(program)
+    if opts.addresses is not None:
+        missing = [n for n in [FRONTEND, *writers] if n not in opts.addresses]
+        if missing:
+            raise ValueError(f"no address given for {', '.join(missing)}")
+        addresses = {n: opts.addresses[n] for n in [FRONTEND, *writers]}
+    else:
+        addresses = make_addresses([FRONTEND, *writers], "inproc" if opts.mode == "thread" else "ipc")
+    thresholds = batch_thresholds(program, writers, opts.concurrency, opts.batch, opts.tuned_batch)
+    waits = dict(program.schedule.max_wait_ms)
+    threads = dict(program.schedule.threads)
+    placement = dict(program.schedule.placement)
+    local = [w for w in writers if w not in opts.remote]
+    cores = os.cpu_count() or 1
+    specs = {}
+    for w in writers:
+        device = placement.get(w, "cpu")
+        if ":" in device and not device.startswith(("cuda", "mps", "xpu")):
+            device = "cpu"  # host:port placement: the address says where it runs
+        specs[w] = SubserverSpec(
+            program_json=program.to_json(indent=None), writer=w, addresses=addresses,
+            base_dir=opts.base_dir, batch_threshold=thresholds[w],
+            max_wait_ms=float(opts.max_wait_ms.get(w, waits.get(w, DEFAULT_MAX_WAIT_MS))),
+            threads=int(opts.threads.get(w, threads.get(w, 0)) or max(1, cores // max(1, len(local)))),
+            device=device, block_size=opts.block_size, num_blocks=opts.num_blocks,
+            max_model_len=opts.max_model_len, retention=opts.retention, transport=opts.transport,
+            set_threads=opts.mode != "thread", test_hooks=opts.test_hooks,
+            curve_keys=opts.curve_keys, insecure_tcp=opts.insecure_tcp)
+    return specs
+
+
+class Launcher:
+    """Owns the subservers started on this host."""
+
+    def __init__(self, program: ir.Program, opts: LaunchOptions | None = None):
+        from tokenrouter.runtime.transport.sockets import Security
+        self.program = program
+        self.opts = opts or LaunchOptions()
+        self.security = Security.load(self.opts.curve_keys, self.opts.insecure_tcp)
+        self.specs = plan(program, self.opts)
+        self.addresses = next(iter(self.specs.values())).addresses
+        self.ctx = None
+        self._procs: dict[str, Any] = {}
+        self._threads: dict[str, threading.Thread] = {}
+
+    @property
+    def local(self) -> list[str]:
+        return [w for w in self.specs if w not in self.opts.remote]
+
+    def start(self) -> "Launcher":
+        if self.opts.mode == "thread":
+            import zmq
+
+            from tokenrouter.runtime.subserver.subserver import run_thread
+            self.ctx = zmq.Context()
+            for w in self.local:
+                t = threading.Thread(target=run_thread, args=(self.specs[w], self.ctx),
+                                     name=f"subserver-{w}", daemon=True)
+                t.start()
+                self._threads[w] = t
+        elif self.opts.mode == "process":
+            for w in self.local:
+                self._spawn(w)
+        else:
+            raise ValueError(f"launch mode {self.opts.mode!r} is not 'process' or 'thread'")
+        return self
+
+    def _spawn(self, w: str) -> None:
+        from tokenrouter.runtime.subserver.subserver import run_process
+        mp = multiprocessing.get_context("spawn")
+        p = mp.Process(target=run_process, args=(self.specs[w].to_dict(),), name=f"tokenrouter-{w}", daemon=True)
+        p.start()
+        self._procs[w] = p
+
+    def restart(self, w: str) -> None:
+        """Replace writer `w`'s process (kill what is left of the old one first). The new
+        one binds the same address and reports `ready` to the frontend like the first."""
+        old = self._procs.get(w)
+        if old is not None:
+            if old.is_alive():
+                old.kill()
+            old.join(5)
+        log.warning("starting a new subserver process for %s", w)
+        self._spawn(w)
+
+    def exitcodes(self) -> dict[str, int | None]:
+        return {w: p.exitcode for w, p in self._procs.items()}
+
+    def alive(self) -> dict[str, bool]:
+        if self._procs:
+            return {w: p.is_alive() for w, p in self._procs.items()}
+        return {w: t.is_alive() for w, t in self._threads.items()}
+
+    def pids(self) -> dict[str, int]:
+        return {w: p.pid for w, p in self._procs.items()}
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Wait for the subservers to end (after the frontend sent shutdown), forcing them
+        when they do not."""
+        deadline = time.monotonic() + timeout
+        for w, p in self._procs.items():
+            p.join(max(0.1, deadline - time.monotonic()))
+            if p.is_alive():
+                log.warning("subserver %s did not stop; terminating it", w)
+                p.terminate()
+                p.join(3)
+            if p.is_alive():
+                p.kill()
+                p.join(3)
+        for t in self._threads.values():
+            t.join(max(0.1, deadline - time.monotonic()))
+        if self.opts.addresses is None:
+            cleanup_ipc(self.addresses)
+        if self.ctx is not None and not any(t.is_alive() for t in self._threads.values()):
+            from tokenrouter.runtime.transport.sockets import stop_authenticator
+            stop_authenticator(self.ctx)
+            self.ctx.term()
+            self.ctx = None
+

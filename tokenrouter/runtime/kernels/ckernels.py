@@ -1,0 +1,340 @@
+"""C kernels compiled on the host that runs them, called through ctypes.
+
+torch's CPU kernels leave a decode step's attention to several generic ops per layer (a
+gather of the request's whole blocks, two batched products around a softmax, a permute),
+and each costs its dispatch and a pass over the context. `csrc/paged_attention.c` does a
+decode or short-extend token's attention in one pass that reads K/V where they lie in the
+paged cache (`benchmarks/README.md`, "Engine", has the figures). `csrc/decode_ops.c` does
+the element-wise stretches between a quantised layer's matrix products (residual add, RMSNorm,
+casts, RoPE, the K/V write, SwiGLU) in one pass each, where torch runs about 25 ops a layer.
+`csrc/int4_matmul.c` multiplies by 4-bit weights on AVX-512 bfloat16 dot products, unpacking
+each block of codes once for up to 8 rows (a kernel candidate, `kernels.py`).
+
+It is plain C, no torch headers: built at first use with the host's C compiler
+(`cc -O3 -march=native -ffp-contract=fast -fopenmp`, `$CC` to choose another; without
+OpenMP where the compiler lacks it) into the model cache (`ckernels/`),
+keyed by the source, the compiler and the CPU, so a build is never carried to a host it
+was not made for; built in about a second. Where no compiler works, `load` says why and
+the engine keeps torch's path (`attention="auto"`), or refuses (`attention="native"`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+SOURCES = tuple(os.path.join(_CSRC, n) for n in ("paged_attention.c", "decode_ops.c", "int4_matmul.c"))
+HEADERS = tuple(os.path.join(_CSRC, n) for n in ("vexp.h",))
+LIB_PREFIX = "tokenrouter-kernels-"
+FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c11", "-shared", "-fPIC")
+OPENMP = ("-fopenmp",)
+
+
+class NativeKernelError(RuntimeError):
+    """The C kernels could not be built or loaded on this host."""
+
+
+def _compiler() -> str:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        raise NativeKernelError("no C compiler found (install gcc, or set CC)")
+    return cc
+
+
+def _build(cc: str) -> str:
+    """The library's path, built if missing: with OpenMP where the compiler has it (loaded
+    after torch, it shares torch's libgomp, the same soname, so one thread pool serves both),
+    else one thread."""
+    try:
+        return _build_with(cc, OPENMP)
+    except NativeKernelError as first:
+        try:
+            return _build_with(cc, ())
+        except NativeKernelError:
+            raise first from None
+
+
+def _build_with(cc: str, extra: tuple[str, ...]) -> str:
+    from tokenrouter.runtime.host import cpu_flags, cpu_model
+    from tokenrouter.runtime.cache import cache_root
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise NativeKernelError(f"C compiler {cc!r} does not run: {e}") from e
+    src = b"".join(_read(p) for p in (*SOURCES, *HEADERS))
+    flags = (*FLAGS, *extra)
+    key = hashlib.sha256(b"\0".join([src, cc.encode(), version.encode(), " ".join(flags).encode(),
+                                     cpu_model().encode(), cpu_flags().encode()])).hexdigest()[:20]
+    out_dir = os.path.join(cache_root(), "ckernels")
+    lib = os.path.join(out_dir, f"{LIB_PREFIX}{key}.so")
+    if os.path.isfile(lib):
+        return lib
+    os.makedirs(out_dir, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        r = subprocess.run([cc, *flags, *SOURCES, "-o", tmp, "-lm"], capture_output=True, text=True, timeout=300)
+        if r.returncode:
+            raise NativeKernelError(f"{cc} failed to build the C kernels: {r.stderr.strip()[-2000:]}")
+        os.replace(tmp, lib)  # atomic: concurrent subservers never load half a library
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    for old in os.listdir(out_dir):  # builds of older sources or other flags (a loaded one stays mapped)
+        if old.endswith(".so") and old != os.path.basename(lib):
+            try:
+                os.unlink(os.path.join(out_dir, old))
+            except OSError:
+                pass
+    return lib
+
+
+_lib = None
+_error: str | None = None
+
+
+def load():
+    """The loaded library (built first if needed); raises NativeKernelError, once per process
+    with the same message afterwards."""
+    global _lib, _error
+    if _lib is not None:
+        return _lib
+    if _error is not None:
+        raise NativeKernelError(_error)
+    try:
+        lib = ctypes.CDLL(_build(_compiler()))
+    except (NativeKernelError, OSError) as e:
+        _error = str(e)
+        raise NativeKernelError(_error) from e
+    i64 = ctypes.c_int64
+    fn = lib.tr_paged_attention_f32
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, i64, ctypes.c_void_p, i64, i64, i64, i64, i64, ctypes.c_void_p, i64,
+                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, i64, ctypes.c_float, ctypes.c_void_p, i64, i64]
+    p, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    for name, args in (("tr_add_rmsnorm", [p, i64, p, i32, i64, p, f32, p, i32, i64, i64, i64, i64]),
+                       ("tr_silu_mul", [p, i32, i64, p, i32, i64, i64, i64, i64]),
+                       ("tr_rope_write", [p, i32, i64, i64, i64, i64, i64, p, p, p, f32, p, i64, p, p, i64, i64])):
+        getattr(lib, name).restype = None
+        getattr(lib, name).argtypes = args
+    lib.tr_int4dp_supported.restype = ctypes.c_int
+    lib.tr_int4dp_supported.argtypes = []
+    lib.tr_int4dp_mm.restype = ctypes.c_int
+    lib.tr_int4dp_mm.argtypes = [p, i32, i64, i64, i64, p, p, i64, p, i64, i32, i32]
+    lib.tr_int4amx_supported.restype = ctypes.c_int
+    lib.tr_int4amx_supported.argtypes = []
+    _lib = lib
+    return lib
+
+
+def available() -> str | None:
+    """None if the kernels load here, else why not."""
+    try:
+        load()
+        return None
+    except NativeKernelError as e:
+        return str(e)
+
+
+def paged_attention(q: torch.Tensor, kv_layer: torch.Tensor, tables: torch.Tensor, rows: torch.Tensor,
+                    reqs: torch.Tensor, lens: torch.Tensor, scale: float, out: torch.Tensor,
+                    check: bool = True) -> None:
+    """Attention of the tokens `rows` (indices into q's and out's first dim) over their
+    requests' first `lens` keys, written into `out` [T, heads * head_dim].
+
+    q [T, heads, head_dim] float32 (rows may be strided, each row's heads contiguous);
+    kv_layer [2 * kv_heads, num_blocks, block_size, head_dim] contiguous float32; tables
+    [b, nb] int64 block tables; rows, reqs (index into tables), lens: [n] int64. The
+    indices are the caller's to keep in range (`attention.build_meta` checks them once per
+    step): the kernel reads where they point. `check=False` skips the dtype and layout checks
+    for a caller that made them on an earlier layer of the same forward (the shapes repeat)."""
+    lib = load()
+    kvh2, num_blocks, block_size, hd = kv_layer.shape
+    nh, kvh = q.shape[1], kvh2 // 2
+    n = rows.numel()
+    if check:
+        _check_attention(q, kv_layer, tables, rows, reqs, lens, out)
+    rc = lib.tr_paged_attention_f32(q.data_ptr(), q.stride(0), kv_layer.data_ptr(), num_blocks, block_size,
+                                    kvh, nh // kvh, hd, tables.data_ptr(), tables.stride(0), rows.data_ptr(),
+                                    reqs.data_ptr(), lens.data_ptr(), n, float(scale), out.data_ptr(),
+                                    out.stride(0), torch.get_num_threads())
+    if rc:
+        raise MemoryError("the C attention kernel could not allocate its scores")
+
+
+def _check_attention(q, kv_layer, tables, rows, reqs, lens, out) -> None:
+    kvh2, _, _, hd = kv_layer.shape
+    t, nh, qhd = q.shape
+    if q.dtype != torch.float32 or kv_layer.dtype != torch.float32 or out.dtype != torch.float32:
+        raise TypeError("the C attention kernel takes float32 q, cache and output")
+    if q.device.type != "cpu" or kv_layer.device.type != "cpu":
+        raise TypeError("the C attention kernel runs on CPU tensors")
+    if qhd != hd or q.stride(2) != 1 or q.stride(1) != hd or not kv_layer.is_contiguous():
+        raise ValueError("q rows must hold [heads, head_dim] contiguously and the cache layer must be contiguous")
+    if out.shape != (t, nh * hd) or out.stride(1) != 1:
+        raise ValueError(f"out must be [{t}, {nh * hd}] with contiguous rows")
+    if nh % (kvh2 // 2):
+        raise ValueError(f"{nh} query heads do not divide into {kvh2 // 2} KV heads")
+    for name, a in (("tables", tables), ("rows", rows), ("reqs", reqs), ("lens", lens)):
+        if a.dtype != torch.int64 or not a.is_contiguous():
+            raise TypeError(f"{name} must be contiguous int64")
+    if not (reqs.numel() == lens.numel() == rows.numel()):
+        raise ValueError("rows, reqs and lens must have one entry per token")
+
+
+# ------------------------------------------------------------------ decode_ops.c
+# The engine calls these 90-120 times a SmolLM2 step. Each checks what would make the C code
+# read or write out of bounds (dtypes, shapes, row strides), which costs more than the call
+# itself at batch 1 (about 6 of 8 us); `check=False` skips that for a caller that has checked
+# the same shapes already (the fused forward checks its first layer; the others are alike).
+
+_BF16, _F32 = torch.bfloat16, torch.float32
+
+
+def _rows_ok(t: torch.Tensor, rows: int, cols: int, dtype: torch.dtype, name: str) -> None:
+    if t.dtype != dtype or t.dim() != 2 or t.shape[0] != rows or t.shape[1] < cols or t.stride(1) != 1 \
+            or t.device.type != "cpu":
+        raise ValueError(f"{name} must be a CPU {dtype} [{rows}, >= {cols}] tensor with contiguous rows, "
+                         f"not {t.dtype} {tuple(t.shape)} strides {t.stride()}")
+
+
+def _act(t: torch.Tensor) -> torch.dtype:
+    return t.dtype if t.dtype in (_BF16, _F32) else _F32  # anything else fails the check
+
+
+def add_rmsnorm(h: torch.Tensor, y: torch.Tensor | None, w: torch.Tensor | None, eps: float,
+                out: torch.Tensor | None, check: bool = True) -> None:
+    """h += y (in place; y bf16 or float32, or None), then out = rmsnorm(h) * w when out is
+    given. h [T, H] float32, w [H] float32, out [T, H] bf16 or float32."""
+    lib = load()
+    t, n = h.shape
+    if check:
+        _rows_ok(h, t, n, _F32, "h")
+        if y is not None:
+            _rows_ok(y, t, n, _act(y), "y")
+        if out is not None:
+            _rows_ok(out, t, n, _act(out), "out")
+            if w is None or w.dtype != _F32 or w.shape != (n,) or not w.is_contiguous():
+                raise ValueError(f"w must be a contiguous float32 [{n}] tensor")
+    lib.tr_add_rmsnorm(h.data_ptr(), h.stride(0), None if y is None else y.data_ptr(),
+                       int(y is not None and y.dtype == _BF16), 0 if y is None else y.stride(0),
+                       None if out is None else w.data_ptr(), float(eps), None if out is None else out.data_ptr(),
+                       int(out is not None and out.dtype == _BF16), 0 if out is None else out.stride(0),
+                       t, n, torch.get_num_threads())
+
+
+def silu_mul(gate_up: torch.Tensor, out: torch.Tensor, check: bool = True) -> None:
+    """out = silu(gate) * up for gate_up [T, 2 I] (gate | up), out [T, I]; each bf16 or float32."""
+    lib = load()
+    t, i = out.shape
+    if check:
+        _rows_ok(gate_up, t, 2 * i, _act(gate_up), "gate_up")
+        _rows_ok(out, t, i, _act(out), "out")
+    lib.tr_silu_mul(gate_up.data_ptr(), int(gate_up.dtype == _BF16), gate_up.stride(0), out.data_ptr(),
+                    int(out.dtype == _BF16), out.stride(0), t, i, torch.get_num_threads())
+
+
+def rope_write(qkv: torch.Tensor, heads: int, kv_heads: int, cis: torch.Tensor, positions: torch.Tensor,
+               qk_norm: torch.Tensor | None, eps: float, kv_layer: torch.Tensor, slots: torch.Tensor,
+               q_out: torch.Tensor, check: bool = True) -> None:
+    """Rotate q and k (after Qwen3's per-head RMSNorm when `qk_norm` [heads + kv_heads, hd] is
+    given), write q to q_out [T, heads * hd] float32 and K/V to their `slots` of kv_layer
+    [2 * kv_heads, num_blocks, block_size, hd] float32. qkv [T, (heads + 2 kv_heads) * hd] bf16
+    or float32, interleaved heads; cis [max_len, hd / 2, 2] float32 (cos, sin); positions and
+    slots [T] int64 (the caller's to keep in range: the engine's block tables)."""
+    lib = load()
+    _, nb, bs, hd = kv_layer.shape
+    t = qkv.shape[0]
+    if check:
+        _check_rope(qkv, heads, kv_heads, cis, positions, qk_norm, kv_layer, slots, q_out)
+    lib.tr_rope_write(qkv.data_ptr(), int(qkv.dtype == _BF16), qkv.stride(0), t, heads, kv_heads, hd,
+                      cis.data_ptr(), positions.data_ptr(), None if qk_norm is None else qk_norm.data_ptr(),
+                      float(eps), kv_layer.data_ptr(), nb * bs, slots.data_ptr(), q_out.data_ptr(),
+                      q_out.stride(0), torch.get_num_threads())
+
+
+def _check_rope(qkv, heads, kv_heads, cis, positions, qk_norm, kv_layer, slots, q_out) -> None:
+    kvh2, _, _, hd = kv_layer.shape
+    t = qkv.shape[0]
+    _rows_ok(qkv, t, (heads + kvh2) * hd, _act(qkv), "qkv")
+    _rows_ok(q_out, t, heads * hd, _F32, "q_out")
+    if kvh2 != 2 * kv_heads or kv_layer.dtype != _F32 or not kv_layer.is_contiguous() or hd % 2 or hd > 1024:
+        raise ValueError("kv_layer must be a contiguous float32 [2 * kv_heads, blocks, block_size, head_dim] "
+                         "tensor with an even head_dim of at most 1024")
+    if cis.dtype != _F32 or not cis.is_contiguous() or cis.shape[1:] != (hd // 2, 2):
+        raise ValueError(f"cis must be a contiguous float32 [max_len, {hd // 2}, 2] tensor")
+    for name, a in (("positions", positions), ("slots", slots)):
+        if a.dtype != torch.int64 or not a.is_contiguous() or a.numel() != t:
+            raise ValueError(f"{name} must be contiguous int64 with one entry per row")
+    if qk_norm is not None and (qk_norm.dtype != _F32 or not qk_norm.is_contiguous()
+                                or qk_norm.shape != (heads + kv_heads, hd)):
+        raise ValueError(f"qk_norm must be a contiguous float32 [{heads + kv_heads}, {hd}] tensor")
+
+
+# ------------------------------------------------------------------ int4_matmul.c
+
+def int4dp_problem(amx: bool = False) -> str | None:
+    """Why the C int4 kernel cannot run here, or None: it needs the C kernels and a CPU with
+    AVX-512 BF16 (`vdpbf16ps`), as the build for this host saw it; its `amx` variant also AMX
+    tiles with bfloat16 (`tdpbf16ps`) and the Linux kernel's leave to use their state."""
+    why = available()
+    if why is not None:
+        return why
+    if not load().tr_int4dp_supported():
+        return "this CPU has no AVX-512 BF16 dot products (the build for it leaves the kernel out)"
+    if amx and not load().tr_int4amx_supported():
+        return "this CPU or its kernel gives no AMX bfloat16 tiles"
+    return None
+
+
+def int4dp_mm(x: torch.Tensor, codes: torch.Tensor, sm: torch.Tensor, n: int, amx: bool = False,
+              checked: bool = False) -> torch.Tensor:
+    """x [T, K] (bf16 or float32, contiguous rows) @ W.T -> [T, n] float32, W packed as
+    `quant.Int4DotWeight` holds it (codes int32 [n/16, K/32, 4, 16], sm float16
+    [n/16, K/32, 2, 16]), on AVX-512 dot products or (`amx`) AMX tiles. Checks what would make
+    the C code read out of bounds; `checked=True` skips the packed weights' checks for a
+    caller that made them once (the engine calls this 121 times a SmolLM2 step, and the
+    checks cost more than a small product)."""
+    lib = _lib or load()
+    t, k = x.shape
+    if x.dtype not in (_BF16, _F32) or x.stride(1) != 1 or x.device.type != "cpu":
+        raise ValueError(f"x must be a CPU bf16/float32 tensor with contiguous rows, not {x.dtype} {x.stride()}")
+    if codes.shape[1] * 32 != k:
+        raise ValueError(f"x has {k} columns, the packed matrix {codes.shape[1] * 32}")
+    if not checked:
+        _check_int4dp_packing(codes, sm, n, k)
+    out = torch.empty(t, n, dtype=_F32)
+    rc = lib.tr_int4dp_mm(x.data_ptr(), int(x.dtype == _BF16), x.stride(0), t, k, codes.data_ptr(), sm.data_ptr(),
+                          n, out.data_ptr(), n, torch.get_num_threads(), int(amx))
+    if rc == 1:
+        raise MemoryError("the C int4 kernel could not allocate its scratch")
+    if rc:
+        raise NativeKernelError(f"the C int4 kernel{' on AMX' if amx else ''} is not built for this CPU")
+    return out
+
+
+def _check_int4dp_packing(codes: torch.Tensor, sm: torch.Tensor, n: int, k: int) -> None:
+    """ValueError unless codes and sm are the packed form of an [n, k] matrix."""
+    if k % 32 or n % 16 or codes.shape != (n // 16, k // 32, 4, 16) or sm.shape != (n // 16, k // 32, 2, 16) \
+            or codes.dtype != torch.int32 or sm.dtype != torch.float16 or not (codes.is_contiguous() and sm.is_contiguous()):
+        raise ValueError(f"packed int4 weights do not match a [{n}, {k}] matrix")
+
+
+def source_hash() -> str:
+    """A short hash of the kernels' sources (a measured choice is kept per source)."""
+    return hashlib.sha256(b"".join(_read(p) for p in (*SOURCES, *HEADERS))).hexdigest()[:12]
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()

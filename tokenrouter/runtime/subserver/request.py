@@ -1,0 +1,58 @@
+"""One request as a subserver (or the lockstep baseline) holds it.
+
+A `Request` joins what the parts of a subserver need to know about one request:
+
+    state   the route state the compiled router reads and writes (`abi.RouteState`: the
+            tokens known here, whose turn it is, the visit's token count, how far each
+            peer has read, who wrote how many tokens)
+    seq     its sequence id in this writer's engines, whose KV holds `state.tokens[:fed]`
+    params  its sampling parameters, typed; `max_tokens` and `stop_token_ids` are its
+            stop rules (`end_reason`)
+
+Its scheduling state (waiting, running, pending, returning) is the scheduler's, keyed by
+the request id, because the scheduler is integers only and tested without models
+(`scheduler.py`). The frontend, in another process, keeps its own record of the request's
+stream (`frontend_streams.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenrouter.protocol.abi import RouteState
+from tokenrouter.protocol.sampling import SamplingParams
+
+
+@dataclass(eq=False)
+class Request:
+    state: RouteState
+    seq: object
+    params: SamplingParams
+    stop: frozenset[int] = field(init=False)
+
+    def __post_init__(self):
+        self.stop = frozenset(self.params.stop_token_ids)
+
+    @property
+    def rid(self) -> str:
+        return self.state.rid
+
+    @property
+    def n_out(self) -> int:
+        """Output tokens committed so far."""
+        return len(self.state.tokens) - self.state.prompt_len
+
+    def commit(self, token: int, writer: str) -> None:
+        """`writer` wrote `token`: it is the request's next token."""
+        st = self.state
+        st.tokens.append(token)
+        st.visit_tokens += 1
+        st.written_by[writer] = st.written_by.get(writer, 0) + 1
+
+    def end_reason(self, token: int, max_model_len: int) -> str | None:
+        """Why the request ends after committing `token` ("stop" or "length"), if it does."""
+        if token in self.stop:
+            return "stop"
+        if self.n_out >= self.params.max_tokens or len(self.state.tokens) >= max_model_len:
+            return "length"
+        return None

@@ -1,0 +1,103 @@
+"""What a subserver is given, what it loads before serving, and how a failed start is reported.
+
+`SubserverSpec` is JSON-safe because it crosses the spawn boundary of a subserver process
+(`launcher.py` makes one per writer). `load_writer` reads the program and loads the
+writer's compiled router and one engine per model it steps (the model, or an ensemble's
+members). When that fails, `report_startup_failure` sends the frontend a `ready` message
+carrying the error, so `tokenrouter serve` says why instead of waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tokenrouter.runtime.transport import wire
+from tokenrouter.runtime.transport.sockets import Security, Sender
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SubserverSpec:
+    """Everything a subserver process needs, JSON-safe (it crosses a spawn boundary)."""
+
+    program_json: str
+    writer: str
+    addresses: dict[str, str]  # "frontend" and every writer's subserver
+    base_dir: str | None = None  # where relative router files are found
+    batch_threshold: int = 1
+    max_wait_ms: float = 20.0
+    threads: int = 0  # 0: leave torch's default
+    device: str = "cpu"
+    block_size: int = 16
+    num_blocks: int | None = None
+    max_model_len: int | None = None
+    max_batch: int = 256
+    retention: str = "pending"  # KV of a departed request: "pending" | "rematch" (policies.py)
+    transport: str = "peer"  # handoffs: "peer" | "relay" (through the frontend; policies.py)
+    set_threads: bool = True  # False in thread mode: threads share one process
+    test_hooks: bool = False  # accept test-only messages (debug_fail); tests only
+    curve_keys: str | None = None  # folder of the CURVE key pair (tcp between hosts)
+    insecure_tcp: bool = False  # allow plain tcp on a non-loopback address
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class LoadedWriter:
+    program: Any  # ir.Program
+    members: tuple[str, ...]  # the models this writer steps: itself, or an ensemble's members
+    router: Any  # the writer's compiled router
+    engines: dict[str, Any]  # model name -> Engine
+
+
+def load_writer(spec: SubserverSpec, models: dict[str, Any] | None = None) -> LoadedWriter:
+    """The writer's program, router and engines (`models`: preloaded weights, by model name)."""
+    import torch
+
+    from tokenrouter.compiler import ir
+    from tokenrouter.compiler.backend.compiled import load_routers
+    from tokenrouter.runtime.engine.engine import Engine
+    from tokenrouter.runtime.loader import load_model, quant_kwargs
+
+    program = ir.Program.from_json(spec.program_json)
+    ens = next((e for e in program.ensembles if e.name == spec.writer), None)
+    members = ens.members if ens else (spec.writer,)
+    dtype = getattr(torch, program.model(members[0]).dtype)
+    router = load_routers(program, device=spec.device, dtype=dtype, base_dir=spec.base_dir)[spec.writer]
+    engines = {}
+    for name in members:
+        pm = program.model(name)
+        mdt = getattr(torch, pm.dtype)
+        m = (models or {}).get(name) or load_model(pm.path, dtype=mdt, quant=pm.quant)
+        kw = {"device": spec.device, "dtype": mdt, "block_size": spec.block_size, **quant_kwargs(m, pm.quant)}
+        if spec.num_blocks is not None:
+            kw["num_blocks"] = spec.num_blocks
+        if spec.max_model_len is not None:
+            kw["max_model_len"] = spec.max_model_len
+        engines[name] = Engine(m.config, m.weights, **kw)
+    return LoadedWriter(program, tuple(members), router, engines)
+
+
+def report_startup_failure(spec: SubserverSpec, exc: BaseException, ctx=None) -> None:
+    """Tell the frontend this subserver could not start, and why."""
+    import zmq
+    log.error("%s: start-up failed:\n%s", spec.writer, traceback.format_exc())
+    c = ctx or zmq.Context()
+    try:
+        sec = Security.load(spec.curve_keys, spec.insecure_tcp)
+    except ValueError:
+        sec = None  # the failure may be the keys themselves: report it in the clear (tcp only)
+    s = Sender(c, {wire.FRONTEND: spec.addresses[wire.FRONTEND]}, sec)
+    s.send(wire.FRONTEND, wire.encode(wire.Ready(
+        writer=spec.writer, pid=os.getpid(), block_size=0, blocks_total=0, max_model_len=0,
+        vocab_size=0, threads=0, batch_threshold=spec.batch_threshold,
+        max_wait_ms=spec.max_wait_ms, error=f"{type(exc).__name__}: {exc}")))
+    s.close()
+    if ctx is None:
+        c.term()
