@@ -36,7 +36,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from tokenrouter.compiler import ir  # noqa: E402
-from tokenrouter.protocol.abi import StepTensors  # noqa: E402
+from tokenrouter.protocol.step import StepTensors  # noqa: E402
 from tokenrouter.compiler.backend.compiled import load_routers  # noqa: E402
 from tokenrouter.compiler.pipeline import check_file  # noqa: E402
 from tokenrouter.compiler.backend.interpreter import Interpreter, RequestStep  # noqa: E402

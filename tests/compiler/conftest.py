@@ -24,7 +24,7 @@ from hypothesis import HealthCheck
 from safetensors.torch import save_file
 
 from tokenrouter.compiler import ir
-from tokenrouter.protocol.abi import StepTensors
+from tokenrouter.protocol.step import StepTensors
 from tokenrouter.compiler.backend.interpreter import RequestStep
 from tokenrouter.runtime.loader import model_facts
 

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.compiler.conftest import EXAMPLES, PROGRAMS, REPO, UPDATE_GOLDEN, get_program, write_random_weights
-from tokenrouter.protocol import routelib
+from tokenrouter.protocol import features, handoff, router
 from tokenrouter.compiler import ir
-from tokenrouter.protocol.abi import FeatureNeeds, StepTensors
+from tokenrouter.protocol.step import FeatureNeeds, StepTensors
 from tokenrouter.compiler.backend.codegen import CodegenError, generate_module
 from tokenrouter.compiler.backend.compiled import load_module, load_routers
 
@@ -93,7 +93,7 @@ def test_route_on_hand_made_batch():
 def test_seeded_hash_matches_ir(seed, rs, pos):
     """The int64-tensor splitmix64 the modules import equals ir.bernoulli_uniform bit for bit."""
     module = _hash_module()
-    assert module.uniform is routelib.uniform
+    assert module.uniform is features.uniform
     c = ir.splitmix64(seed)
     c = c - (1 << 64) if c >= 1 << 63 else c
     positions = [pos + i for i in range(len(rs))]
@@ -195,13 +195,16 @@ def _imports(source: str) -> set[str]:
     return imports | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
 
 
-def test_module_imports_only_torch_and_the_abi(tmp_path):
-    """A generated module imports torch and its fixed library, which imports only the ABI."""
+def test_module_imports_only_torch_and_the_protocol(tmp_path):
+    """A generated module imports torch and its fixed library, which imports only the protocol."""
     import inspect
-    assert _imports(inspect.getsource(routelib)) == {"__future__", "math", "torch", "tokenrouter.protocol.abi"}
+    assert _imports(inspect.getsource(features)) == {"__future__", "math", "torch"}
+    assert _imports(inspect.getsource(router)) == {"__future__", "torch", "tokenrouter.protocol",
+                                                   "tokenrouter.protocol.step"}
+    assert _imports(inspect.getsource(handoff)) == {"__future__", "tokenrouter.protocol.state"}
     for key in KEYS:
         imports = _imports(generate_module(get_program(key, tmp_path)))
-        assert imports == {"torch", "tokenrouter.protocol.routelib"}, (key, imports)
+        assert imports == {"torch", "tokenrouter.protocol.features", "tokenrouter.protocol.router"}, (key, imports)
 
 
 def test_route_has_no_loop_over_requests(tmp_path):

@@ -81,7 +81,7 @@ def test_route_matches_interpreter_float32(name, tmp_path):
 def _scenario(rng, writers, models):
     """One random handoff: a state to send from, and a message for a receiver that knows a
     prefix of the tokens (all lined up, an overlap, a gap, or a disagreeing token)."""
-    from tokenrouter.protocol.abi import PeerMessage, RouteState
+    from tokenrouter.protocol.state import PeerMessage, RouteState
     n = int(rng.integers(1, 40))
     full = rng.integers(0, 50_000, n + int(rng.integers(0, 20))).tolist()
     pick = lambda xs: xs[int(rng.integers(len(xs)))]  # noqa: E731

@@ -11,7 +11,7 @@ import torch
 
 from tests.compiler.conftest import write_random_weights
 from tokenrouter.compiler import ir
-from tokenrouter.protocol.abi import StepTensors
+from tokenrouter.protocol.step import StepTensors
 from tokenrouter.compiler.backend.codegen import CodegenError, generate_module
 from tokenrouter.compiler.backend.compiled import load_routers
 

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from tests.compiler.conftest import PROGRAMS
 from tokenrouter.compiler import ir
-from tokenrouter.protocol.abi import RouteState
+from tokenrouter.protocol.state import RouteState
 from tokenrouter.compiler.backend.interpreter import Interpreter, InterpreterError, RequestStep
 
 INF = math.inf

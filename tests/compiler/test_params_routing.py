@@ -40,7 +40,7 @@ def _decisions(program, rows: np.ndarray, writer: str):
 
 
 def _generated(program, rows: np.ndarray, writer: str):
-    from tokenrouter.protocol.abi import StepTensors
+    from tokenrouter.protocol.step import StepTensors
 
     routers = load_routers(program, dtype=torch.float64)
     b = len(rows)

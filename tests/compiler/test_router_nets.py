@@ -130,7 +130,7 @@ def test_load_routers_checks_weights_before_serving(tmp_path):
         load_routers(program)
     _mlp(path, [15, 1])
     routers = load_routers(program)
-    from tokenrouter.protocol.abi import StepTensors
+    from tokenrouter.protocol.step import StepTensors
     b = 2
     step = StepTensors(logits=torch.randn(b, 8), sampled=torch.zeros(b, dtype=torch.int64),
                        visit_tokens=torch.ones(b, dtype=torch.int64), position=torch.zeros(b, dtype=torch.int64),

@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from tests.helpers import tiny
-from tokenrouter.protocol.abi import PeerMessage
+from tokenrouter.protocol.state import PeerMessage
 from tokenrouter.runtime.transport import wire
 from tokenrouter.runtime.frontend.launch import LaunchOptions, plan
 from tokenrouter.runtime.subserver.subserver import Subserver

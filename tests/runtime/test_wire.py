@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from tokenrouter.protocol.abi import PeerMessage
+from tokenrouter.protocol.state import PeerMessage
 from tokenrouter.runtime.transport import wire
 
 

@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from tokenrouter.compiler import ir
-from tokenrouter.protocol.abi import FeatureNeeds
+from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.loader import load_model
 from tokenrouter.runtime.cache import cache_root

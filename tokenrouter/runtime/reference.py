@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from tokenrouter.compiler import ir
-from tokenrouter.protocol.abi import FeatureNeeds
+from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.compiler.backend.compiled import default_base_dir
 from tokenrouter.compiler.backend.interpreter import Interpreter, RequestStep
 from tokenrouter.runtime.engine.engine import Engine

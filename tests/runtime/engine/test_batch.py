@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from tokenrouter.protocol.abi import FeatureNeeds
+from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.runtime.engine.engine import Engine
 
 from tests.helpers.hf_parity import hf_logits

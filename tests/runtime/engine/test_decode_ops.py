@@ -151,7 +151,7 @@ def _engine(m, **kw):
 def test_the_fused_forward_follows_the_unfused_one(tmp_path, family):
     """Prefill then decode, bf16 activations: logits and a router's hidden states stay within
     1% of the largest logit (measured: at most 0.16%; the difference is rounding, amplified by later layers)."""
-    from tokenrouter.protocol.abi import FeatureNeeds
+    from tokenrouter.protocol.step import FeatureNeeds
     m = _model(tmp_path, family)
     fused, plain = _engine(m), _engine(m, fused_ops=False)
     assert fused.model.fused and not plain.model.fused

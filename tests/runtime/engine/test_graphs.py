@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenrouter.protocol.abi import FeatureNeeds
+from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.runtime.engine.engine import Engine
 
 CUDA = [pytest.param("cuda", True, marks=pytest.mark.skipif(not torch.cuda.is_available(),

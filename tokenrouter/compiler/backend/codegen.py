@@ -7,7 +7,7 @@ entropy, top-1 probability, margin and top-k derive from it; router networks are
 `torch.nn.Module`s handed in at load time (see `router_nets.py`, `compiled.py`); the
 decisions leave the device in one copy. What is the same for every program (the feature
 helpers, the seeded hash, `send`/`receive`, which move only the unseen suffix) is not
-emitted: the module imports it from `tokenrouter.protocol.routelib`. The semantics are the
+emitted: the module imports it from `tokenrouter.protocol`. The semantics are the
 reference interpreter's (`interpreter.py`), which is the oracle.
 
 Safety: nothing a `.route` file says reaches the module as code. User names appear only

@@ -7,12 +7,12 @@ The runtime uses exactly this API:
     routers = load_routers(program, device="cpu", dtype=torch.float32)
     r = routers["slm"]                     # one router per writer (models, then ensembles)
     r.index         # position of this writer in program.writers()
-    r.needs         # abi.FeatureNeeds: hidden layers / token embedding its route reads
-    r.route(step)   # abi.StepTensors -> CPU int64 [2, B]: row 0 destination writer index,
+    r.needs         # step.FeatureNeeds: hidden layers / token embedding its route reads
+    r.route(step)   # step.StepTensors -> CPU int64 [2, B]: row 0 destination writer index,
                     #   row 1 keep (1) / rewrite (0); the step's one device-to-host copy
-    r.send(state, peer) -> abi.PeerMessage      # only the suffix `peer` has not read;
+    r.send(state, peer) -> state.PeerMessage      # only the suffix `peer` has not read;
                                                 #   updates state.peer_read[peer]
-    r.receive(msg, state_or_None) -> abi.RouteState  # creates or appends; a gap or an
+    r.receive(msg, state_or_None) -> state.RouteState  # creates or appends; a gap or an
                                                 #   overlap that does not line up raises
     r.combine(step) -> [B, V] log-probs         # ensemble writers only
 

@@ -39,7 +39,7 @@ from safetensors.numpy import load_file
 from scipy.special import erf
 
 from tokenrouter.compiler import ir
-from tokenrouter.protocol.abi import PeerMessage, RouteState
+from tokenrouter.protocol.state import PeerMessage, RouteState
 
 
 class InterpreterError(ValueError):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenrouter.compiler import ir
-from tokenrouter.protocol.abi import RouteState
+from tokenrouter.protocol.state import RouteState
 from tokenrouter.runtime.metrics import PHASES
 from tokenrouter.runtime.subserver.request import Request
 from tokenrouter.runtime.subserver.step import LOOP_ERROR, StepRunner

@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tokenrouter.protocol.abi import FeatureNeeds
+from tokenrouter.protocol.step import FeatureNeeds
 
 from tokenrouter.runtime.engine.attention import CacheGeometry, build_meta, choice_path, prefer_native
 from tokenrouter.runtime.kernels.ckernels import NativeKernelError, available

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tokenrouter.protocol.abi import RouteState
+from tokenrouter.protocol.state import RouteState
 from tokenrouter.runtime.transport.wire import FRONTEND
 
 RETENTIONS = ("pending", "rematch")

@@ -2,7 +2,7 @@
 
 A `Request` joins what the parts of a subserver need to know about one request:
 
-    state   the route state the compiled router reads and writes (`abi.RouteState`: the
+    state   the route state the compiled router reads and writes (`protocol.state.RouteState`: the
             tokens known here, whose turn it is, the visit's token count, how far each
             peer has read, who wrote how many tokens)
     seq     its sequence id in this writer's engines, whose KV holds `state.tokens[:fed]`
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tokenrouter.protocol.abi import RouteState
+from tokenrouter.protocol.state import RouteState
 from tokenrouter.protocol.sampling import SamplingParams
 
 

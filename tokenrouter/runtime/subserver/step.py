@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from tokenrouter.protocol.abi import StepTensors
+from tokenrouter.protocol.step import StepTensors
 from tokenrouter.runtime.subserver.request import Request
 
 LOOP_ERROR = "request came back with no new token (two writers rewrite each other's token in a loop)"

@@ -28,7 +28,7 @@ import time
 import traceback
 from typing import Any
 
-from tokenrouter.protocol.abi import PeerMessage, RouteState
+from tokenrouter.protocol.state import PeerMessage, RouteState
 from tokenrouter.runtime.transport import wire
 from tokenrouter.runtime.subserver.inbox import Inbox
 from tokenrouter.runtime.metrics import SubserverStats

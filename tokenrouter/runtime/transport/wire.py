@@ -1,7 +1,7 @@
 """The messages that cross a ZeroMQ socket between the frontend and subservers.
 
 Every frame is one JSON object with a wire version `v` and a type `t`. A handoff carries an
-`abi.PeerMessage` (the only message that moves a request between models); the rest are
+`protocol.state.PeerMessage` (the only message that moves a request between models); the rest are
 small control messages defined here. Nothing is ever pickled: a frame from another host
 is data, validated by pydantic on the way in, and a frame of an unknown type or version is
 rejected with a clear error instead of being executed.
@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from tokenrouter.protocol.abi import PeerMessage
+from tokenrouter.protocol.state import PeerMessage
 from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS, SamplingParams
 
 CONTROL_VERSION = 1

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from tokenrouter.protocol.abi import FeatureNeeds
+from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.compiler.weights.files import DERIVED_IDENTITY, folder_fingerprint
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.engine.sampler import SamplingParams, sample
