@@ -141,7 +141,7 @@ def test_dispatcher_routes_as_the_program_says(models):
         std.close()
     ref = Reference(prog, max_model_len=64)
     params = SamplingParams(temperature=0.0, max_tokens=10)
-    want = [ref.generate(p, params, seed=i) for i, p in enumerate(PROMPTS)]
+    want = [ref.generate(p, params, route_seed=i) for i, p in enumerate(PROMPTS)]
     assert m.outputs == [w.tokens for w in want]
     assert m.written_by == {k: sum(w.written_by.get(k, 0) for w in want) for k in ("slm", "llm")}
     assert m.written_by["llm"] > 0 and m.tokens == 10 * len(PROMPTS)
@@ -169,7 +169,8 @@ def test_official_loop_routes_as_the_program_says(models):
     off = CiterOfficial(prog, threads=1)
     m = off.measure("official", PROMPTS, workload.sampling(10), 3)
     ref = Reference(prog, max_model_len=64)
-    want = [ref.generate(p, SamplingParams(temperature=0.0, max_tokens=10), seed=i) for i, p in enumerate(PROMPTS)]
+    want = [ref.generate(p, SamplingParams(temperature=0.0, max_tokens=10), route_seed=i)
+            for i, p in enumerate(PROMPTS)]
     assert m.outputs == [w.tokens for w in want]
     assert m.written_by == {k: sum(w.written_by.get(k, 0) for w in want) for k in ("slm", "llm")}
     # static batches of 3 then 1: one small-model call per position per batch

@@ -42,9 +42,12 @@ def stream_load(url, n, results, started):
 
 
 def check_against_reference(url, program, tokenizer, prompts):
+    """Greedy answers over HTTP equal the reference's; `seed` 0 gives each request the
+    reference's route seed (an unseeded one would get its own, from its request id)."""
     ref = Reference(program)
     for p in prompts:
-        r = httpx.post(url + "/v1/completions", json={"prompt": p, "max_tokens": 12, "temperature": 0}, timeout=60)
+        r = httpx.post(url + "/v1/completions", json={"prompt": p, "max_tokens": 12, "temperature": 0, "seed": 0},
+                       timeout=60)
         assert r.status_code == 200, r.text
         want = ref.generate(tokenizer.encode(p), SamplingParams(max_tokens=12, stop_token_ids=tokenizer.eos_token_ids))
         assert r.json()["choices"][0]["token_ids"] == want.tokens

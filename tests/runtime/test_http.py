@@ -10,8 +10,11 @@ import pytest
 
 from tests.helpers import tiny
 from tests.helpers.serving import ServerThread, complete_many, stream_completion
-from tokenrouter.runtime.http.app import Limits
+from tokenrouter.protocol.sampling import SamplingParams
+from tokenrouter.protocol.state import route_seed_of
 from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.http.app import Limits
+from tokenrouter.runtime.reference import Reference
 
 LIMITS = Limits(max_body_bytes=2 << 20)  # the tests below retune it on the running server
 
@@ -269,3 +272,42 @@ def test_metrics_show_handoffs_both_ways_and_the_deployment(srv):
         assert f'tokenrouter_queue_wait_seconds_bucket{{model="{w}",le="+Inf"}}' in samples
         assert f'tokenrouter_step_phase_seconds_total{{model="{w}",phase="forward"}}' in samples
     assert "# TYPE tokenrouter_batch_size histogram" in text
+
+
+@pytest.fixture(scope="module")
+def coin_srv(pair):
+    """A program whose only rule is a fair coin (`bernoulli(0.5, 7)`, seeded by the request's route seed)."""
+    s = ServerThread(tiny.coin(pair, 0.5), LaunchOptions(mode="process", num_blocks=64, concurrency=8),
+                     name="coin")
+    yield s
+    try:
+        assert s.wait_blocks_free() == {"slm": 0, "llm": 0}
+    finally:
+        s.close()
+
+
+def test_unseeded_requests_flip_their_own_route_coins_and_a_seed_makes_them_reproducible(coin_srv):
+    """The coins of a program's random rules are seeded by the request's route seed: an
+    unseeded request's comes from its request id, so requests with the same prompt hand off
+    at different positions; a `seed` in the body is the route seed, so equal seeds hand off
+    alike (and as the reference does with that route seed)."""
+    body = {"max_tokens": 16, "temperature": 0, "ignore_eos": True}
+
+    def writers(n, **extra):
+        outs = asyncio.run(complete_many(coin_srv.url, ["the same prompt"] * n, 4, **body, **extra))
+        return [tuple(o["choices"][0]["token_writers"]) for o in outs]
+
+    unseeded = writers(4)
+    assert all("llm" in w for w in unseeded), unseeded  # the coin comes up
+    assert len(set(unseeded)) > 1, unseeded  # ... at positions of each request's own
+    seeded = writers(3, seed=5)
+    assert len(set(seeded)) == 1, seeded
+    ids = coin_srv.tokenizer.encode("the same prompt")
+    want = Reference(coin_srv.program).generate(ids, SamplingParams(max_tokens=16), route_seed=5)
+    assert seeded[0] == tuple(want.writers)
+
+
+def test_a_request_without_a_route_seed_gets_a_stable_one_from_its_id():
+    seeds = {route_seed_of(f"cmpl-{i}") for i in range(1000)}
+    assert len(seeds) == 1000 and all(0 <= s < 1 << 63 for s in seeds)
+    assert route_seed_of("cmpl-0") == route_seed_of("cmpl-0") == 0x49D93934F43ED963  # the same on every host, in every run

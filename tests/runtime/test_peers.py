@@ -84,7 +84,7 @@ CRAFTED = [
     {"v": 1, "t": "submit", "rid": "x", "prompt": [1], "sampling": {"top_p": 0}},
     {"v": 1, "t": "submit", "rid": "x", "prompt": [1], "sampling": {"stop_token_ids": ["a"]}},
     {"v": 1, "t": "submit", "rid": "x", "prompt": [1], "sampling": {"evil": 1}},
-    {"v": 1, "t": "submit", "rid": "x", "prompt": [1], "seed": 1208925819614629174706176},
+    {"v": 1, "t": "submit", "rid": "x", "prompt": [1], "route_seed": 1208925819614629174706176},
     {"v": 1, "t": "submit", "rid": "x", "prompt": [-1]},
     {"v": 1, "t": "submit", "rid": "x", "prompt": []},
     {"v": 1, "t": "submit", "rid": "x" * 10000, "prompt": [1]},

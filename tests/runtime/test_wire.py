@@ -10,8 +10,8 @@ from tokenrouter.runtime.transport import wire
 
 def test_every_message_round_trips():
     pm = PeerMessage(rid="r1", suffix=[5, 6, 7], start=12, prompt_len=10, writer="llm", visit_tokens=0,
-                     seed=3, written_by={"slm": 2}, sampling={"temperature": 0.0}, sender="slm")
-    msgs = [wire.Submit(rid="r1", prompt=[1, 2], sampling={"max_tokens": 4}, seed=9),
+                     route_seed=3, written_by={"slm": 2}, sampling={"temperature": 0.0}, sender="slm")
+    msgs = [wire.Submit(rid="r1", prompt=[1, 2], sampling={"max_tokens": 4}, route_seed=9),
             wire.Announce(rid="r1"), wire.Release(rid="r1", reason="abort"),
             wire.Handoff(sender="slm", dest="llm", msg=pm),
             wire.Ready(writer="slm", pid=1, block_size=16, blocks_total=10, max_model_len=64, vocab_size=259,

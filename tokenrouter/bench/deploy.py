@@ -1,12 +1,13 @@
 """Running deployments that `runner.py` measures in turn.
 
-`RuntimeDeployment` starts a routing program on the runtime's own subservers
-(`frontend.open_runtime`) in a private asyncio loop and keeps it up for the whole
+`RuntimeDeployment` starts a routing program on the runtime's own subservers (an offline
+`LLM`: `launch.open_runtime`) in a private asyncio loop and keeps it up for the whole
 benchmark; `measure` submits the prompts through the frontend with at most N in flight,
 timing each request from submit to its final event, and takes the subservers' counters
 before and after (per-step breakdown, steps, batch sizes, launch reasons).
 `LockstepDeployment` does the same for the in-process lockstep baseline, which has no
-per-request timing (its `generate` returns when every request is done).
+per-request timing (its `generate` returns when every request is done). Both take the
+workload's `SamplingParams` as they are and give request i the route seed i.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tokenrouter.protocol.sampling import SamplingParams
 from tokenrouter.runtime.baselines.lockstep import Lockstep
-from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.frontend.frontend import Delta
 from tokenrouter.runtime.offline import LLM
 
@@ -60,7 +61,7 @@ class RuntimeDeployment(LLM):
         for w, b in (batch or {}).items():
             self._call(self.frontend.configure(w, batch_threshold=int(b)))
 
-    def measure(self, name: str, prompts: list[list[int]], sampling: dict, concurrency: int,
+    def measure(self, name: str, prompts: list[list[int]], sampling: SamplingParams, concurrency: int,
                 batch: dict[str, int] | None = None) -> Measurement:
         self.configure(batch)
         before = self.stats(timeout=10.0)
@@ -85,14 +86,13 @@ class RuntimeDeployment(LLM):
 
     async def _timed_requests(self, prompts, sampling, concurrency):
         sem = asyncio.Semaphore(max(1, concurrency))
-        params = SamplingParams(**{**sampling, "stop_token_ids": tuple(sampling["stop_token_ids"])})
 
         async def one(i: int):
             async with sem:
                 t0 = time.perf_counter()
                 toks: list[int] = []
                 final = None
-                async for ev in self.frontend.generate(prompts[i], params, seed=i):
+                async for ev in self.frontend.generate(prompts[i], sampling, route_seed=i):
                     if isinstance(ev, Delta):
                         toks += ev.tokens
                     else:
@@ -110,15 +110,13 @@ class LockstepDeployment:
         self.threads = threads
         self.ls = Lockstep(program, threads=threads, num_blocks=num_blocks)
 
-    def measure(self, name: str, prompts: list[list[int]], sampling: dict, concurrency: int,
+    def measure(self, name: str, prompts: list[list[int]], sampling: SamplingParams, concurrency: int,
                 batch: dict[str, int] | None = None) -> Measurement:
         torch.set_num_threads(self.threads)
-        params = SamplingParams(temperature=0.0, max_tokens=sampling["max_tokens"],
-                                stop_token_ids=tuple(sampling["stop_token_ids"]))
         ls = self.ls
         ph0, it0 = dict(ls.phase_s), ls.iterations
         t0 = time.perf_counter()
-        outs = ls.generate(prompts, params, concurrency=concurrency, seeds=list(range(len(prompts))))
+        outs = ls.generate(prompts, sampling, concurrency=concurrency, route_seeds=list(range(len(prompts))))
         wall = time.perf_counter() - t0
         m = Measurement(name, concurrency, wall, sum(len(o.token_ids) for o in outs), None,
                         _sum_written([o.tokens_by_model for o in outs]), [list(o.token_ids) for o in outs])

@@ -10,7 +10,7 @@ continuous batching. Two peers are built on it:
   model and an external dispatcher (asyncio, one keep-alive `httpx` client per server) that
   sends each request one token at a time (`n_predict 1`, `cache_prompt`, the request's slot)
   to the model that currently writes, and applies the routing program to what comes back:
-  the program's own IR interpreter (`compiler.interpreter`, the oracle the runtime is tested
+  the program's own IR interpreter (`compiler/backend/interpreter.py`, the oracle the runtime is tested
   against) reads each token's distribution, rebuilt from the server's top-20 probabilities
   (`n_probs`) with the remaining mass spread evenly over the other tokens, so coins are exact
   and entropy rules are approximated only in the tail. It never looks ahead: the decision for
@@ -36,6 +36,7 @@ import numpy as np
 
 from tokenrouter.compiler.backend.compiled import default_base_dir
 from tokenrouter.compiler.backend.interpreter import Interpreter, RequestStep
+from tokenrouter.protocol.sampling import SamplingParams
 from tokenrouter.runtime.reference import needs_of
 
 from tokenrouter.bench.deploy import Measurement
@@ -143,7 +144,7 @@ class LlamaCppLarge:
         self.name = "large"
         self._loop = _Loop()
 
-    def measure(self, name: str, prompts, sampling, concurrency: int, batch=None) -> Measurement:
+    def measure(self, name: str, prompts, sampling: SamplingParams, concurrency: int, batch=None) -> Measurement:
         return self._loop.call(self._run(name, prompts, sampling, concurrency))
 
     async def _run(self, name, prompts, sampling, concurrency):
@@ -156,7 +157,7 @@ class LlamaCppLarge:
                 try:
                     t0 = time.perf_counter()
                     r = await client.post("/completion", json=dict(completion_body(
-                        list(p), slot, sampling["max_tokens"], 0), ignore_eos=not sampling["stop_token_ids"]))
+                        list(p), slot, sampling.max_tokens, 0), ignore_eos=not sampling.stop_token_ids))
                     r.raise_for_status()
                     return r.json()["tokens"], time.perf_counter() - t0
                 finally:
@@ -200,7 +201,7 @@ class LlamaCppStandard:
         self.blind_steps = 0  # steps whose distribution the server did not return (counted, see _request)
         self.retries = 0  # calls sent again after their connection dropped (`_post`)
 
-    def measure(self, name: str, prompts, sampling, concurrency: int, batch=None) -> Measurement:
+    def measure(self, name: str, prompts, sampling: SamplingParams, concurrency: int, batch=None) -> Measurement:
         return self._loop.call(self._run(name, prompts, sampling, concurrency))
 
     async def _run(self, name, prompts, sampling, concurrency):
@@ -215,7 +216,7 @@ class LlamaCppStandard:
                 slot = await slots.free.get()
                 try:
                     t0 = time.perf_counter()
-                    out = await self._request(clients, calls, busy, list(p), sampling, slot, seed=i)
+                    out = await self._request(clients, calls, busy, list(p), sampling, slot, route_seed=i)
                     return out, time.perf_counter() - t0
                 finally:
                     slots.free.put_nowait(slot)
@@ -236,12 +237,12 @@ class LlamaCppStandard:
         m.phase_s = {w: {"http_call": busy[w]} for w in self.servers}
         return m
 
-    async def _request(self, clients, calls, busy, prompt, sampling, slot, seed):
+    async def _request(self, clients, calls, busy, prompt, sampling, slot, route_seed):
         tokens = list(prompt)
         out: list[int] = []
         written: dict[str, int] = {}
         writer, visit = self.program.start, 0
-        while len(out) < sampling["max_tokens"]:
+        while len(out) < sampling.max_tokens:
             t0 = time.perf_counter()
             r = await self._post(clients[writer], writer, completion_body(tokens, slot, 1, TOP_N))
             busy[writer] += time.perf_counter() - t0
@@ -256,14 +257,14 @@ class LlamaCppStandard:
                 top = [{"id": tok, "logprob": 0.0}]
                 self.blind_steps += 1
             step = RequestStep(logits=logits_row(top, self.vocab), sampled=tok,
-                               visit_tokens=visit + 1, position=len(out), request_seed=seed)
+                               visit_tokens=visit + 1, position=len(out), request_seed=route_seed)
             d = self.interp.route(writer, step)
             if d.keep:
                 tokens.append(tok)
                 out.append(tok)
                 written[writer] = written.get(writer, 0) + 1
                 visit += 1
-                if tok in sampling["stop_token_ids"]:
+                if tok in sampling.stop_token_ids:
                     break
             if d.dest != writer:
                 writer, visit = d.dest, 0

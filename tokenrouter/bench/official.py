@@ -26,6 +26,7 @@ import torch
 
 from tokenrouter.compiler.backend.compiled import default_base_dir
 from tokenrouter.compiler.backend.interpreter import Interpreter, RequestStep
+from tokenrouter.protocol.sampling import SamplingParams
 from tokenrouter.runtime.loader import resolve_folder
 from tokenrouter.runtime.reference import needs_of
 
@@ -66,7 +67,7 @@ class CiterOfficial:
             self.models[m.name] = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         self.pad = 0
 
-    def measure(self, name: str, prompts, sampling, concurrency: int, batch=None) -> Measurement:
+    def measure(self, name: str, prompts, sampling: SamplingParams, concurrency: int, batch=None) -> Measurement:
         torch.set_num_threads(self.threads)
         outs, lats, written, calls = [], [], {}, {m: 0 for m in self.models}
         t0 = time.perf_counter()
@@ -85,7 +86,8 @@ class CiterOfficial:
         m.steps = calls  # generate() calls per model
         return m
 
-    def _static_batch(self, prompts, seed0: int, sampling, calls):
+    def _static_batch(self, prompts, first: int, sampling, calls):
+        """One static batch: prompts `first`, `first` + 1, ... (their route seeds)."""
         n = len(prompts)
         width = max(map(len, prompts))
         ids = torch.full((n, width), self.pad, dtype=torch.long)
@@ -98,10 +100,10 @@ class CiterOfficial:
         out: list[list[int]] = [[] for _ in range(n)]
         written: dict[str, int] = {}
         small_cache = None
-        stop = set(sampling["stop_token_ids"])
+        stop = set(sampling.stop_token_ids)
         done = [False] * n
         with torch.inference_mode():
-            for pos in range(sampling["max_tokens"]):
+            for pos in range(sampling.max_tokens):
                 new = [None] * n
                 pending = [i for i in range(n) if not done[i]]
                 tries = 0
@@ -125,7 +127,7 @@ class CiterOfficial:
                             row = logits[r].double().numpy()
                             tok = int(row.argmax())
                             d = self.interp.route(model, RequestStep(logits=row, sampled=tok, visit_tokens=visit[i] + 1,
-                                                                     position=pos, request_seed=seed0 + i))
+                                                                     position=pos, request_seed=first + i))
                             if d.keep:
                                 new[i] = tok
                                 written[model] = written.get(model, 0) + 1

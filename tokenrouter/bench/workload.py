@@ -3,11 +3,15 @@
 Greedy decoding with the stop tokens ignored makes every request write exactly
 `max_tokens` tokens in every configuration, so tokens/s compare like with like and the
 routed configurations must produce identical outputs (a schedule never changes tokens).
+Every deployment gives request i of a measurement the route seed i (the seed of the
+program's coin flips), so the configurations route alike too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from tokenrouter.protocol.sampling import SamplingParams
 
 TOPICS = ("the history of the printing press", "how vaccines train the immune system", "why the sky is blue",
           "the rules of chess", "how a compiler works", "the water cycle", "the causes of inflation",
@@ -33,10 +37,9 @@ def prompts(n: int) -> list[str]:
     return [f"Variant {i}: write a short explanation of {TOPICS[i % len(TOPICS)]}." for i in range(n)]
 
 
-def sampling(max_tokens: int) -> dict:
-    """The runtime's sampling dict: greedy, no stop tokens (every request writes max_tokens)."""
-    return {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": None, "max_tokens": int(max_tokens),
-            "stop_token_ids": []}
+def sampling(max_tokens: int) -> SamplingParams:
+    """Greedy, no stop tokens: every request writes `max_tokens`."""
+    return SamplingParams(temperature=0.0, max_tokens=int(max_tokens))
 
 
 def requests_for(concurrency: int, base: int) -> int:

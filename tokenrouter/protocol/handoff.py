@@ -30,8 +30,8 @@ def send(state: RouteState, peer: str, sender: str, writers: tuple[str, ...]) ->
                            f"{len(state.tokens)} exist")
     msg = PeerMessage(rid=state.rid, suffix=list(state.tokens[start:]), start=start,
                       prompt_len=state.prompt_len, writer=state.writer,
-                      visit_tokens=state.visit_tokens, seed=state.seed,
-                      written_by=dict(state.written_by), sampling=dict(state.sampling),
+                      visit_tokens=state.visit_tokens, route_seed=state.route_seed,
+                      written_by=dict(state.written_by), sampling=state.sampling,
                       finished=state.finished, sender=sender)
     state.peer_read[peer] = len(state.tokens)
     return msg
@@ -62,9 +62,9 @@ def receive(msg: PeerMessage, state: RouteState | None, writers: tuple[str, ...]
         state.tokens.extend(msg.suffix[have - msg.start:])
     state.writer = msg.writer
     state.visit_tokens = msg.visit_tokens
-    state.seed = msg.seed
+    state.route_seed = msg.route_seed
     state.written_by = dict(msg.written_by)
-    state.sampling = dict(msg.sampling)
+    state.sampling = msg.sampling
     state.finished = msg.finished
     if msg.sender:
         state.peer_read[msg.sender] = end

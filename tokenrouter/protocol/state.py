@@ -1,31 +1,78 @@
 """One request as one subserver knows it (`RouteState`), and its form on the wire when
 it moves to another writer (`PeerMessage`, sent and received by `handoff.py`).
+
+A request carries two seeds, for two different things:
+
+- `route_seed` seeds the coin flips of the routing program (`bernoulli(...)` rules, a
+  mixture's draws; `StepTensors.request_seed` in a step): the frontend takes it from the
+  request (the HTTP body's `seed`, the offline API's `route_seeds`, the bench's request
+  index), and a request that gives none gets `route_seed_of(rid)`, so different requests
+  flip independent coins;
+- `sampling.seed` (`sampling.SamplingParams`) seeds the sampler's draws.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
+from tokenrouter.protocol.sampling import SamplingParams, Seed
+
 WIRE_VERSION = 1
+
+__all__ = ["PeerMessage", "RouteState", "WIRE_VERSION", "route_seed_of"]
+
+
+def route_seed_of(rid: str) -> int:
+    """The route seed of a request that gives none: a stable 63-bit hash of its id
+    (BLAKE2b), the same for the same id on every host and in every run."""
+    digest = hashlib.blake2b(rid.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+class _Sampling:
+    """`RouteState.sampling`: always a `SamplingParams`; a mapping assigned to it (its
+    dict form) is validated into one."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, obj, owner=None) -> SamplingParams:
+        if obj is None:
+            return SamplingParams()  # the dataclass field's default
+        return obj.__dict__[self.slot]
+
+    def __set__(self, obj, value: SamplingParams | Mapping[str, Any]) -> None:
+        obj.__dict__[self.slot] = value if isinstance(value, SamplingParams) else SamplingParams(**value)
 
 
 @dataclass
 class RouteState:
-    """One request as one subserver knows it. Integers and lists only."""
+    """One request as one subserver knows it. Integers and lists, and its sampling parameters."""
 
     rid: str
     tokens: list[int]  # prompt + committed output, as far as known here
     prompt_len: int
     writer: str  # the writer of the request's next token
     visit_tokens: int = 0  # tokens `writer` has committed in its current visit
-    seed: int = 0
+    route_seed: int = 0  # seeds the program's coin flips (not the sampler: that is sampling.seed)
     peer_read: dict[str, int] = field(default_factory=dict)  # peer -> len(tokens) it has seen
     written_by: dict[str, int] = field(default_factory=dict)  # writer -> tokens it wrote
-    sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_p, ... (opaque)
+    sampling: SamplingParams = _Sampling()  # type: ignore[assignment]
     finished: bool = False
+
+    # `seed` is the old name of `route_seed`, still used by the compiler's reference
+    # interpreter (`compiler/backend/interpreter.py`, send/receive); remove with that use
+    @property
+    def seed(self) -> int:
+        return self.route_seed
+
+    @seed.setter
+    def seed(self, value: int) -> None:
+        self.route_seed = value
 
 
 class PeerMessage(BaseModel):
@@ -40,8 +87,21 @@ class PeerMessage(BaseModel):
     prompt_len: int
     writer: str  # who writes next (the receiver, or an ensemble it belongs to)
     visit_tokens: int = 0
-    seed: int = 0
+    route_seed: Seed = 0
     written_by: dict[str, int] = {}
-    sampling: dict[str, Any] = {}
+    sampling: SamplingParams = SamplingParams()
     finished: bool = False
     sender: str = ""  # the model that sent it; the receiver records that it has read `start + len(suffix)`
+
+    def __init__(self, **data: Any) -> None:
+        # `seed=`: the old name of `route_seed`, still used by the compiler's reference
+        # interpreter (see RouteState.seed); pydantic validates a frame through here too, so
+        # a handoff frame may also say `seed` (bounded alike); remove with that use
+        if "seed" in data and "route_seed" not in data:
+            data["route_seed"] = data.pop("seed")
+        super().__init__(**data)
+
+    @property
+    def seed(self) -> int:
+        """The old name of `route_seed` (see `__init__`)."""
+        return self.route_seed

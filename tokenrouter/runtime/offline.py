@@ -1,20 +1,23 @@
 """The offline API: load a `.route` file and generate for a list of prompts, like vLLM's
 `LLM.generate`, on the same subservers `serve` runs.
 
-    from tokenrouter.runtime.offline import LLM
-    from tokenrouter.runtime.engine.sampler import SamplingParams
+    from tokenrouter.runtime.offline import LLM, SamplingParams
     with LLM("examples/demo.route") as llm:
         outs = llm.generate(["Hello", "The capital of France is"], SamplingParams(max_tokens=32))
     print(outs[0].text, outs[0].tokens_by_model)
 
 The runtime lives in a private asyncio loop on a background thread, so `generate` is an
 ordinary blocking call (with a tqdm progress bar) that also works inside notebooks.
+
+`SamplingParams` is `protocol.sampling`'s, validated when it is made; `generate` adds the
+tokenizer's end-of-sequence ids to its stop ids (`SamplingParams.with_eos`, as the HTTP
+API does) unless `ignore_eos`. A request's route seed (the seed of the program's coin
+flips) is `route_seeds[i]` when given, else 0, so a run is reproducible.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import threading
@@ -25,10 +28,12 @@ from tqdm.auto import tqdm
 
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.pipeline import load_program
-from tokenrouter.runtime.engine.sampler import SamplingParams
+from tokenrouter.protocol.sampling import SamplingParams
 from tokenrouter.runtime.frontend.frontend import Delta, close_runtime, open_runtime
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.loader import Tokenizer, model_facts, resolve_folder
+
+__all__ = ["LLM", "RequestOutput", "SamplingParams", "tokenizer_for"]
 
 
 @dataclass
@@ -59,14 +64,6 @@ def tokenizer_for(program: ir.Program):
     return Tokenizer.from_dir(folder, eos_token_ids=eos)
 
 
-def with_eos(params, tokenizer, ignore_eos: bool = False):
-    """`params` with the tokenizer's end-of-sequence ids added to its stop ids (unless ignored)."""
-    stop = list(params.stop_token_ids)
-    if not ignore_eos:
-        stop += [t for t in tokenizer.eos_token_ids if t not in stop]
-    return dataclasses.replace(params, stop_token_ids=tuple(stop))
-
-
 class LLM:
     """A running deployment of one routing program (subservers + frontend)."""
 
@@ -92,17 +89,18 @@ class LLM:
 
     # ---------------------------------------------------------------- generate
     def generate(self, prompts: Sequence[str | list[int]] | str, params=None, *, concurrency: int | None = None,
-                 use_tqdm: bool = True, ignore_eos: bool = False, seeds: Sequence[int] | None = None,
+                 use_tqdm: bool = True, ignore_eos: bool = False, route_seeds: Sequence[int] | None = None,
                  desc: str = "generate") -> list[RequestOutput]:
         """Generate for every prompt (text or token ids); outputs in prompt order.
-        `concurrency` caps the requests in flight (default: all, as KV capacity allows)."""
+        `concurrency` caps the requests in flight (default: all, as KV capacity allows);
+        `route_seeds[i]` seeds prompt i's coin flips (default 0)."""
         if isinstance(prompts, str):
             prompts = [prompts]
-        params = with_eos(params or SamplingParams(), self.tokenizer, ignore_eos)
+        params = (params or SamplingParams()).with_eos(self.tokenizer.eos_token_ids, ignore_eos)
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
-        return self._call(self._run(list(prompts), ids, params, concurrency, use_tqdm, seeds, desc))
+        return self._call(self._run(list(prompts), ids, params, concurrency, use_tqdm, route_seeds, desc))
 
-    async def _run(self, prompts, ids, params, concurrency, use_tqdm, seeds, desc) -> list[RequestOutput]:
+    async def _run(self, prompts, ids, params, concurrency, use_tqdm, route_seeds, desc) -> list[RequestOutput]:
         sem = asyncio.Semaphore(concurrency or len(ids) or 1)
         bar = tqdm(total=len(ids), desc=desc, unit="req", disable=not use_tqdm)
         stop = set(params.stop_token_ids)
@@ -113,7 +111,8 @@ class LLM:
                 writers: list[str] = []
                 final = None
                 try:
-                    async for ev in self.frontend.generate(ids[i], params, seed=(seeds[i] if seeds else 0)):
+                    seed = route_seeds[i] if route_seeds else 0
+                    async for ev in self.frontend.generate(ids[i], params, route_seed=seed):
                         if isinstance(ev, Delta):
                             toks += ev.tokens
                             writers += ev.writers

@@ -4,7 +4,7 @@ It follows one request through the program as the papers describe it, and shares
 with the serving path that could hide a bug there: no scheduler, no messages, no KV
 reuse (every step is a fresh prefill of everything the writer sees, on a sequence freed
 right after), and the routing decisions come from the IR's reference interpreter
-(`compiler.interpreter`), not from the compiled router. Only the engine forward and the
+(`compiler/backend/interpreter.py`), not from the compiled router. Only the engine forward and the
 sampler are shared, and those are tested on their own against transformers.
 
 So a served request that matches this, token for token, has had its KV appended
@@ -24,7 +24,7 @@ from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.compiler.backend.compiled import default_base_dir
 from tokenrouter.compiler.backend.interpreter import Interpreter, RequestStep
 from tokenrouter.runtime.engine.engine import Engine
-from tokenrouter.runtime.engine.sampler import sample
+from tokenrouter.runtime.engine.sampler import SamplingParams, sample
 from tokenrouter.runtime.loader import load_model, quant_kwargs
 
 
@@ -98,8 +98,9 @@ class Reference:
             eng.free(sid)
         return out.logits[0], {k: v[0] for k, v in out.hidden.items()}
 
-    def generate(self, prompt: list[int], sampling, seed: int = 0,
+    def generate(self, prompt: list[int], sampling: SamplingParams, route_seed: int = 0,
                  max_model_len: int | None = None) -> ReferenceOutput:
+        """One request: `sampling` draws its tokens, `route_seed` seeds the program's coin flips."""
         tokens = list(prompt)
         writer, visit = self.program.start, 0
         out = ReferenceOutput([], "length")
@@ -117,7 +118,7 @@ class Reference:
             if ens is not None:
                 member = [self._forward(m, tokens, FeatureNeeds())[0] for m in ens.members]
                 logp = self.interp.combine(writer, RequestStep(member_logits=tuple(r.double().numpy() for r in member),
-                                                               position=pos, request_seed=seed))
+                                                               position=pos, request_seed=route_seed))
                 logits = torch.from_numpy(logp)
                 hidden: dict[int, Any] = {}
                 row = None
@@ -130,7 +131,7 @@ class Reference:
                 emb = self.engines[writer].embed(torch.tensor([tok]))[0]
             step = RequestStep(
                 logits=None if row is None else row.double().numpy(), sampled=tok, visit_tokens=visit + 1,
-                position=pos, request_seed=seed,
+                position=pos, request_seed=route_seed,
                 hidden={k: v.double().numpy() for k, v in hidden.items()},
                 token_embedding=None if emb is None else emb.double().numpy(),
                 member_logits=tuple(r.double().numpy() for r in member))

@@ -4,7 +4,7 @@ Each iteration steps every writer once on the requests it currently holds, so ev
 request advances by at most one token per iteration and every iteration lasts as long as
 the slowest model's step (the step desynchronisation the TokenRouter paper describes).
 It keeps each model's KV for each request between visits (it has no prefix matching to
-do), and steps each writer with the subserver's own step runner (`runtime/step.py`) and
+do), and steps each writer with the subserver's own step runner (`subserver/step.py`) and
 the compiled routers, so it produces the same tokens as the runtime and ends requests by
 the same rules (stop token, `max_tokens`, context limit, rewrite loop).
 """
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenrouter.compiler import ir
+from tokenrouter.protocol.sampling import SamplingParams
 from tokenrouter.protocol.state import RouteState
 from tokenrouter.runtime.metrics import PHASES
 from tokenrouter.runtime.subserver.request import Request
@@ -62,11 +63,11 @@ class Lockstep:
                         for w in self.writers}
         self.iterations = 0
 
-    def generate(self, prompts: list[list[int]], params, stop_token_ids=(), concurrency: int = 8,
-                 seeds: list[int] | None = None) -> list[LockstepOutput]:
-        """Greedy/sampled generation for token-id prompts, at most `concurrency` at a time."""
-        import dataclasses
-        params = dataclasses.replace(params, stop_token_ids=tuple(params.stop_token_ids) + tuple(stop_token_ids))
+    def generate(self, prompts: list[list[int]], params: SamplingParams, stop_token_ids=(), concurrency: int = 8,
+                 route_seeds: list[int] | None = None) -> list[LockstepOutput]:
+        """Greedy/sampled generation for token-id prompts, at most `concurrency` at a time;
+        `route_seeds[i]` seeds prompt i's coin flips (default 0)."""
+        params = params.replace(stop_token_ids=tuple(params.stop_token_ids) + tuple(stop_token_ids))
         todo = list(range(len(prompts)))[::-1]
         active: list[Request] = []
         outs: list[LockstepOutput | None] = [None] * len(prompts)
@@ -75,7 +76,8 @@ class Lockstep:
             while todo and len(active) < concurrency:
                 i = todo.pop()
                 st = RouteState(rid=str(i), tokens=list(prompts[i]), prompt_len=len(prompts[i]),
-                                writer=self.program.start, seed=seeds[i] if seeds else 0)
+                                writer=self.program.start, route_seed=route_seeds[i] if route_seeds else 0,
+                                sampling=params)
                 active.append(Request(st, st.rid, params))
             self.iterations += 1
             batches = {w: [r for r in active if r.state.writer == w] for w in self.writers}

@@ -4,8 +4,9 @@ A request's draw depends only on (its seed, its output position, its logits row)
 on the batch it shares a step with: each sampled row gets its own noise from a generator
 seeded by (seed, position). The draw is the exponential race (argmax of p / E with
 E ~ Exp(1)), which samples exactly from p and needs one uniform vector per row.
-`SamplingParams` (defined in `params.py`, importable from here) also carries a request's
-`max_tokens` and `stop_token_ids`; the step runner (`runtime/step.py`) ends requests at them.
+`SamplingParams` (`protocol/sampling.py`, importable from here) also carries a request's
+`max_tokens` and `stop_token_ids`; the step runner (`subserver/step.py`) ends requests at
+them. It is validated once where a request enters; `sample` only reads its attributes.
 """
 
 from __future__ import annotations

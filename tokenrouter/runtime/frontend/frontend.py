@@ -34,6 +34,7 @@ import zmq.asyncio
 
 from tokenrouter.runtime.transport import wire
 from tokenrouter.protocol.sampling import SamplingParams
+from tokenrouter.protocol.state import route_seed_of
 from tokenrouter.runtime.frontend.liveness import HEARTBEAT_TIMEOUT_S, MAX_RESTARTS, Liveness, SubserverWatch
 from tokenrouter.runtime.frontend.streams import Delta, Final, RequestStream
 from tokenrouter.runtime.transport.sockets import bind_form, bound_receive, check_address
@@ -173,18 +174,17 @@ class Frontend(SubserverWatch):
         return self._capacity
 
     # -------------------------------------------------------------- requests
-    async def generate(self, prompt: list[int], params: SamplingParams, seed: int = 0,
+    async def generate(self, prompt: list[int], params: SamplingParams, route_seed: int | None = None,
                        rid: str | None = None) -> AsyncIterator[Delta | Final]:
         """Submit one request and yield its tokens as they are committed, then a `Final`.
+        `route_seed` seeds the program's coin flips; None takes `route_seed_of(rid)`.
         Closing the iterator early (a client went away) aborts the request."""
         if not self.healthy:
             raise RuntimeUnavailable(self.failure or "the runtime is not running")
         rid = rid or uuid.uuid4().hex
-        try:
-            sampling = wire.Sampling.of(params)  # the wire's bounds
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"bad sampling parameters: {exc}") from None
-        blocks = self.blocks_needed(len(prompt), sampling.max_tokens)
+        if route_seed is None:
+            route_seed = route_seed_of(rid)
+        blocks = self.blocks_needed(len(prompt), params.max_tokens)
         if blocks > self._capacity:
             raise ValueError(f"the request needs {blocks} KV blocks, more than the {self._capacity} there are")
         live = RequestStream(rid, blocks)
@@ -194,7 +194,8 @@ class Frontend(SubserverWatch):
             self.reqs[rid] = live
             for w in self.writers:
                 if w == self.start_writer:
-                    await self._send(w, wire.Submit(rid=rid, prompt=list(prompt), sampling=sampling, seed=seed))
+                    await self._send(w, wire.Submit(rid=rid, prompt=list(prompt), sampling=params,
+                                                    route_seed=route_seed))
                 else:
                     await self._send(w, wire.Announce(rid=rid))
             while True:

@@ -128,7 +128,7 @@ def build_app(make_runtime, served_name: str, tokenizer, max_tokens_limit: int |
         ids = await s.checks.prompt_ids(body.prompt)
         params = s.checks.sampling(body, len(ids), body.max_tokens)
         include = bool((body.stream_options or {}).get("include_usage"))
-        return await s.run(request, ids, params, body.seed or 0, False, body.stream, include, deadline)
+        return await s.run(request, ids, params, body.seed, False, body.stream, include, deadline)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
@@ -139,6 +139,6 @@ def build_app(make_runtime, served_name: str, tokenizer, max_tokens_limit: int |
         mt = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = s.checks.sampling(body, len(ids), mt)
         include = bool((body.stream_options or {}).get("include_usage"))
-        return await s.run(request, ids, params, body.seed or 0, True, body.stream, include, deadline)
+        return await s.run(request, ids, params, body.seed, True, body.stream, include, deadline)
 
     return app

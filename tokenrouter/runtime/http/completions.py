@@ -18,9 +18,9 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from tokenrouter.runtime.http.detokenizer import Detokenizer
 from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS, SamplingParams
 from tokenrouter.runtime.frontend.frontend import Delta, Final, Frontend, RuntimeUnavailable
+from tokenrouter.runtime.http.detokenizer import Detokenizer
 from tokenrouter.runtime.http.limits import Admission, Limits
 from tokenrouter.runtime.http.protocol import DeadlineExceeded, error_response
 from tokenrouter.runtime.http.validation import Validator
@@ -47,14 +47,16 @@ class Server:
 
 
     # -------------------------------------------------------------- running
-    async def run(self, request: Request, ids: list[int], params: SamplingParams, seed: int, chat: bool,
-                  stream: bool, include_usage: bool, deadline: float | None = None):
+    async def run(self, request: Request, ids: list[int], params: SamplingParams, route_seed: int | None,
+                  chat: bool, stream: bool, include_usage: bool, deadline: float | None = None):
+        """Run one admitted request. `route_seed` seeds the program's coin flips (the body's
+        `seed`); None: the frontend derives it from the request id."""
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         stop_ids = set(params.stop_token_ids)
         await self._admit(deadline)
         release = self.admission.release
         try:
-            gen = self.fe.generate(ids, params, seed=seed, rid=rid)
+            gen = self.fe.generate(ids, params, route_seed=route_seed, rid=rid)
             if stream:
                 resp = AdmittedStream(self._stream(gen, rid, ids, stop_ids, chat, include_usage, deadline),
                                media_type="text/event-stream")

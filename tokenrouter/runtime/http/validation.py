@@ -1,15 +1,19 @@
-"""Checks that turn an HTTP request into token ids and typed sampling parameters.
+"""Checks that turn an HTTP request into token ids and its `SamplingParams`.
 
 Anything malformed or unsupported is a `BadRequest` (HTTP 400 with an OpenAI-style body)
 before the runtime sees it: an unknown model, options this server does not implement,
 token ids outside the vocabulary, a prompt longer than the context, `max_tokens` over
-what the context or the server allows, a request needing more KV blocks than exist.
-Tokenisation and chat templates run in worker threads, so the event loop keeps answering.
+what the context or the server allows, a request needing more KV blocks than exist,
+sampling parameters outside `SamplingParams`' bounds. The tokenizer's end-of-sequence ids
+join the stop ids unless `ignore_eos` (`SamplingParams.with_eos`). Tokenisation and chat
+templates run in worker threads, so the event loop keeps answering.
 """
 
 from __future__ import annotations
 
 import asyncio
+
+from pydantic import ValidationError
 
 from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS, SamplingParams
 from tokenrouter.runtime.frontend.frontend import Frontend
@@ -133,11 +137,14 @@ class Validator:
         if blocks > self.fe.capacity_blocks:
             raise BadRequest(f"the request needs {blocks} KV blocks; the cache has {self.fe.capacity_blocks}",
                              "max_tokens")
-        stop = list(req.stop_token_ids or ())
-        if not req.ignore_eos:
-            stop += [t for t in self.tok.eos_token_ids if t not in stop]
-        return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed,
-                              max_tokens=max_tokens, stop_token_ids=tuple(stop))
+        try:
+            params = SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, seed=req.seed,
+                                    max_tokens=max_tokens, stop_token_ids=tuple(req.stop_token_ids or ()))
+            return params.with_eos(self.tok.eos_token_ids, req.ignore_eos)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = str(first["loc"][0]) if first.get("loc") else None
+            raise BadRequest(f"invalid sampling parameters: {where or 'sampling'}: {first['msg']}", where) from None
 
 
 def longest_token_bytes(tokenizer) -> int | None:

@@ -2,25 +2,27 @@
 
 A `Request` joins what the parts of a subserver need to know about one request:
 
-    state   the route state the compiled router reads and writes (`protocol.state.RouteState`: the
-            tokens known here, whose turn it is, the visit's token count, how far each
-            peer has read, who wrote how many tokens)
+    state   the route state the compiled router reads and writes (`protocol.state.RouteState`:
+            the tokens known here, whose turn it is, the visit's token count, how far
+            each peer has read, who wrote how many tokens, the route seed, the sampling
+            parameters it carries to the peers)
     seq     its sequence id in this writer's engines, whose KV holds `state.tokens[:fed]`
-    params  its sampling parameters, typed; `max_tokens` and `stop_token_ids` are its
-            stop rules (`end_reason`)
+    params  its `SamplingParams` (the same object as `state.sampling`), read by the
+            sampler every step; `max_tokens` and `stop_token_ids` are its stop rules
+            (`end_reason`)
 
 Its scheduling state (waiting, running, pending, returning) is the scheduler's, keyed by
 the request id, because the scheduler is integers only and tested without models
 (`scheduler.py`). The frontend, in another process, keeps its own record of the request's
-stream (`frontend_streams.py`).
+stream (`frontend/streams.py`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tokenrouter.protocol.state import RouteState
 from tokenrouter.protocol.sampling import SamplingParams
+from tokenrouter.protocol.state import RouteState
 
 
 @dataclass(eq=False)

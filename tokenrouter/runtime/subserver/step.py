@@ -108,7 +108,7 @@ class StepRunner:
 
         positions = torch.tensor([r.n_out for r in reqs], dtype=torch.int64)
         visit = torch.tensor([r.state.visit_tokens + 1 for r in reqs], dtype=torch.int64)
-        seeds = torch.tensor([r.state.seed for r in reqs], dtype=torch.int64)
+        seeds = torch.tensor([r.state.route_seed for r in reqs], dtype=torch.int64)  # the coins' seeds
         if self.ensemble:
             member_logits = tuple(o.logits for o in outs)
             logits = self.router.combine(StepTensors(logits=None, sampled=None, visit_tokens=visit, position=positions,

@@ -226,10 +226,10 @@ class Subserver:
         if why:
             self._fail(m.rid, f"{self.writer}: submit refused: {why}")
             return
-        # the route state carries the sampling parameters to the peers, in their wire form
+        # the route state carries the sampling parameters to the peers
         st = RouteState(rid=m.rid, tokens=list(m.prompt), prompt_len=len(m.prompt),
-                        writer=self.writer, seed=m.seed, sampling=m.sampling.model_dump())
-        self.reqs[m.rid] = Request(st, self._new_seq(), m.sampling.params())
+                        writer=self.writer, route_seed=m.route_seed, sampling=m.sampling)
+        self.reqs[m.rid] = Request(st, self._new_seq(), m.sampling)
         self.sched.add(m.rid, time.monotonic_ns())
 
     def _receive(self, m: wire.Handoff) -> None:
@@ -252,7 +252,7 @@ class Subserver:
             t0 = time.perf_counter()
             seq = self.retention.arrive(rid, st.tokens)
             self.stats.phase_s["bookkeeping"] += time.perf_counter() - t0
-            r = self.reqs[rid] = Request(st, seq, wire.Sampling.model_validate(st.sampling).params())
+            r = self.reqs[rid] = Request(st, seq, st.sampling)
             self.sched.add(rid, time.monotonic_ns())
         else:
             r.state = st

@@ -7,10 +7,11 @@ is data, validated by pydantic on the way in, and a frame of an unknown type or 
 rejected with a clear error instead of being executed.
 
 Validation is complete, because a peer may be hostile or broken: every number has bounds,
-every string and list a maximum length, sampling parameters are typed (`Sampling`, also
-checked inside a handoff's `PeerMessage`), and a frame longer than `MAX_FRAME` bytes is
-refused before it is parsed (the sockets also refuse it, `transport.py`). A frame that
-fails is dropped by the receiver and counted (`tokenrouter_frames_dropped_total`).
+every string and list a maximum length, sampling parameters are the strict, bounded
+`protocol.sampling.SamplingParams` (in a `submit` and inside a handoff's `PeerMessage`),
+and a frame longer than `MAX_FRAME` bytes is refused before it is parsed (the sockets also
+refuse it, `sockets.py`). A frame that fails is dropped by the receiver and counted
+(`tokenrouter_frames_dropped_total`).
 
 Directions:
   frontend -> subserver: submit, announce, release, stats, shutdown, configure, debug_fail
@@ -25,48 +26,21 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
+from tokenrouter.protocol.sampling import MAX_TOKENS, TOKEN_ID_MAX, SamplingParams, Seed
 from tokenrouter.protocol.state import PeerMessage
-from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS, SamplingParams
 
 CONTROL_VERSION = 1
 FRONTEND = "frontend"  # the frontend's name among the endpoints (the others are writers)
 
 MAX_FRAME = 32 << 20  # bytes; a 1M-token prompt is about 8 MB of JSON
-MAX_TOKENS = 1 << 20  # longest token list (prompt, suffix, stop ids are far shorter)
-MAX_STOP_IDS = 1024
+# MAX_TOKENS (the longest token list) and TOKEN_ID_MAX come from protocol.sampling
 MAX_NAME = 128  # request ids, writer names, reasons
 MAX_ITEMS = 1 << 16  # token events in one `tokens` frame, entries in a small dict
-TOKEN_ID_MAX = (1 << 31) - 1
-INT64 = 1 << 63
 
 Name = Annotated[str, Field(max_length=MAX_NAME)]
 TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
 Count = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
-Seed = Annotated[int, Field(ge=-INT64, lt=INT64)]
 Counts = Annotated[dict[Name, Count], Field(max_length=256)]
-
-
-class Sampling(BaseModel):
-    """The wire form of a request's `SamplingParams`, bounded. Strict: a string is never
-    taken for a number."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-    temperature: float = Field(default=0.0, ge=0.0, le=100.0, allow_inf_nan=False)
-    top_k: int = Field(default=0, ge=0, le=TOKEN_ID_MAX)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    seed: Seed | None = None
-    max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, ge=1, le=MAX_TOKENS)
-    stop_token_ids: list[TokenId] = Field(default_factory=list, max_length=MAX_STOP_IDS)
-
-    @classmethod
-    def of(cls, p: SamplingParams) -> "Sampling":
-        """Raises pydantic's ValidationError (a ValueError) for values outside the bounds."""
-        return cls(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=p.seed,
-                   max_tokens=p.max_tokens, stop_token_ids=list(p.stop_token_ids))
-
-    def params(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed,
-                              max_tokens=self.max_tokens, stop_token_ids=tuple(self.stop_token_ids))
 
 
 class _Msg(BaseModel):
@@ -80,8 +54,8 @@ class Submit(_Msg):
     t: Literal["submit"] = "submit"
     rid: Name
     prompt: list[TokenId] = Field(min_length=1, max_length=MAX_TOKENS)
-    sampling: Sampling = Sampling()
-    seed: Seed = 0
+    sampling: SamplingParams = SamplingParams()
+    route_seed: Seed = 0  # the seed of the program's coin flips (`protocol.state`)
 
 
 class Announce(_Msg):
@@ -111,8 +85,9 @@ class Handoff(_Msg):
     @field_validator("msg")
     @classmethod
     def _bounded(cls, m: PeerMessage) -> PeerMessage:
-        """`PeerMessage` belongs to the compiler's ABI and is loosely typed there; a peer's
-        handoff is held to the same bounds as a submit."""
+        """`PeerMessage` (`protocol.state`) types its seed and sampling parameters but leaves
+        names, token ids and positions loose; a peer's handoff is held to the same bounds as
+        a submit."""
         if len(m.rid) > MAX_NAME or len(m.writer) > MAX_NAME or len(m.sender) > MAX_NAME:
             raise ValueError("a name is too long")
         if len(m.suffix) > MAX_TOKENS or any(not 0 <= t <= TOKEN_ID_MAX for t in m.suffix):
@@ -120,12 +95,9 @@ class Handoff(_Msg):
         for v in (m.start, m.prompt_len, m.visit_tokens):
             if not 0 <= v <= MAX_TOKENS * 2:
                 raise ValueError(f"a position ({v}) is out of range")
-        if not -INT64 <= m.seed < INT64:
-            raise ValueError("seed out of the 64-bit range")
         if len(m.written_by) > 256 or any(len(k) > MAX_NAME or not 0 <= n <= TOKEN_ID_MAX
                                           for k, n in m.written_by.items()):
             raise ValueError("written_by is out of bounds")
-        Sampling.model_validate(m.sampling)
         return m
 
 
