@@ -11,9 +11,8 @@ from contextlib import asynccontextmanager
 import httpx
 import uvicorn
 
-from tokenrouter.runtime.frontend.frontend import close_runtime, open_runtime
+from tokenrouter.runtime.frontend.launch import LaunchOptions, close_runtime, open_runtime
 from tokenrouter.runtime.http.app import build_app
-from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.offline import tokenizer_for
 
 

@@ -73,8 +73,8 @@ def test_kill_9_of_a_local_subserver_then_automatic_recovery_then_restarts_exhau
         assert srv.wait_blocks_free() == {"slm": 0, "llm": 0}
 
         # no restarts left: the runtime gives up and says so (serve then exits non-zero)
-        srv.fe.max_restarts = 0
-        srv.fe.live["slm"].failures = 0
+        srv.fe.watch.max_restarts = 0
+        srv.fe.watch.live["slm"].failures = 0
         os.kill(srv.launcher.pids()["slm"], signal.SIGKILL)
         deadline = time.monotonic() + 10
         while not fatal and time.monotonic() < deadline:

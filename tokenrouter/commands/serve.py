@@ -194,7 +194,7 @@ def _run_subserver(args, program, opts) -> int:
 def _run_http(args, program, opts, limits) -> int:
     import uvicorn
 
-    from tokenrouter.runtime.frontend.frontend import close_runtime, open_runtime
+    from tokenrouter.runtime.frontend.launch import close_runtime, open_runtime
     from tokenrouter.runtime.http.app import build_app
     from tokenrouter.runtime.loader import LoadError
     from tokenrouter.runtime.offline import tokenizer_for

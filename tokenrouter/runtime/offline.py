@@ -29,8 +29,8 @@ from tqdm.auto import tqdm
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.pipeline import load_program
 from tokenrouter.protocol.sampling import SamplingParams
-from tokenrouter.runtime.frontend.frontend import Delta, close_runtime, open_runtime
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.frontend.frontend import Delta
+from tokenrouter.runtime.frontend.launch import LaunchOptions, close_runtime, open_runtime
 from tokenrouter.runtime.loader import Tokenizer, model_facts, resolve_folder
 
 __all__ = ["LLM", "RequestOutput", "SamplingParams", "tokenizer_for"]

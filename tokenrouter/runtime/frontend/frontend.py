@@ -2,21 +2,22 @@
 
 It lives in one asyncio event loop (uvicorn's for `serve`, a private one for the offline
 API) and owns the frontend's ZeroMQ sockets: a PULL socket where subservers report
-(ready, tokens, done, stats replies, and handoffs to forward with the `relay` transport)
-and a PUSH socket to every subserver.
+(ready, heartbeats, tokens, done, stats replies, and handoffs to forward with the `relay`
+transport), read by its receive loop, and a PUSH socket to every subserver.
 
-Each request in flight is a `RequestStream` (`frontend_streams.py`), which puts the tokens
-of several subservers back in order. When it ends (done, abort, error) the frontend tells
+Each request in flight is a `RequestStream` (`streams.py`), which puts the tokens of
+several subservers back in order. When it ends (done, abort, error) the frontend tells
 every subserver to release it (free its KV): the same message for every ending, so
 invariant 3 has one code path.
 
-Admission control keeps the KV caches from filling up mid-request (a pending request
-keeps its blocks at the writers it left, so running out of blocks could otherwise
-deadlock): a request reserves ceil((prompt + max_tokens) / block_size) + 1 blocks of the
-smallest cache before it is submitted, and waits in a FIFO queue here while they are not
-free.
+A request gets its route seed (the seed of the program's coin flips,
+`protocol.state.route_seed_of`) from its caller, or from its request id when it gives none.
 
-Liveness (heartbeats, failing what is in flight, restarts) is `frontend_liveness.py`.
+The frontend is composed of two parts it owns: `admission` (`admission.py`, KV admission
+control: a request reserves its blocks before it is submitted and waits while they are
+not free) and `watch` (`liveness.py`: heartbeats, failing what is in flight when a
+subserver is down, restarts). Starting the subservers and a connected frontend is
+`launch.open_runtime`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 import time
 import uuid
 from typing import Any, AsyncIterator, Callable
@@ -32,14 +32,15 @@ from typing import Any, AsyncIterator, Callable
 import zmq
 import zmq.asyncio
 
-from tokenrouter.runtime.transport import wire
 from tokenrouter.protocol.sampling import SamplingParams
 from tokenrouter.protocol.state import route_seed_of
-from tokenrouter.runtime.frontend.liveness import HEARTBEAT_TIMEOUT_S, MAX_RESTARTS, Liveness, SubserverWatch
+from tokenrouter.runtime.frontend.admission import KvAdmission, blocks_needed
+from tokenrouter.runtime.frontend.liveness import HEARTBEAT_TIMEOUT_S, MAX_RESTARTS, Watch
 from tokenrouter.runtime.frontend.streams import Delta, Final, RequestStream
+from tokenrouter.runtime.transport import wire
 from tokenrouter.runtime.transport.sockets import bind_form, bound_receive, check_address
 
-__all__ = ["Delta", "Final", "Frontend", "RuntimeUnavailable", "close_runtime", "open_runtime"]
+__all__ = ["Delta", "Final", "Frontend", "RuntimeUnavailable"]
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class RuntimeUnavailable(RuntimeError):
     """A subserver failed to start, is down, or the runtime gave up on it."""
 
 
-class Frontend(SubserverWatch):
+class Frontend:
     def __init__(self, start_writer: str, addresses: dict[str, str], ctx: zmq.Context | None = None,
                  alive: Callable[[], dict[str, bool]] | None = None,
                  restart: Callable[[str], None] | None = None,
@@ -60,50 +61,39 @@ class Frontend(SubserverWatch):
         self.addresses = addresses
         self.writers = [n for n in addresses if n != FRONTEND]
         self._ctx = zmq.asyncio.Context.shadow(ctx.underlying) if ctx is not None else zmq.asyncio.Context()
-        self._alive = alive
-        self._restart = restart
-        self.heartbeat_timeout_s = heartbeat_timeout_s
-        self.max_restarts = max_restarts
-        self.on_fatal = on_fatal
         self.security = security  # transport.Security (CURVE) or None
-        self.live: dict[str, Liveness] = {w: Liveness() for w in self.writers}
+        self.admission = KvAdmission(lambda: self.healthy)
+        self.watch = Watch(self.writers, end_all=self._fail_all, release=self._release_at,
+                           wake=self.admission.wake, alive=alive, restart=restart,
+                           heartbeat_timeout_s=heartbeat_timeout_s, max_restarts=max_restarts, on_fatal=on_fatal)
         self.ready: dict[str, wire.Ready] = {}
         self.reqs: dict[str, RequestStream] = {}
         self.finished: dict[str, int] = {}
         self.frames_dropped: dict[str, int] = {}
         self._started = False
         self._closed = False
-        self._last_check = 0.0
         self.start_failure: str | None = None
-        self.fatal: str | None = None
         self._stats_ids = itertools.count(1)
         self._stats_waiters: dict[int, tuple[asyncio.Future, dict[str, Any], set[str]]] = {}
         self._ready_event = asyncio.Event()
-        self._capacity = 0
-        self._reserved = 0
-        self._admit = asyncio.Condition()
-        self._queued = 0
         self._tasks: list[asyncio.Task] = []
 
     # ------------------------------------------------------------------ life
     @property
     def healthy(self) -> bool:
-        return (self._started and not self._closed and self.fatal is None
-                and all(lv.up for lv in self.live.values()))
+        return self._started and not self._closed and self.watch.fatal is None and self.watch.all_up
 
     @property
     def failure(self) -> str | None:
         """Why the runtime cannot take requests now (None when it can)."""
-        if self.fatal:
-            return self.fatal
+        if self.watch.fatal:
+            return self.watch.fatal
         if self.start_failure:
             return self.start_failure
-        down = [f"subserver {w} is down ({lv.reason})" for w, lv in self.live.items() if self._started and not lv.up]
-        return "; ".join(down) or None
+        return "; ".join(self.watch.down()) or None
 
     def health(self) -> dict[str, dict[str, Any]]:
-        now = time.monotonic()
-        return {w: lv.to_dict(now) for w, lv in self.live.items()}
+        return self.watch.health()
 
     async def start(self, timeout: float = 120.0) -> None:
         """Bind, connect, and wait until every subserver reported ready."""
@@ -124,7 +114,7 @@ class Frontend(SubserverWatch):
         self._tasks.append(asyncio.create_task(self._recv_loop()))
         deadline = time.monotonic() + timeout
         while not self._ready_event.is_set():
-            exited = [w for w, ok in (self._alive() if self._alive else {}).items() if not ok and w not in self.ready]
+            exited = [w for w, ok in self.watch.processes_alive().items() if not ok and w not in self.ready]
             if exited:
                 raise RuntimeUnavailable(f"subserver {', '.join(exited)} exited during start-up")
             if time.monotonic() > deadline:
@@ -136,9 +126,9 @@ class Frontend(SubserverWatch):
                 pass
         if self.start_failure:
             raise RuntimeUnavailable(self.start_failure)
-        self._capacity = min(r.blocks_total for r in self.ready.values())
+        self.admission.capacity = min(r.blocks_total for r in self.ready.values())
         self._started = True
-        self._tasks.append(asyncio.create_task(self._watchdog()))
+        self._tasks.append(self.watch.start())
 
     async def close(self, shutdown: bool = True) -> None:
         if shutdown:
@@ -167,11 +157,12 @@ class Frontend(SubserverWatch):
         return min(r.vocab_size for r in self.ready.values())
 
     def blocks_needed(self, prompt_len: int, max_tokens: int) -> int:
-        return math.ceil((prompt_len + max_tokens) / max(1, self.block_size)) + 1
+        """The KV blocks a request reserves (`admission.blocks_needed`)."""
+        return blocks_needed(prompt_len, max_tokens, self.block_size)
 
     @property
     def capacity_blocks(self) -> int:
-        return self._capacity
+        return self.admission.capacity
 
     # -------------------------------------------------------------- requests
     async def generate(self, prompt: list[int], params: SamplingParams, route_seed: int | None = None,
@@ -185,12 +176,13 @@ class Frontend(SubserverWatch):
         if route_seed is None:
             route_seed = route_seed_of(rid)
         blocks = self.blocks_needed(len(prompt), params.max_tokens)
-        if blocks > self._capacity:
-            raise ValueError(f"the request needs {blocks} KV blocks, more than the {self._capacity} there are")
+        if blocks > self.admission.capacity:
+            raise ValueError(f"the request needs {blocks} KV blocks, more than the {self.admission.capacity} there are")
         live = RequestStream(rid, blocks)
         finished = False
         try:
-            await self._reserve(blocks)
+            if not await self.admission.reserve(blocks):
+                raise RuntimeUnavailable(self.failure or "the runtime stopped")
             self.reqs[rid] = live
             for w in self.writers:
                 if w == self.start_writer:
@@ -230,7 +222,7 @@ class Frontend(SubserverWatch):
         sid = next(self._stats_ids)
         fut = asyncio.get_running_loop().create_future()
         got: dict[str, Any] = {}
-        asked = [w for w in self.writers if self.live[w].up]  # a down subserver cannot answer
+        asked = [w for w in self.writers if self.watch.live[w].up]  # a down subserver cannot answer
         if not asked:
             return {}
         self._stats_waiters[sid] = (fut, got, set(asked))
@@ -246,25 +238,14 @@ class Frontend(SubserverWatch):
 
     def frontend_stats(self) -> dict[str, Any]:
         return {"finished": dict(self.finished), "running": sum(1 for r in self.reqs.values() if not r.ended),
-                "queued": self._queued, "writers": list(self.writers),
-                "up": {w: lv.up for w, lv in self.live.items()},
-                "restarts": {w: lv.restarts for w, lv in self.live.items()},
+                "queued": self.admission.queued, "writers": list(self.writers),
+                "up": {w: lv.up for w, lv in self.watch.live.items()},
+                "restarts": {w: lv.restarts for w, lv in self.watch.live.items()},
                 "frames_dropped": dict(self.frames_dropped)}
 
     # --------------------------------------------------------------- internals
     async def _send(self, writer: str, msg) -> None:
         await self._push[writer].send(wire.encode(msg))
-
-    async def _reserve(self, blocks: int) -> None:
-        async with self._admit:
-            self._queued += 1
-            try:
-                await self._admit.wait_for(lambda: self._reserved + blocks <= self._capacity or not self.healthy)
-            finally:
-                self._queued -= 1
-            if not self.healthy:
-                raise RuntimeUnavailable(self.failure or "the runtime stopped")
-            self._reserved += blocks
 
     def _end(self, live: RequestStream, final: Final) -> None:
         """Finish a request once: tell its consumer, release it everywhere, free its reservation."""
@@ -274,8 +255,15 @@ class Frontend(SubserverWatch):
         live.queue.put_nowait(final)
         self.finished[final.reason] = self.finished.get(final.reason, 0) + 1
         self.reqs.pop(live.rid, None)
-        self._remember_ended(live.rid)
+        self.watch.remember_ended(live.rid)
         asyncio.get_running_loop().create_task(self._release(live, final.reason))
+
+    def _fail_all(self, message: str) -> int:
+        """End every request in flight with an error (the watch's `end_all`); how many."""
+        ended = list(self.reqs.values())
+        for live in ended:
+            self._end(live, Final("error", live.next, {}, message))
+        return len(ended)
 
     async def _release(self, live: RequestStream, reason: str) -> None:
         for w in self.writers:
@@ -283,9 +271,11 @@ class Frontend(SubserverWatch):
                 await self._send(w, wire.Release(rid=live.rid, reason=reason))
             except zmq.ZMQError:
                 pass
-        async with self._admit:
-            self._reserved -= live.blocks
-            self._admit.notify_all()
+        await self.admission.release(live.blocks)
+
+    async def _release_at(self, writer: str, rid: str) -> None:
+        """Release an ended request again at a subserver that came back (the watch's `release`)."""
+        await self._send(writer, wire.Release(rid=rid, reason="error"))
 
     async def _recv_loop(self) -> None:
         while True:
@@ -305,7 +295,7 @@ class Frontend(SubserverWatch):
     def _on_message(self, msg) -> None:
         w = getattr(msg, "writer", None)
         if w is not None and not isinstance(msg, wire.Ready):
-            self._seen(w, getattr(msg, "pid", None))
+            self.watch.seen(w, getattr(msg, "pid", None))
         if isinstance(msg, wire.Heartbeat):
             return
         if isinstance(msg, wire.Tokens):
@@ -330,24 +320,7 @@ class Frontend(SubserverWatch):
         elif isinstance(msg, wire.Handoff):  # the `relay` transport: forward like a dispatcher would
             self._push[msg.dest].send(wire.encode(msg))  # queued at once; never blocks (no HWM)
         elif isinstance(msg, wire.Ready):
-            lv = self.live.get(msg.writer)
-            if lv is None:
-                return
-            if msg.error:
-                if not self._started:
-                    self.start_failure = f"subserver {msg.writer} failed to start: {msg.error}"
-                    self._ready_event.set()
-                else:
-                    lv.reason = f"restart failed: {msg.error}"
-                return
-            self.ready[msg.writer] = msg
-            lv.pid, lv.last_seen = msg.pid, time.monotonic()
-            if not self._started:
-                lv.up, lv.since = True, lv.last_seen
-                if set(self.ready) >= set(self.writers):
-                    self._ready_event.set()
-            elif not lv.up:
-                self._came_back(msg.writer, f"ready again (pid {msg.pid})")
+            self._on_ready(msg)
         elif isinstance(msg, wire.StatsReply):
             w = self._stats_waiters.get(msg.id)
             if w is not None:
@@ -356,30 +329,22 @@ class Frontend(SubserverWatch):
                 if set(got) >= asked and not fut.done():
                     fut.set_result(None)
 
+    def _on_ready(self, msg: wire.Ready) -> None:
+        if msg.writer not in self.watch.live:
+            return
+        if msg.error:
+            if not self._started:
+                self.start_failure = f"subserver {msg.writer} failed to start: {msg.error}"
+                self._ready_event.set()
+            else:
+                self.watch.restart_failed(msg.writer, msg.error)
+            return
+        self.ready[msg.writer] = msg
+        self.watch.reported_ready(msg.writer, msg.pid)
+        if not self._started and set(self.ready) >= set(self.writers):
+            self._ready_event.set()
+
     def _flush(self, live: RequestStream) -> None:
         final = live.flush()
         if final is not None:
             self._end(live, final)
-
-
-async def open_runtime(program, opts=None, timeout: float = 180.0, **liveness):
-    """Start the subservers of `program` and a connected `Frontend` in the running loop.
-    `liveness`: heartbeat_timeout_s, max_restarts, on_fatal (see `Frontend`)."""
-    from tokenrouter.runtime.frontend.launch import Launcher
-    launcher = Launcher(program, opts).start()
-    fe = Frontend(program.start if program.start in launcher.specs else launcher.local[0],
-                  launcher.addresses, ctx=launcher.ctx, alive=launcher.alive,
-                  restart=launcher.restart if launcher.opts.mode == "process" else None,
-                  security=launcher.security, **liveness)
-    try:
-        await fe.start(timeout)
-    except BaseException:
-        await fe.close()
-        await asyncio.get_running_loop().run_in_executor(None, launcher.stop, 5.0)
-        raise
-    return launcher, fe
-
-
-async def close_runtime(launcher, fe: Frontend) -> None:
-    await fe.close()
-    await asyncio.get_running_loop().run_in_executor(None, launcher.stop)

@@ -15,10 +15,15 @@ Processes use the `spawn` start method (a forked torch is not safe), are daemons
 end with a normal exit of the parent), and also watch their parent, so a killed frontend
 leaves no orphans. `stop` asks nicely (the frontend's shutdown message), then terminates,
 then kills.
+
+`open_runtime` starts a program's subservers with a `Launcher` and a `Frontend` connected
+to them, in the running event loop (`tokenrouter serve`, the offline API, the tests);
+`close_runtime` stops both.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import multiprocessing
 import os
@@ -28,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenrouter.compiler import ir
+from tokenrouter.runtime.frontend.frontend import Frontend
 from tokenrouter.runtime.subserver.setup import SubserverSpec
 from tokenrouter.runtime.transport.sockets import cleanup_ipc, make_addresses
 from tokenrouter.runtime.transport.wire import FRONTEND
@@ -180,9 +186,6 @@ class Launcher:
         log.warning("starting a new subserver process for %s", w)
         self._spawn(w)
 
-    def exitcodes(self) -> dict[str, int | None]:
-        return {w: p.exitcode for w, p in self._procs.items()}
-
     def alive(self) -> dict[str, bool]:
         if self._procs:
             return {w: p.is_alive() for w, p in self._procs.items()}
@@ -214,3 +217,25 @@ class Launcher:
             self.ctx.term()
             self.ctx = None
 
+
+async def open_runtime(program: ir.Program, opts: LaunchOptions | None = None, timeout: float = 180.0,
+                       **liveness) -> tuple[Launcher, Frontend]:
+    """Start the subservers of `program` and a connected `Frontend` in the running loop.
+    `liveness`: heartbeat_timeout_s, max_restarts, on_fatal (see `Frontend`)."""
+    launcher = Launcher(program, opts).start()
+    fe = Frontend(program.start if program.start in launcher.specs else launcher.local[0],
+                  launcher.addresses, ctx=launcher.ctx, alive=launcher.alive,
+                  restart=launcher.restart if launcher.opts.mode == "process" else None,
+                  security=launcher.security, **liveness)
+    try:
+        await fe.start(timeout)
+    except BaseException:
+        await fe.close()
+        await asyncio.get_running_loop().run_in_executor(None, launcher.stop, 5.0)
+        raise
+    return launcher, fe
+
+
+async def close_runtime(launcher: Launcher, fe: Frontend) -> None:
+    await fe.close()
+    await asyncio.get_running_loop().run_in_executor(None, launcher.stop)

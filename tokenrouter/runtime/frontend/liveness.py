@@ -14,9 +14,9 @@ once more (a handoff queued for the dead process may have recreated one). After
 subserver is never restarted from here: it is up again when it reports ready (or its
 heartbeats resume).
 
-`SubserverWatch` is the part of `Frontend` that does this (a mixin: it works on the
-frontend's `live`, `reqs`, `fatal` and admission condition, and ends requests with its
-`_end`).
+`Watch` does this for the `Frontend`, which owns it and hands it what it needs as
+callables (`Watch.__init__`); it holds the subservers' `Liveness` records and the fatal
+state, and nothing of the frontend's own.
 """
 
 from __future__ import annotations
@@ -25,10 +25,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
-from tokenrouter.runtime.transport import wire
-from tokenrouter.runtime.frontend.streams import Final
+from typing import Any, Awaitable, Callable
 
 log = logging.getLogger(__name__)
 
@@ -60,48 +57,113 @@ class Liveness:
                 "reason": None if self.up else (self.reason or "starting")}
 
 
-class SubserverWatch:
-    """Liveness of the subservers, for `Frontend`."""
+class Watch:
+    """Liveness of the subservers, for the `Frontend`, which gives it:
 
-    def _remember_ended(self, rid: str) -> None:
+    end_all(message)            end every request in flight with an error saying `message`;
+                                returns how many
+    release(writer, rid)        send `writer` a `release` of `rid` (a coroutine)
+    wake()                      let requests waiting for admission look again (a coroutine)
+    alive()                     the launcher's: which local subservers' processes run
+    restart(writer)             the launcher's: start a new process for `writer`
+    on_fatal(message)           restarts are exhausted (`tokenrouter serve` exits)
+
+    The frontend reports what it hears (`seen`, `reported_ready`, `restart_failed`) and
+    the requests that end (`remember_ended`), and reads `all_up`, `down()`, `health()`
+    and `fatal`.
+    """
+
+    def __init__(self, writers: list[str], end_all: Callable[[str], int],
+                 release: Callable[[str, str], Awaitable[None]], wake: Callable[[], Awaitable[None]],
+                 alive: Callable[[], dict[str, bool]] | None = None, restart: Callable[[str], None] | None = None,
+                 heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S, max_restarts: int = MAX_RESTARTS,
+                 on_fatal: Callable[[str], None] | None = None):
+        self.live: dict[str, Liveness] = {w: Liveness() for w in writers}
+        self.end_all, self.release, self.wake = end_all, release, wake
+        self.alive, self.restart = alive, restart
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.max_restarts = max_restarts
+        self.on_fatal = on_fatal
+        self.started = False  # every subserver reported ready once; the watchdog runs
+        self.fatal: str | None = None
+        self.last_check = 0.0
+
+    # ------------------------------------------------------------ the frontend asks
+    @property
+    def all_up(self) -> bool:
+        return all(lv.up for lv in self.live.values())
+
+    def down(self) -> list[str]:
+        """Why each subserver that is down is down (none before the start)."""
+        return [f"subserver {w} is down ({lv.reason})" for w, lv in self.live.items() if self.started and not lv.up]
+
+    def health(self) -> dict[str, dict[str, Any]]:
+        now = time.monotonic()
+        return {w: lv.to_dict(now) for w, lv in self.live.items()}
+
+    def processes_alive(self) -> dict[str, bool]:
+        return self.alive() if self.alive is not None else {}
+
+    # ------------------------------------------------------------ the frontend tells
+    def start(self) -> asyncio.Task:
+        """Every subserver is up: from now on watch them (the watchdog task)."""
+        self.started = True
+        return asyncio.get_running_loop().create_task(self.watchdog())
+
+    def remember_ended(self, rid: str) -> None:
+        """A request ended: released again at each subserver that is down, when it is back."""
         for lv in self.live.values():
             if not lv.up and len(lv.ended) < ENDED_MEMORY:
-                lv.ended.append(rid)  # released there again when it is back
+                lv.ended.append(rid)
 
-    def _seen(self, writer: str, pid: int | None = None) -> None:
+    def seen(self, writer: str, pid: int | None = None) -> None:
+        """A frame came from `writer` (its process `pid`, when the frame says)."""
         lv = self.live.get(writer)
         if lv is None:
             return
         lv.last_seen = time.monotonic()
-        if not lv.up and self._started and pid is not None and pid == lv.pid and lv.reason.startswith("no heartbeat"):
-            self._came_back(writer, "its heartbeats resumed")  # same process: a network pause
+        if not lv.up and self.started and pid is not None and pid == lv.pid and lv.reason.startswith("no heartbeat"):
+            self.came_back(writer, "its heartbeats resumed")  # same process: a network pause
 
-    async def _watchdog(self, period: float = 0.25) -> None:
+    def reported_ready(self, writer: str, pid: int) -> None:
+        """`writer` reported ready: up at the start, or back after a restart."""
+        lv = self.live[writer]
+        lv.pid, lv.last_seen = pid, time.monotonic()
+        if not self.started:
+            lv.up, lv.since = True, lv.last_seen
+        elif not lv.up:
+            self.came_back(writer, f"ready again (pid {pid})")
+
+    def restart_failed(self, writer: str, error: str) -> None:
+        self.live[writer].reason = f"restart failed: {error}"
+
+    # ------------------------------------------------------------------ watching
+    async def watchdog(self, period: float = 0.25) -> None:
         """Notice dead subservers (exited processes, silent peers) and restart local ones."""
         while True:
             await asyncio.sleep(period)
             try:
-                await self._check()
+                await self.check()
             except Exception:
                 log.exception("liveness check failed")
 
-    async def _check(self) -> None:
+    async def check(self) -> None:
         now = time.monotonic()
         # If this loop itself was held up, frames may be waiting unread: judge silence next time.
-        stalled, self._last_check = now - self._last_check > 1.0, now
-        alive = self._alive() if self._alive is not None else {}
+        stalled, self.last_check = now - self.last_check > 1.0, now
+        alive = self.processes_alive()
         for w, lv in self.live.items():
             if lv.up:
                 if alive.get(w) is False:
-                    await self._went_down(w, "its process exited")
+                    await self.went_down(w, "its process exited")
                 elif now - lv.last_seen > self.heartbeat_timeout_s and not stalled:
-                    await self._went_down(w, f"no heartbeat for {now - lv.last_seen:.1f} s")
+                    await self.went_down(w, f"no heartbeat for {now - lv.last_seen:.1f} s")
                 elif lv.failures and now - lv.since > STABLE_S:
                     lv.failures = 0
-            elif self._restart is not None and w in alive and self.fatal is None:
-                await self._maybe_restart(w, lv, alive[w], now)
+            elif self.restart is not None and w in alive and self.fatal is None:
+                await self.maybe_restart(w, lv, alive[w], now)
 
-    async def _maybe_restart(self, w: str, lv: Liveness, running: bool, now: float) -> None:
+    async def maybe_restart(self, w: str, lv: Liveness, running: bool, now: float) -> None:
         if lv.next_restart is None:  # just went down: the first attempt comes at once
             lv.next_restart = now
         if running and lv.reason.startswith("restarting"):
@@ -114,10 +176,8 @@ class SubserverWatch:
             self.fatal = (f"subserver {w} is down and {self.max_restarts} restarts in a row failed "
                           f"(last: {lv.reason}); giving up")
             log.error("%s", self.fatal)
-            for live in list(self.reqs.values()):
-                self._end(live, Final("error", live.next, {}, self.fatal))
-            async with self._admit:
-                self._admit.notify_all()
+            self.end_all(self.fatal)
+            await self.wake()
             if self.on_fatal is not None:
                 self.on_fatal(self.fatal)
             return
@@ -127,27 +187,23 @@ class SubserverWatch:
         lv.next_restart = now + min(30.0, 0.5 * 2 ** lv.failures)  # backoff if this one fails too
         lv.reason = f"restarting (attempt {lv.failures} of {self.max_restarts})"
         log.warning("subserver %s: %s", w, lv.reason)
-        await asyncio.get_running_loop().run_in_executor(None, self._restart, w)
+        await asyncio.get_running_loop().run_in_executor(None, self.restart, w)
 
-    async def _went_down(self, w: str, reason: str) -> None:
+    async def went_down(self, w: str, reason: str) -> None:
         lv = self.live[w]
         lv.up, lv.reason, lv.next_restart = False, reason, None
         msg = f"subserver {w} is down ({reason})"
-        log.error("%s; failing %d requests", msg, len(self.reqs))
-        for live in list(self.reqs.values()):
-            self._end(live, Final("error", live.next, {}, msg))
-        async with self._admit:
-            self._admit.notify_all()
+        log.error("%s; failing %d requests", msg, self.end_all(msg))
+        await self.wake()
 
-    def _came_back(self, w: str, how: str) -> None:
+    def came_back(self, w: str, how: str) -> None:
         lv = self.live[w]
         lv.up, lv.reason, lv.next_restart = True, "", None
         lv.since = lv.last_seen = time.monotonic()
         ended, lv.ended = lv.ended, []
         log.warning("subserver %s is up: %s; releasing %d requests that ended meanwhile", w, how, len(ended))
-        loop = asyncio.get_running_loop()
-        loop.create_task(self._release_again(w, ended))
+        asyncio.get_running_loop().create_task(self.release_again(w, ended))
 
-    async def _release_again(self, w: str, rids: list[str]) -> None:
+    async def release_again(self, w: str, rids: list[str]) -> None:
         for rid in rids:
-            await self._send(w, wire.Release(rid=rid, reason="error"))
+            await self.release(w, rid)

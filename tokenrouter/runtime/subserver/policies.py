@@ -36,7 +36,7 @@ TRANSPORTS = ("peer", "relay")
 class KeepPending:
     name = "pending"
 
-    def __init__(self, engines: dict, new_seq: Callable[[], int]):
+    def __init__(self, new_seq: Callable[[], int]):
         self.new_seq = new_seq
 
     def arrive(self, rid: str, tokens: list[int]) -> int:
@@ -120,10 +120,11 @@ class Relay:
 
 
 def retention_policy(name: str, engines: dict, new_seq: Callable[[], int]) -> KeepPending | Rematch:
-    kinds = {"pending": KeepPending, "rematch": Rematch}
-    if name not in kinds:
-        raise ValueError(f"KV retention {name!r} is not one of {', '.join(RETENTIONS)}")
-    return kinds[name](engines, new_seq)
+    if name == "pending":
+        return KeepPending(new_seq)
+    if name == "rematch":
+        return Rematch(engines, new_seq)
+    raise ValueError(f"KV retention {name!r} is not one of {', '.join(RETENTIONS)}")
 
 
 def transport_policy(name: str) -> PeerToPeer | Relay:
