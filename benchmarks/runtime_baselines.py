@@ -119,10 +119,10 @@ def main(argv=None) -> int:
     from tokenrouter.runtime.baselines.naive import naive_options, no_delay_options
     from tokenrouter.runtime.engine.sampler import SamplingParams
     from tokenrouter.runtime.frontend.launch import LaunchOptions, batch_thresholds, served_writers
-    from tokenrouter.runtime.offline import tokenizer_for
+    from tokenrouter.runtime.loader import program_tokenizer
 
     program = load_program(args.program, model_facts=model_facts)
-    tokenizer = tokenizer_for(program)
+    tokenizer = program_tokenizer(program)
     prompts = _prompts(args.requests)
     params = SamplingParams(max_tokens=args.max_tokens)
     cores = os.cpu_count() or 1

@@ -74,8 +74,8 @@ def test_routed_program_diff_and_records(tmp_path, pair):
     from tokenrouter.compiler.pipeline import load_program
     prog = load_program(program_file(tmp_path, pair, "entropy(slm, normalized) > 0.3"), model_facts=model_facts)
     ref = Reference(prog)
-    from tokenrouter.runtime.offline import tokenizer_for
-    tok = tokenizer_for(prog)
+    from tokenrouter.runtime.loader import program_tokenizer
+    tok = program_tokenizer(prog)
     writers = set()
     for r in recs:
         want = ref.generate(tok.encode(r["prompt"]), SamplingParams(max_tokens=12, stop_token_ids=(tiny.EOS,)))

@@ -13,7 +13,7 @@ import uvicorn
 
 from tokenrouter.runtime.frontend.launch import LaunchOptions, close_runtime, open_runtime
 from tokenrouter.runtime.http.app import build_app
-from tokenrouter.runtime.offline import tokenizer_for
+from tokenrouter.runtime.loader import program_tokenizer
 
 
 class ServerThread:
@@ -21,7 +21,7 @@ class ServerThread:
 
     def __init__(self, program, opts: LaunchOptions, name: str = "test", liveness: dict | None = None, **app_kw):
         self.program = program
-        self.tokenizer = tokenizer_for(program)
+        self.tokenizer = program_tokenizer(program)
         self.fe = None
         self.launcher = None
         self.loop = None

@@ -51,8 +51,8 @@ def test_serve_cli_end_to_end(pair, tmp_path):
         c = client.completions.create(model="demo", prompt=tok_prompt, max_tokens=16, temperature=0)
         ids = c.choices[0].model_extra["token_ids"]
         ref = Reference(program)
-        from tokenrouter.runtime.offline import tokenizer_for
-        tk = tokenizer_for(program)
+        from tokenrouter.runtime.loader import program_tokenizer
+        tk = program_tokenizer(program)
         r = ref.generate(tk.encode(tok_prompt), SamplingParams(max_tokens=16, stop_token_ids=tk.eos_token_ids))
         assert ids == r.tokens
         assert c.model_extra["tokens_by_model"] == r.written_by

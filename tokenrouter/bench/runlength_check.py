@@ -22,7 +22,7 @@ import numpy as np
 from tokenrouter.compiler.pipeline import load_program
 from tokenrouter.runtime.frontend.launch import LaunchOptions, batch_thresholds
 from tokenrouter.runtime.loader import model_facts
-from tokenrouter.runtime.offline import tokenizer_for
+from tokenrouter.runtime.loader import program_tokenizer
 from tokenrouter.tuner import api, simulate
 from tokenrouter.tuner.program import inputs_from_program
 from tokenrouter.tuner.runlength import PhaseType, fit, save_traces
@@ -51,7 +51,7 @@ def runlength_check(opts: CheckOptions) -> dict[str, Any]:
     it was measured here) into `opts.out`; return what it wrote."""
     program = load_program(opts.file, model_facts=model_facts)
     small, large = C.small_and_large(program)
-    tok = tokenizer_for(program)
+    tok = program_tokenizer(program)
     ids = [tok.encode(p) for p in workload.prompts(opts.requests)]
     os.makedirs(opts.out, exist_ok=True)
     t0 = time.time()

@@ -22,7 +22,7 @@ from tokenrouter.runtime.host import host_info, load_average
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.loader import model_facts, resolve_folder
 from tokenrouter.runtime.loader.gguf_export import exported_gguf
-from tokenrouter.runtime.offline import tokenizer_for
+from tokenrouter.runtime.loader import program_tokenizer
 
 from tokenrouter.bench import configs as C
 from tokenrouter.bench import results as R
@@ -129,7 +129,7 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
                                         model_facts=model_facts), opts.quant)
     small, large = C.small_and_large(program)
     writers = C.writers(program)
-    tok = tokenizer_for(program)
+    tok = program_tokenizer(program)
     levels = sorted(set(opts.concurrency))
     cap = {n: max(workload.requests_for(n, opts.requests), opts.max_requests_waves * n) for n in levels}
     ids = [tok.encode(p) for p in workload.prompts(max(cap.values()))]

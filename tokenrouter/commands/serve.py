@@ -196,12 +196,11 @@ def _run_http(args, program, opts, limits) -> int:
 
     from tokenrouter.runtime.frontend.launch import close_runtime, open_runtime
     from tokenrouter.runtime.http.app import build_app
-    from tokenrouter.runtime.loader import LoadError
-    from tokenrouter.runtime.offline import tokenizer_for
+    from tokenrouter.runtime.loader import LoadError, program_tokenizer
 
     opts.base_dir = os.path.dirname(os.path.abspath(args.file))
     try:
-        tokenizer = tokenizer_for(program)
+        tokenizer = program_tokenizer(program)
     except LoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -25,7 +25,7 @@ from tokenrouter.eval.reuse import declaration, load_baselines
 from tokenrouter.eval.run import check_fit, context_length, encode_prompts, run_program
 from tokenrouter.eval.tasks import SHIPPED_TASKS, TaskError, load_all
 from tokenrouter.runtime.host import host_info
-from tokenrouter.runtime.offline import tokenizer_for
+from tokenrouter.runtime.loader import program_tokenizer
 
 
 def parse_sweep(text: str) -> tuple[str, list[float]]:
@@ -80,7 +80,7 @@ def evaluate(path: str, out: str, prompts: Sequence[str] | None = None, params: 
     sweep_programs = [load(path, {**params, sweep_name: f"{v:g}"}, model_paths) for v in sweep_vals]
     names = small_and_large(program, small, large)
 
-    tokenizer = tokenizer_for(program)
+    tokenizer = program_tokenizer(program)
     ids = encode_prompts(tokenizer, tasks, chat)
     check_fit(tasks, ids, context_length(program, getattr(launch, "max_model_len", None)))
 

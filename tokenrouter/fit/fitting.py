@@ -35,7 +35,7 @@ from tokenrouter.fit.prompts import FitError, read_prompts
 from tokenrouter.fit.report import plot
 from tokenrouter.runtime.host import host_info
 from tokenrouter.runtime.loader import model_facts, resolve_folder
-from tokenrouter.runtime.offline import tokenizer_for
+from tokenrouter.runtime.loader import program_tokenizer
 
 LABELS = {
     "r2r": "divergent: the small model's greedy token differs from the large model's greedy token at the same "
@@ -282,7 +282,7 @@ def fit(opts: FitOptions) -> FitResult:
             target_share = 0.3
 
     torch.set_num_threads(opts.threads)
-    tok = tokenizer_for(program)
+    tok = program_tokenizer(program)
     stop = set(tok.eos_token_ids)
     ids = _encode(tok, rows)
     train_idx, held_idx = _split(len(ids), opts.holdout, opts.seed)

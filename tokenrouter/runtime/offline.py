@@ -18,8 +18,6 @@ flips) is `route_seeds[i]` when given, else 0, so a run is reproducible.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -31,9 +29,9 @@ from tokenrouter.compiler.pipeline import load_program
 from tokenrouter.protocol.sampling import SamplingParams
 from tokenrouter.runtime.frontend.frontend import Delta
 from tokenrouter.runtime.frontend.launch import LaunchOptions, close_runtime, open_runtime
-from tokenrouter.runtime.loader import Tokenizer, model_facts, resolve_folder
+from tokenrouter.runtime.loader import model_facts, program_tokenizer
 
-__all__ = ["LLM", "RequestOutput", "SamplingParams", "tokenizer_for"]
+__all__ = ["LLM", "RequestOutput", "SamplingParams"]
 
 
 @dataclass
@@ -48,22 +46,6 @@ class RequestOutput:
     token_writers: list[str] = field(default_factory=list)  # the writer of each of token_ids
 
 
-def tokenizer_for(program: ir.Program):
-    """The tokenizer of the start writer's model (an ensemble's first member), read without
-    loading any weights. Routed models share it (the compiler checks their fingerprints)."""
-    ens = {e.name: e for e in program.ensembles}
-    name = ens[program.start].members[0] if program.start in ens else program.start
-    _, folder = resolve_folder(program.model(name).path)
-    eos: list[int] = []
-    for fn in ("config.json", "generation_config.json"):
-        p = os.path.join(folder, fn)
-        if os.path.isfile(p):
-            with open(p, encoding="utf-8") as f:
-                e = json.load(f).get("eos_token_id")
-            eos += e if isinstance(e, list) else ([] if e is None else [e])
-    return Tokenizer.from_dir(folder, eos_token_ids=eos)
-
-
 class LLM:
     """A running deployment of one routing program (subservers + frontend)."""
 
@@ -72,7 +54,7 @@ class LLM:
         if isinstance(program, str):  # model_paths and params: the --model and --set of the commands
             program = load_program(program, model_paths=model_paths, params=params, model_facts=model_facts)
         self.program = program
-        self.tokenizer = tokenizer_for(program)
+        self.tokenizer = program_tokenizer(program)
         opts = launch or LaunchOptions(**launch_kwargs)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tokenrouter-offline", daemon=True)

@@ -9,6 +9,7 @@
     tok.encode(text) -> list[int]; tok.decode(ids) -> str
     tok.apply_chat_template(messages, add_generation_prompt=True) -> str   (Jinja2)
     tok.eos_token_ids -> tuple[int, ...]; tok.vocab_size; tok.fingerprint -> str
+    program_tokenizer(program)              # a routing program's tokenizer, no weights loaded
 
 `m.weights` holds exactly the tensors the engine reads, shape-checked against the config; with
 tied embeddings there is no `lm_head.weight` (use `model.embed_tokens.weight`). GGUF files and
@@ -40,8 +41,8 @@ from tokenrouter.runtime.loader.builtin.registry import BUILTIN_MODELS, BuiltinM
 from tokenrouter.runtime.loader.resolve import native_gguf, resolve_folder
 from tokenrouter.runtime.loader.tokenizer import Tokenizer
 
-__all__ = ["load_model", "quant_kwargs", "resolve_folder", "model_facts", "LoadedModel", "Tokenizer", "BUILTIN_MODELS", "BuiltinModel",
-           "LoadError", "MissingFile", "ShapeMismatch", "UnsupportedArchitecture", "UnsupportedQuantization"]
+__all__ = ["load_model", "quant_kwargs", "resolve_folder", "model_facts", "program_tokenizer", "LoadedModel", "Tokenizer",
+           "BUILTIN_MODELS", "BuiltinModel", "LoadError", "MissingFile", "ShapeMismatch", "UnsupportedArchitecture", "UnsupportedQuantization"]
 
 
 @dataclass
@@ -102,3 +103,21 @@ def quant_kwargs(model: Any, quant: str) -> dict[str, Any]:
     if isinstance(model, LoadedModel):
         return model.engine_kwargs(quant)
     return {"quant": quant}
+
+
+def program_tokenizer(program: Any) -> Tokenizer:
+    """The tokenizer of a routing program (an `ir.Program`): its start writer's model's (an
+    ensemble's first member), with the end-of-sequence ids of that model's config.json and
+    generation_config.json, read without loading any weights. The routed models share it
+    (the compiler checks their fingerprints)."""
+    ens = {e.name: e for e in program.ensembles}
+    name = ens[program.start].members[0] if program.start in ens else program.start
+    _, folder = resolve_folder(program.model(name).path)
+    eos: list[int] = []
+    for fn in ("config.json", "generation_config.json"):
+        p = os.path.join(folder, fn)
+        if os.path.isfile(p):
+            with open(p, encoding="utf-8") as f:
+                e = json.load(f).get("eos_token_id")
+            eos += e if isinstance(e, list) else ([] if e is None else [e])
+    return Tokenizer.from_dir(folder, eos_token_ids=eos)
