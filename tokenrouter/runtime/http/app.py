@@ -1,19 +1,27 @@
 """The OpenAI-compatible HTTP API (FastAPI): completions, chat, models, health, metrics.
 
-The app only translates: it validates a request (`http_validation.py`; HTTP 400 with an
+The app only translates: it validates a request (`validation.py`; HTTP 400 with an
 OpenAI-style error body for anything malformed, so a bad client never costs a traceback
-or the server), turns it into token ids and typed sampling parameters, and returns what
-`Frontend.generate` yields as JSON or server-sent events (`http_completions.py`). The
-request bodies and error bodies are `http_protocol.py`; `http_limits.py` bounds the load.
+or the server), turns it into token ids and its `SamplingParams`, and returns what
+`Frontend.generate` yields as JSON or server-sent events (`completions.py`). The request
+bodies and error bodies are `protocol.py`; `limits.py` bounds the load. A body's `seed`
+seeds both the sampler and the program's coin flips (the route seed); a request without
+one gets a route seed of its own from its request id.
 
 Load is bounded (`Limits`): a body over `max_body_bytes` gets 413 before it is parsed,
 tokenisation and chat templates run in worker threads (the event loop keeps answering
 /health), at most `max_running` requests run and `max_queue` more wait in FIFO order
 (beyond that: 503 with `Retry-After`), an optional deadline ends a request that runs too
 long (504), and with an `api_key` every /v1 endpoint wants `Authorization: Bearer KEY`.
+
+`build_app` puts the app together from its parts: the lifespan that runs the runtime
+(`Holder`), the error handlers, the status routes (health, models, metrics) and the
+completion routes.
 """
 
 from __future__ import annotations
+
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,33 +36,47 @@ from tokenrouter.runtime.http.protocol import (BadRequest, ChatRequest, Completi
                                                Overloaded, error_response)
 from tokenrouter.runtime.metrics import render
 
-__all__ = ["Limits", "Server", "build_app"]
+__all__ = ["Holder", "Limits", "Server", "build_app"]
+
+
+class Holder:
+    """The app's `Server` while the runtime runs (set by the lifespan)."""
+
+    def __init__(self):
+        self.server: Server | None = None
+
+    def serving(self) -> Server:
+        """The server, if it can take requests now; else RuntimeUnavailable (503)."""
+        s = self.server
+        if s is None or not s.fe.healthy:
+            raise RuntimeUnavailable(s.fe.failure if s else "starting")
+        return s
 
 
 def build_app(make_runtime, served_name: str, tokenizer, max_tokens_limit: int | None = None,
               default_max_tokens: int = DEFAULT_MAX_TOKENS, limits: Limits | None = None) -> FastAPI:
     """The FastAPI app. `make_runtime()` is an async context manager yielding a started
     `Frontend`; it runs in the server's event loop for the app's lifetime."""
-    from contextlib import asynccontextmanager
-
-    holder: dict[str, Server] = {}
+    limits = limits or Limits()
+    holder = Holder()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         async with make_runtime() as fe:
-            holder["s"] = Server(fe, tokenizer, served_name, max_tokens_limit, default_max_tokens, limits)
+            holder.server = Server(fe, tokenizer, served_name, max_tokens_limit, default_max_tokens, limits)
             yield
-            holder.clear()
+            holder.server = None
 
-    limits = limits or Limits()
     app = FastAPI(title="tokenrouter", lifespan=lifespan)
     app.add_middleware(Guard, limits=limits)
+    add_error_handlers(app, limits)
+    add_status_routes(app, holder)
+    add_completion_routes(app, holder)
+    return app
 
-    def server() -> Server:
-        s = holder.get("s")
-        if s is None or not s.fe.healthy:
-            raise RuntimeUnavailable(s.fe.failure if s else "starting")
-        return s
+
+def add_error_handlers(app: FastAPI, limits: Limits) -> None:
+    """Every error as OpenAI's body: 400, 503 (with `Retry-After` when at capacity), 504."""
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
@@ -63,7 +85,8 @@ def build_app(make_runtime, served_name: str, tokenizer, max_tokens_limit: int |
         where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
         if first.get("type") in ("json_invalid", "value_error.jsondecode"):
             return error_response(400, f"the request body is not valid JSON: {first.get('msg')}")
-        return error_response(400, f"invalid request: {where or 'body'}: {first.get('msg', 'malformed')}", param=where or None)
+        return error_response(400, f"invalid request: {where or 'body'}: {first.get('msg', 'malformed')}",
+                              param=where or None)
 
     @app.exception_handler(BadRequest)
     async def _bad(request: Request, exc: BadRequest):
@@ -71,10 +94,9 @@ def build_app(make_runtime, served_name: str, tokenizer, max_tokens_limit: int |
 
     @app.exception_handler(Overloaded)
     async def _overloaded(request: Request, exc: Overloaded):
-        lim = limits or Limits()
-        return error_response(503, f"the server is at capacity ({lim.max_running} running, {lim.max_queue} waiting); "
-                           f"retry later", "server_error", headers={"Retry-After": str(lim.retry_after_s)},
-                      code="overloaded")
+        return error_response(503, f"the server is at capacity ({limits.max_running} running, "
+                                   f"{limits.max_queue} waiting); retry later", "server_error",
+                              headers={"Retry-After": str(limits.retry_after_s)}, code="overloaded")
 
     @app.exception_handler(DeadlineExceeded)
     async def _late(request: Request, exc: DeadlineExceeded):
@@ -86,11 +108,16 @@ def build_app(make_runtime, served_name: str, tokenizer, max_tokens_limit: int |
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        return error_response(exc.status_code, str(exc.detail), "invalid_request_error" if exc.status_code < 500 else "server_error")
+        return error_response(exc.status_code, str(exc.detail),
+                              "invalid_request_error" if exc.status_code < 500 else "server_error")
+
+
+def add_status_routes(app: FastAPI, holder: Holder) -> None:
+    """GET /health, /v1/models and /metrics."""
 
     @app.get("/health")
     async def health():
-        s = holder.get("s")
+        s = holder.server
         if s is None:
             return error_response(503, "starting", "server_error")
         body = {"status": "ok" if s.fe.healthy else "unavailable", "models": s.fe.writers,
@@ -103,7 +130,7 @@ def build_app(make_runtime, served_name: str, tokenizer, max_tokens_limit: int |
 
     @app.get("/v1/models")
     async def models():
-        s = server()
+        s = holder.serving()
         return {"object": "list", "data": [{"id": s.name, "object": "model", "created": s.created,
                                             "owned_by": "tokenrouter", "writers": s.fe.writers,
                                             "max_model_len": s.fe.max_model_len}]}
@@ -111,7 +138,7 @@ def build_app(make_runtime, served_name: str, tokenizer, max_tokens_limit: int |
     @app.get("/metrics")
     async def metrics():
         """Answers whatever the state: a down subserver shows as up 0 (and is not asked)."""
-        s = holder.get("s")
+        s = holder.server
         if s is None:
             raise RuntimeUnavailable("starting")
         fs = s.fe.frontend_stats()
@@ -120,9 +147,13 @@ def build_app(make_runtime, served_name: str, tokenizer, max_tokens_limit: int |
         text = render(await s.fe.stats(timeout=2.0), fs)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
+
+def add_completion_routes(app: FastAPI, holder: Holder) -> None:
+    """POST /v1/completions and /v1/chat/completions."""
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        s = server()
+        s = holder.serving()
         deadline = s.arrived()
         s.checks.check_common(body)
         ids = await s.checks.prompt_ids(body.prompt)
@@ -132,7 +163,7 @@ def build_app(make_runtime, served_name: str, tokenizer, max_tokens_limit: int |
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
-        s = server()
+        s = holder.serving()
         deadline = s.arrived()
         s.checks.check_common(body)
         ids = await s.checks.chat_ids(body)
@@ -140,5 +171,3 @@ def build_app(make_runtime, served_name: str, tokenizer, max_tokens_limit: int |
         params = s.checks.sampling(body, len(ids), mt)
         include = bool((body.stream_options or {}).get("include_usage"))
         return await s.run(request, ids, params, body.seed, True, body.stream, include, deadline)
-
-    return app
