@@ -1,6 +1,6 @@
 """The naive deployment and the ablations: this runtime's subservers with other policies.
 
-Each is a choice of `policies.py` (and of B_i), so the baselines run exactly the code the
+Each is a choice of `subserver/policies.py` (and of B_i), so the baselines run exactly the code the
 runtime runs except for what they change:
 
 - `naive`: independent servers plus a dispatcher. Transport `relay`: subservers never

@@ -177,7 +177,8 @@ class Frontend:
             route_seed = route_seed_of(rid)
         blocks = self.blocks_needed(len(prompt), params.max_tokens)
         if blocks > self.admission.capacity:
-            raise ValueError(f"the request needs {blocks} KV blocks, more than the {self.admission.capacity} there are")
+            raise ValueError(f"the request needs {blocks} KV blocks, more than the {self.admission.capacity} "
+                             f"there are")
         live = RequestStream(rid, blocks)
         finished = False
         try:

@@ -1,6 +1,6 @@
 """Incremental decoding of a token stream into text, for streamed responses.
 
-Used by the HTTP API's server-sent events (`http_completions.py`); `tokenrouter generate`
+Used by the HTTP API's server-sent events (`completions.py`); `tokenrouter generate`
 prints its tokens the same way.
 """
 

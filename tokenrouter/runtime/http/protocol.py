@@ -2,7 +2,7 @@
 
 Extensions to the OpenAI schema: `top_k`, `stop_token_ids`, `ignore_eos` in requests.
 Fields the server does not support are parsed so that a request using them gets a 400
-naming them (`http_validation.py`) rather than being silently ignored.
+naming them (`validation.py`) rather than being silently ignored.
 """
 
 from __future__ import annotations

@@ -41,8 +41,9 @@ from tokenrouter.runtime.loader.builtin.registry import BUILTIN_MODELS, BuiltinM
 from tokenrouter.runtime.loader.resolve import native_gguf, resolve_folder
 from tokenrouter.runtime.loader.tokenizer import Tokenizer
 
-__all__ = ["load_model", "quant_kwargs", "resolve_folder", "model_facts", "program_tokenizer", "LoadedModel", "Tokenizer",
-           "BUILTIN_MODELS", "BuiltinModel", "LoadError", "MissingFile", "ShapeMismatch", "UnsupportedArchitecture", "UnsupportedQuantization"]
+__all__ = ["load_model", "quant_kwargs", "resolve_folder", "model_facts", "LoadedModel", "Tokenizer", "BUILTIN_MODELS", "BuiltinModel",
+           "LoadError", "MissingFile", "ShapeMismatch", "UnsupportedArchitecture", "UnsupportedQuantization",
+           "program_tokenizer"]
 
 
 @dataclass

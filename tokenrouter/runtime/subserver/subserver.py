@@ -1,6 +1,6 @@
 """One subserver per writer: its engine(s), its compiled router, its scheduler, two loops.
 
-The *messaging loop* (a `transport.Receiver` thread) only parses frames and queues them
+The *messaging loop* (a `sockets.Receiver` thread) only parses frames and queues them
 (`inbox.py`). The *decoding loop* (`Subserver.serve`, the main thread of the process)
 applies queued messages between steps, asks the scheduler for a batch, and runs one step
 (`step.py`: feed, forward, combine, sample, route, commit), then tells the others:
@@ -15,7 +15,7 @@ with its KV and peer to peer here; `rematch` and `relay` for the baselines.
 Faults stay inside a request: a frame that fails validation is dropped and counted
 (`frames_dropped{reason}`), a message whose handling raises fails only its request, and a
 step that raises fails the requests of that step; the loops keep running. A heartbeat
-thread tells the frontend this process is alive (see `frontend_liveness.py`).
+thread tells the frontend this process is alive (see `frontend/liveness.py`).
 """
 
 from __future__ import annotations
@@ -388,7 +388,7 @@ def run_process(spec_dict: dict[str, Any]) -> None:
     logging.basicConfig(level=os.environ.get("TOKENROUTER_LOG", "WARNING"),
                         format=f"[{spec_dict.get('writer')}] %(levelname)s %(message)s")
     spec, parent = SubserverSpec(**spec_dict), os.getppid()
-    bound_heap_growth()  # RSS flat over hours of changing batch sizes (process_memory.py)
+    bound_heap_growth()  # RSS flat over hours of changing batch sizes (memory.py)
 
     def watch_parent() -> None:  # no orphans: end with the process that started us
         while os.getppid() == parent:
