@@ -6,7 +6,14 @@
   not import the compiler, the compiler not the runtime, the runtime not the tuner, and
   nothing outside commands/ and cli.py imports tokenrouter.commands;
 - no module uses another module's private names (`from x import _y`, or `x._y` on an
-  imported module), at the top or inside a function.
+  imported module), at the top or inside a function;
+- no module reads an underscored attribute it does not define (`self._y` or `obj._y` where
+  nothing in the module defines `_y`): a class keeps its private state to itself, and a
+  mixin that works on its host's private attributes (or a host on its mixin's, or a
+  subclass on its base's from another module) is caught. What "defines" means is read from
+  names, not types (a def, a class, an assignment, a parameter or a keyword argument
+  anywhere in the module), so it cannot tell two classes of one module apart, and it
+  leaves alone attributes of objects imported from outside the package (`os._exit`).
 """
 
 from __future__ import annotations
@@ -106,6 +113,57 @@ def private_uses(mods) -> set[tuple[str, str, str]]:
     return out
 
 
+NAMEDTUPLE_API = {"_replace", "_asdict", "_fields", "_make", "_field_defaults"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_attribute_reads(mods) -> list[str]:
+    """'file:line: expression' for each read of an underscored attribute the module does
+    not define (see the module docstring)."""
+    out = []
+    for module, (path, tree) in mods.items():
+        defined: set[str] = set()
+        outside: set[str] = set()  # local names of things imported from outside the package
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                defined.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                defined.add(node.attr)
+            elif isinstance(node, ast.keyword) and node.arg:
+                defined.add(node.arg)  # set_defaults(_run=...), SimpleNamespace(_x=...)
+            elif isinstance(node, ast.arg):
+                defined.add(node.arg)
+            elif isinstance(node, ast.Import):
+                outside |= {(a.asname or a.name).split(".")[0] for a in node.names
+                            if not a.name.startswith("tokenrouter")}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                if not (node.module or "").startswith("tokenrouter"):
+                    outside |= {a.asname or a.name for a in node.names}
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and _private(node.attr)):
+                continue
+            if node.attr in defined or node.attr in NAMEDTUPLE_API:
+                continue
+            root = node.value
+            while isinstance(root, (ast.Attribute, ast.Call, ast.Subscript)):
+                root = root.func if isinstance(root, ast.Call) else root.value
+            if isinstance(root, ast.Name) and root.id in outside:
+                continue
+            out.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+    return sorted(out)
+
+
+def test_no_module_reads_underscored_attributes_it_does_not_define():
+    found = private_attribute_reads(modules())
+    assert not found, "\n".join(found + ["a class's private state is its own: make the name public, or pass "
+                                         "what is needed in (a callable, an object with public names)"])
+
+
 def test_no_test_uses_another_modules_private_names():
     """Tests share helpers through `tests/helpers/` (or a conftest), by public names."""
     mods = {**modules(), **modules(TESTS)}
@@ -140,6 +198,15 @@ def test_the_checks_see_what_they_are_for(tmp_path):
         "fit/b.py": "def _helper():\n    pass\n",
         "fit/c.py": "from tokenrouter.fit import b\n\n\ndef g():\n    return b._helper()\n",
         "fit/d.py": "def h():\n    from .b import _helper\n",
+        # a mixin on its host's private state, the host using the mixin's; os._exit is not ours
+        "runtime/host.py": ("from tokenrouter.runtime.mixin import Watch\n\n\nclass Front(Watch):\n"
+                            "    def __init__(self):\n        self._reqs = {}\n\n"
+                            "    def go(self):\n        self._check()\n"),
+        "runtime/mixin.py": ("import os\n\n\nclass Watch:\n    def _check(self):\n        self._reqs.clear()\n"
+                             "        os._exit(0)\n"),
+        "runtime/ok.py": ("class A:\n    def __init__(self):\n        self._n = 0\n\n\n"
+                          "def f(a: A, args):\n    return a._n, args._run\n\n\n"
+                          "def g(parser):\n    parser.set_defaults(_run=f)\n"),
     }
     for rel, text in files.items():
         path = tmp_path / "tokenrouter" / rel
@@ -158,3 +225,6 @@ def test_the_checks_see_what_they_are_for(tmp_path):
         ("tokenrouter.fit.a", "tokenrouter.fit.b._helper"),
         ("tokenrouter.fit.c", "tokenrouter.fit.b._helper"),
         ("tokenrouter.fit.d", "tokenrouter.fit.b._helper")}
+    assert private_attribute_reads(mods) == ["tokenrouter/fit/c.py:5: b._helper",
+                                             "tokenrouter/runtime/host.py:9: self._check",
+                                             "tokenrouter/runtime/mixin.py:6: self._reqs"]

@@ -59,14 +59,14 @@ class RuntimeDeployment(LLM):
 
     def configure(self, batch: dict[str, int] | None) -> None:
         for w, b in (batch or {}).items():
-            self._call(self.frontend.configure(w, batch_threshold=int(b)))
+            self.call(self.frontend.configure(w, batch_threshold=int(b)))
 
     def measure(self, name: str, prompts: list[list[int]], sampling: SamplingParams, concurrency: int,
                 batch: dict[str, int] | None = None) -> Measurement:
         self.configure(batch)
         before = self.stats(timeout=10.0)
         t0 = time.perf_counter()
-        outs = self._call(self._timed_requests(prompts, sampling, concurrency))
+        outs = self.call(self._timed_requests(prompts, sampling, concurrency))
         wall = time.perf_counter() - t0
         after = self.stats(timeout=10.0)
         errors = [e for _, _, _, e in outs if e]

@@ -60,13 +60,15 @@ class LLM:
         self._thread = threading.Thread(target=self._loop.run_forever, name="tokenrouter-offline", daemon=True)
         self._thread.start()
         try:
-            self.launcher, self.frontend = self._call(open_runtime(program, opts, timeout))
+            self.launcher, self.frontend = self.call(open_runtime(program, opts, timeout))
         except BaseException:
             self._stop_loop()
             raise
         self._closed = False
 
-    def _call(self, coro, timeout: float | None = None):
+    def call(self, coro, timeout: float | None = None):
+        """Run a coroutine in the runtime's event loop and wait for its result (for code that
+        drives `self.frontend` itself, as the bench's `RuntimeDeployment` does)."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     # ---------------------------------------------------------------- generate
@@ -80,7 +82,7 @@ class LLM:
             prompts = [prompts]
         params = (params or SamplingParams()).with_eos(self.tokenizer.eos_token_ids, ignore_eos)
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
-        return self._call(self._run(list(prompts), ids, params, concurrency, use_tqdm, route_seeds, desc))
+        return self.call(self._run(list(prompts), ids, params, concurrency, use_tqdm, route_seeds, desc))
 
     async def _run(self, prompts, ids, params, concurrency, use_tqdm, route_seeds, desc) -> list[RequestOutput]:
         sem = asyncio.Semaphore(concurrency or len(ids) or 1)
@@ -116,7 +118,7 @@ class LLM:
 
     def stats(self, timeout: float = 5.0) -> dict[str, dict[str, Any]]:
         """Counters of every subserver (see metrics.py)."""
-        return self._call(self.frontend.stats(timeout=timeout))
+        return self.call(self.frontend.stats(timeout=timeout))
 
     # ------------------------------------------------------------------- life
     def close(self) -> None:
@@ -124,7 +126,7 @@ class LLM:
             return
         self._closed = True
         try:
-            self._call(close_runtime(self.launcher, self.frontend), timeout=60)
+            self.call(close_runtime(self.launcher, self.frontend), timeout=60)
         finally:
             self._stop_loop()
 
