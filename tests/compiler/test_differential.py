@@ -90,7 +90,7 @@ def _scenario(rng, writers, models):
 
     def state(tokens, read):
         return RouteState(rid="r1", tokens=list(tokens), prompt_len=prompt_len, writer=writer,
-                          visit_tokens=3, seed=seed, peer_read=dict(read),
+                          visit_tokens=3, route_seed=seed, peer_read=dict(read),
                           written_by={"x": 3}, sampling={"temperature": 0.0})
 
     read = {peer: int(rng.integers(0, n + 3))}
@@ -101,7 +101,7 @@ def _scenario(rng, writers, models):
     msg = PeerMessage(rid="r1" if rng.random() < 0.97 else "r2", suffix=suffix, start=start,
                       prompt_len=prompt_len if rng.random() < 0.97 else prompt_len + 1,
                       writer=pick(writers) if rng.random() < 0.97 else "nobody", visit_tokens=1,
-                      seed=seed, sender=sender, written_by={sender: 2})
+                      route_seed=seed, sender=sender, written_by={sender: 2})
     fresh = rng.random() < 0.3
     return (sender, peer, lambda: state(full[:n], read), msg,
             lambda: None if fresh else state(full[:known], {}), pick(writers))
