@@ -61,10 +61,11 @@ def _prompt_ids(tokenizer, args) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     import torch
+    from pydantic import ValidationError
 
+    from tokenrouter.protocol.sampling import SamplingParams, invalid_because
     from tokenrouter.runtime.engine.engine import BadBatch, Engine
     from tokenrouter.runtime.http.detokenizer import Detokenizer
-    from tokenrouter.runtime.engine.sampler import SamplingParams
     from tokenrouter.runtime.loader import LoadError, load_model
 
     if args.threads:
@@ -90,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
         sys.stdout.write(detok.finish() + "\n")
         return 0
+    except ValidationError as exc:  # the sampling parameters
+        print(f"tokenrouter generate: error: invalid sampling parameters: {invalid_because(exc)[1]}",
+              file=sys.stderr)
+        return 1
     except (LoadError, BadBatch, ValueError) as exc:
         print(f"tokenrouter generate: error: {exc}", file=sys.stderr)
         return 1

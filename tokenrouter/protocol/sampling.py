@@ -14,7 +14,8 @@ draws (None: fresh randomness each draw); the seed of the program's coin flips i
 request's route seed (`state.RouteState.route_seed`), another thing.
 
 `DEFAULT_MAX_TOKENS` is the one default `max_tokens`; `with_eos` is the one
-end-of-sequence rule (HTTP and the offline API). Free of torch, so the HTTP side and the
+end-of-sequence rule (HTTP and the offline API); `invalid_because` says in one line why
+parameters were refused (pydantic's `ValidationError`, a ValueError). Free of torch, so the HTTP side and the
 wire format use it without loading the engine.
 """
 
@@ -22,9 +23,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Iterable
 
-from pydantic import BaseModel, ConfigDict, Field, Strict
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
-__all__ = ["DEFAULT_MAX_TOKENS", "INT64", "MAX_STOP_IDS", "MAX_TOKENS", "SamplingParams", "TOKEN_ID_MAX"]
+__all__ = ["DEFAULT_MAX_TOKENS", "INT64", "MAX_STOP_IDS", "MAX_TOKENS", "SamplingParams", "TOKEN_ID_MAX",
+           "invalid_because"]
 
 #: `max_tokens` of a request that gives none: over HTTP (`tokenrouter serve
 #: --default-max-tokens`), in the offline API and on the wire.
@@ -68,3 +70,11 @@ class SamplingParams(BaseModel):
         if not ignore_eos:
             stop += [t for t in eos_token_ids if t not in stop]
         return self.replace(stop_token_ids=tuple(stop))
+
+
+def invalid_because(exc: ValidationError) -> tuple[str, str]:
+    """(field, one-line reason) of the first error that refused sampling parameters."""
+    first = exc.errors()[0]
+    where = ".".join(str(x) for x in first.get("loc", ())) or "sampling"
+    got = f", got {first['input']!r}" if "input" in first and not isinstance(first["input"], dict) else ""
+    return where, f"{where}: {first['msg']}{got}"

@@ -15,7 +15,7 @@ import asyncio
 
 from pydantic import ValidationError
 
-from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS, SamplingParams
+from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS, SamplingParams, invalid_because
 from tokenrouter.runtime.frontend.frontend import Frontend
 from tokenrouter.runtime.http.protocol import BadRequest, ChatRequest, CommonRequest, check_text
 
@@ -142,9 +142,8 @@ class Validator:
                                     max_tokens=max_tokens, stop_token_ids=tuple(req.stop_token_ids or ()))
             return params.with_eos(self.tok.eos_token_ids, req.ignore_eos)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = str(first["loc"][0]) if first.get("loc") else None
-            raise BadRequest(f"invalid sampling parameters: {where or 'sampling'}: {first['msg']}", where) from None
+            where, why = invalid_because(exc)
+            raise BadRequest(f"invalid sampling parameters: {why}", where.split(".")[0]) from None
 
 
 def longest_token_bytes(tokenizer) -> int | None:
