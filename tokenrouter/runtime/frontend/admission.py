@@ -3,9 +3,11 @@
 A pending request keeps its blocks at the writers it left, so running out of blocks in
 the middle of requests could deadlock them all. A request therefore reserves
 `blocks_needed(prompt, max_tokens, block_size)` = ceil((prompt + max_tokens) /
-block_size) + 1 blocks of the smallest cache before it is submitted, waits in FIFO order
-while they are not free, and gives them back when it ends (after its `release` went out).
-A request that could never fit is refused by the caller (HTTP 400), not queued here.
+block_size) + 1 blocks of the smallest cache before it is submitted, waits while they are
+not free, and gives them back when it ends (after its `release` went out). Waiters are
+woken in the order they came and each takes its blocks once they fit, so a request that
+fits now goes ahead of a larger one still waiting (not strictly FIFO). A request that
+could never fit is refused by the caller (HTTP 400), not queued here.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class KvAdmission:
 
     async def reserve(self, blocks: int) -> bool:
         """Wait until `blocks` are free and hold them (True), or until the runtime is no
-        longer healthy (False, nothing held)."""
+        longer healthy (False, nothing held). A request that fits does not wait behind one
+        that does not."""
         async with self._cond:
             self.queued += 1
             try:
