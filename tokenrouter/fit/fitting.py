@@ -88,11 +88,9 @@ class Target:
     arch: str  # mlp | citer | r2r | co_llm
     model: str  # the model whose step it reads
     large: str  # the model it hands off to
-    file: str
     op: str  # route when score `op` threshold
     constant: float  # the threshold the program compares it with
-    router: ir.RouterNet | None
-    inputs: tuple
+    router: ir.RouterNet | None  # None for a head
 
 
 @dataclass
@@ -134,18 +132,18 @@ def find_target(program: ir.Program, route_path: str, name: str) -> Target:
     if name in routers:
         r = routers[name]
         match = lambda e: isinstance(e, ir.RouterProb) and e.router == name  # noqa: E731
-        model, file, arch, inputs = r.model, r.file, r.arch, r.inputs
+        model, arch = r.model, r.arch
     else:
         model, file = heads[name]
         match = lambda e: isinstance(e, ir.HeadLogit) and e.file == file  # noqa: E731
-        r, arch, inputs = None, "co_llm", (ir.InputHidden(-1, 0),)
+        r, arch = None, "co_llm"
     for t in program.transitions:
         found = _compares(t.when, match) if t.source == model else None
         if found:
             op, constant = found
             if op not in (">", ">=", "<", "<="):
                 raise FitError(f"{route_path}: '{name}' is compared with {op}; fit needs <, <=, > or >=")
-            return Target(name, arch, model, t.dest, file, op, float(constant), r, inputs)
+            return Target(name, arch, model, t.dest, op, float(constant), r)
     raise FitError(f"{route_path}: '{name}' is not compared with a threshold in a transition out of '{model}'")
 
 
