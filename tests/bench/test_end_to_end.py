@@ -87,7 +87,7 @@ def test_every_configuration_runs_side_by_side(route_file, tmp_path, monkeypatch
         assert os.path.getsize(p) > 1000
 
 
-def test_runlengths_account_for_every_token(pair, route_file):
+def test_runlengths_account_for_every_token(route_file):
     """Each small run ends in a rewritten token except a run cut by the end of the
     request; large visits write one kept token each."""
     program = load_program(route_file[0], model_facts=model_facts)

@@ -26,7 +26,7 @@ def test_profile_then_tune(tiny_route, tmp_path, capsys):
     assert "B* =" in capsys.readouterr().out
 
 
-def test_tune_with_route_probs_and_runlengths(tiny_route, tmp_path, capsys):
+def test_tune_with_route_probs_and_runlengths(tiny_route, tmp_path):
     prof = tmp_path / "p.json"
     Profile.affine({"small": (6.0, 0.12), "large": (27.9, 0.558)}, colocation=0.5).save(prof)
     traces = tmp_path / "rl.json"
