@@ -20,7 +20,7 @@ import json
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Iterator, Literal, Union
 
 from tokenrouter.dsl.span import Span
 
@@ -142,6 +142,18 @@ class Arith:
 
 Expr = Union[Const, Entropy, TopProb, Margin, RouterProb, HeadLogit, Bernoulli, VisitTokens,
              Compare, Logic, Arith]
+
+
+def walk(e: Expr) -> Iterator[Expr]:
+    """`e` and every expression inside it, depth first: a node before its operands, left
+    before right, `Logic`'s arguments in order."""
+    yield e
+    if isinstance(e, (Compare, Arith)):
+        yield from walk(e.left)
+        yield from walk(e.right)
+    elif isinstance(e, Logic):
+        for a in e.args:
+            yield from walk(a)
 
 
 # ------------------------------------------------------------- router inputs

@@ -20,16 +20,13 @@ from typing import Any
 import torch
 
 from tokenrouter.compiler import ir
-from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.compiler.backend.compiled import default_base_dir
 from tokenrouter.compiler.backend.interpreter import Interpreter, RequestStep
+from tokenrouter.compiler.needs import writer_needs
+from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.engine.sampler import sample
 from tokenrouter.runtime.loader import load_model, quant_kwargs
-
-
-class ReferenceRunError(RuntimeError):
-    """The program cannot make progress for this request (a rewrite loop)."""
 
 
 @dataclass
@@ -40,32 +37,6 @@ class ReferenceOutput:
     handoffs: int = 0
     error: str | None = None
     writers: list[str] = field(default_factory=list)  # the writer of each output token
-
-
-def _walk(e: Any):
-    yield e
-    for child in ("left", "right"):
-        if hasattr(e, child):
-            yield from _walk(getattr(e, child))
-    for a in getattr(e, "args", ()) or ():
-        yield from _walk(a)
-
-
-def needs_of(program: ir.Program, writer: str) -> FeatureNeeds:
-    """What the writer's route reads besides logits, derived from the IR alone."""
-    layers, embed = set(), False
-    for r in program.routers:
-        if r.model != writer:
-            continue
-        for inp in r.inputs:
-            if isinstance(inp, ir.InputHidden):
-                layers.add(inp.layer)
-            elif isinstance(inp, ir.InputTokenEmbedding):
-                embed = True
-    for t in program.transitions_from(writer):
-        if any(isinstance(x, ir.HeadLogit) for x in _walk(t.when)):
-            layers.add(-1)
-    return FeatureNeeds(hidden_layers=tuple(sorted(layers)), token_embedding=embed)
 
 
 class Reference:
@@ -112,7 +83,7 @@ class Reference:
                 out.reason, out.error = "error", f"rewrite loop at output position {pos}"
                 return out
             seen_at_len.add(writer)
-            needs = needs_of(self.program, writer)
+            needs = writer_needs(self.program, writer)
             ens = self.ensembles.get(writer)
             if ens is not None:
                 member = [self._forward(m, tokens, FeatureNeeds())[0] for m in ens.members]

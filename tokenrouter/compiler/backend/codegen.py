@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import jinja2
 
 from tokenrouter.compiler import ir
+from tokenrouter.compiler.needs import writer_needs
 
 _TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
 _MASK64 = (1 << 64) - 1
@@ -227,8 +228,6 @@ class _WriterLowering:
         self.memo: dict[tuple, str] = {}
         self.block = _Block(None)
         self.blocks: list[_Block] = []
-        self.hidden_layers: set[int] = set()
-        self.token_embedding = False
         self.where = ""
 
     # -- statements
@@ -245,6 +244,39 @@ class _WriterLowering:
 
     def fail(self, msg: str) -> CodegenError:
         return CodegenError(f"{self.where}: {msg}" if self.where else msg)
+
+    # -- the rules: one block per transition, then the max bound
+    def transitions(self) -> None:
+        """The transitions out of the writer, tried in order once its min bound is met."""
+        bound = self.p.bound(self.writer)
+        transitions = self.p.transitions_from(self.writer)
+        if transitions:
+            self.new_block(f"{span_text(bound.span) if bound.span else 'bound'}: "
+                           f"transitions are tried from visit token {int(bound.min_tokens)} on")
+            self.block.lines.append(f"open_ = vt >= {py_int(bound.min_tokens)}")
+        writers = self.p.writers()
+        for n, t in enumerate(transitions):
+            self.where = span_text(t.span)
+            self.new_block(comment_text(f"{self.where}: {t.source} -> {t.dest} when {render(t.when)} {t.action}"))
+            cond = self.truth(self.materialise(self.lower(t.when)))
+            self.block.lines.append(f"c = {cond.code} & open_")
+            self.block.lines.append(f"dest.masked_fill_(c, {writers.index(t.dest)})")
+            if t.action == "rewrite" and t.dest != self.writer:
+                self.block.lines.append("keep.masked_fill_(c, 0)")
+            if n < len(transitions) - 1:
+                self.block.lines.append("open_ &= ~c")
+
+    def max_bound(self) -> None:
+        """At the writer's max bound the request moves to the bound's `then`, keeping its token."""
+        bound = self.p.bound(self.writer)
+        if bound.max_tokens is None:
+            return
+        self.where = span_text(bound.span)
+        self.new_block(comment_text(f"{self.where}: visit {self.writer} max {bound.max_tokens} "
+                                    f"then {bound.then} (keep)"))
+        self.block.lines.append(f"forced = vt >= {py_int(bound.max_tokens)}")
+        self.block.lines.append(f"dest.masked_fill_(forced, {self.p.writers().index(bound.then)})")
+        self.block.lines.append("keep.masked_fill_(forced, 1)")
 
     # -- distributions: (x, p, bad) variable names
     def dist(self, model: str) -> tuple[str, str, str]:
@@ -342,10 +374,8 @@ class _WriterLowering:
         cols = []
         for inp in r.inputs:
             if isinstance(inp, ir.InputHidden):
-                self.hidden_layers.add(inp.layer)
                 cols.append(f"hidden(step, {py_int(inp.layer)}, self.dtype)")
             elif isinstance(inp, ir.InputTokenEmbedding):
-                self.token_embedding = True
                 cols.append("embedding(step, self.dtype)")
             elif isinstance(inp, ir.InputTopkLogits):
                 x, p, bad = self.dist(r.model)
@@ -360,23 +390,13 @@ class _WriterLowering:
     def head_logit(self, e: ir.HeadLogit) -> str:
         if self.ensemble is not None or e.model != self.writer:
             raise self.fail(f"head of {e.model!r} read in the step of {self.writer!r}")
-        self.hidden_layers.add(-1)
         i = self.heads.index((e.model, e.file))
         sig = "True" if e.sigmoid else "False"
         return self.let(("head", i, e.sigmoid), f"head(step, self.heads[{i}], {sig}, self.dtype)", "f")
 
 
-def _mentions_router(e: object) -> bool:
-    return any(isinstance(x, ir.RouterProb) for x in _walk(e))
-
-
-def _walk(e: object):
-    yield e
-    for name in ("left", "right"):
-        if hasattr(e, name):
-            yield from _walk(getattr(e, name))
-    for a in getattr(e, "args", ()):
-        yield from _walk(a)
+def _mentions_router(e: ir.Expr) -> bool:
+    return any(isinstance(x, ir.RouterProb) for x in ir.walk(e))
 
 
 def head_keys(program: ir.Program) -> list[tuple[str, str]]:
@@ -385,72 +405,51 @@ def head_keys(program: ir.Program) -> list[tuple[str, str]]:
     exprs = [t.when for t in program.transitions]
     exprs += [i.expr for r in program.routers for i in r.inputs if isinstance(i, ir.InputScalar)]
     for root in exprs:
-        for e in _walk(root):
+        for e in ir.walk(root):
             if isinstance(e, ir.HeadLogit) and (e.model, e.file) not in keys:
                 keys.append((e.model, e.file))
     return keys
 
 
 def _writer_view(program: ir.Program, index: int, writer: str, heads: list[tuple[str, str]]) -> dict:
+    """What the template needs of one writer's class."""
     low = _WriterLowering(program, writer, heads)
-    bound = program.bound(writer)
-    transitions = program.transitions_from(writer)
-    if transitions:
-        low.new_block(f"{span_text(bound.span) if bound.span else 'bound'}: "
-                      f"transitions are tried from visit token {int(bound.min_tokens)} on")
-        low.block.lines.append(f"open_ = vt >= {py_int(bound.min_tokens)}")
-    writers = program.writers()
-    for n, t in enumerate(transitions):
-        low.where = span_text(t.span)
-        low.new_block(comment_text(f"{low.where}: {t.source} -> {t.dest} when {render(t.when)} {t.action}"))
-        cond = low.truth(low.materialise(low.lower(t.when)))
-        d = writers.index(t.dest)
-        low.block.lines.append(f"c = {cond.code} & open_")
-        low.block.lines.append(f"dest.masked_fill_(c, {d})")
-        if t.action == "rewrite" and t.dest != writer:
-            low.block.lines.append("keep.masked_fill_(c, 0)")
-        if n < len(transitions) - 1:
-            low.block.lines.append("open_ &= ~c")
-    if bound.max_tokens is not None:
-        low.where = span_text(bound.span)
-        low.new_block(comment_text(f"{low.where}: visit {writer} max {bound.max_tokens} then {bound.then} (keep)"))
-        low.block.lines.append(f"forced = vt >= {py_int(bound.max_tokens)}")
-        low.block.lines.append(f"dest.masked_fill_(forced, {writers.index(bound.then)})")
-        low.block.lines.append("keep.masked_fill_(forced, 1)")
-    ens = low.ensemble
-    view = {
+    low.transitions()
+    low.max_bound()
+    needs = writer_needs(program, writer)
+    return {
         "cls": f"Router{index}",
         "name": py_str(writer),
-        "name_comment": comment_text(writer),
         "name_doc": doc_text(writer),
         "index": index,
-        "hidden_layers": "(" + "".join(f"{py_int(x)}, " for x in sorted(low.hidden_layers)) + ")",
-        "token_embedding": "True" if low.token_embedding else "False",
-        "needs": (tuple(sorted(low.hidden_layers)), low.token_embedding),
+        "hidden_layers": "(" + "".join(f"{py_int(x)}, " for x in needs.hidden_layers) + ")",
+        "token_embedding": "True" if needs.token_embedding else "False",
         "blocks": [dataclasses.asdict(b) for b in low.blocks],
-        "ensemble": None,
+        "ensemble": None if low.ensemble is None else _ensemble_view(low.ensemble),
     }
-    if ens is not None:
-        total = 0.0
-        for w in ens.weights:
-            total += w
-        cum, acc = [], 0.0
-        for w in ens.weights:
-            acc += w
-            cum.append(acc / total)
-        view["ensemble"] = {
-            "comment": comment_text(f"{span_text(ens.span)}: ensemble {ens.name} = {ens.mode}"
-                                    f"({', '.join(f'{m}: {w!r}' for m, w in zip(ens.members, ens.weights))})"
-                                    + (f" topk_union {ens.topk_union}" if ens.topk_union else "")),
-            "mode": ens.mode,
-            "n": len(ens.members),
-            "log_weights": "(" + "".join(f"{py_float(math.log(w / total) if w > 0 else -math.inf)}, "
-                                         for w in ens.weights) + ")",
-            "cum": "(" + "".join(f"{py_float(c)}, " for c in cum) + ")",
-            "topk": "None" if ens.topk_union is None else py_int(ens.topk_union),
-            "seed_c": to_int64(ir.splitmix64(int(py_int(ens.seed)) & _MASK64)),
-        }
-    return view
+
+
+def _ensemble_view(ens: ir.Ensemble) -> dict:
+    """An ensemble's constants for its `combine`."""
+    total = 0.0
+    for w in ens.weights:
+        total += w
+    cum, acc = [], 0.0
+    for w in ens.weights:
+        acc += w
+        cum.append(acc / total)
+    return {
+        "comment": comment_text(f"{span_text(ens.span)}: ensemble {ens.name} = {ens.mode}"
+                                f"({', '.join(f'{m}: {w!r}' for m, w in zip(ens.members, ens.weights))})"
+                                + (f" topk_union {ens.topk_union}" if ens.topk_union else "")),
+        "mode": ens.mode,
+        "n": len(ens.members),
+        "log_weights": "(" + "".join(f"{py_float(math.log(w / total) if w > 0 else -math.inf)}, "
+                                     for w in ens.weights) + ")",
+        "cum": "(" + "".join(f"{py_float(c)}, " for c in cum) + ")",
+        "topk": "None" if ens.topk_union is None else py_int(ens.topk_union),
+        "seed_c": to_int64(ir.splitmix64(int(py_int(ens.seed)) & _MASK64)),
+    }
 
 
 _ENV = jinja2.Environment(
@@ -461,16 +460,6 @@ _ENV = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-
-
-def writer_needs(program: ir.Program) -> dict[str, tuple[tuple[int, ...], bool]]:
-    """Per writer: (hidden layers, token embedding) its `route` reads."""
-    _check_program(program)
-    heads = head_keys(program)
-    out = {}
-    for i, w in enumerate(program.writers()):
-        out[w] = _writer_view(program, i, w, heads)["needs"]
-    return out
 
 
 def generate_module(program: ir.Program) -> str:
