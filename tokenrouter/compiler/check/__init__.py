@@ -14,8 +14,7 @@ declaration that failed is marked not ok, so uses of it stay quiet.
 functions on that state: `declarations.py` (header, names, parameters, models,
 ensembles, default roles, unused names), `routers.py` (routers and heads), `route.py`
 (the route block and the analysis of its rules, conditions typed by `expr.py`) and
-`serve.py` (the serve block). `Checked`, `Symbol`, `resolve_path` and `bound_model_path`
-are importable from here.
+`serve.py` (the serve block). `Checked` and `resolve_path` are importable from here.
 """
 
 from __future__ import annotations
@@ -25,12 +24,11 @@ import os
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.check import declarations, route, routers, serve
 from tokenrouter.compiler.check import params as check_params
-from tokenrouter.compiler.check.symbols import (Checked, CheckState, Symbol, bound_model_path, head_span,
-                                                resolve_path)
+from tokenrouter.compiler.check.symbols import Checked, CheckState, head_span, resolve_path
 from tokenrouter.dsl import ast
 from tokenrouter.dsl.diagnostics import Diagnostic, Note, sort_diagnostics
 
-__all__ = ["Checked", "Symbol", "bound_model_path", "check", "resolve_path"]
+__all__ = ["Checked", "check", "resolve_path"]
 
 # the pass of each kind of declaration; the declarations are checked in source order
 _DECLARATIONS = {ast.ModelDecl: declarations.model, ast.RouterDecl: routers.router, ast.HeadDecl: routers.head,

@@ -15,7 +15,6 @@ from safetensors import safe_open
 
 from tokenrouter.compiler import ir
 
-ARCHS = ("mlp", "citer", "r2r")
 HEAD_ARCH = "co_llm"
 META_ARCH = "tokenrouter.arch"
 META_INPUTS = "tokenrouter.inputs"
