@@ -10,7 +10,8 @@ whether the token just produced is kept or rewritten (dropped, so the destinatio
 writes that position instead). When none holds the request stays.
 
 Every node carries the `Span` of the `.route` text it came from, so generated code and
-diagnostics point back at the source line.
+diagnostics point back at the source line. `walk(expr)` is the traversal of an expression
+every pass over the IR uses.
 """
 
 from __future__ import annotations
@@ -203,7 +204,7 @@ class RouterNet:
     """A trained router network loaded from a safetensors file; its input is the
     concatenation of `inputs` in declared order, its output one probability.
 
-    `arch` names the network (the tensor layout of each is in `router_nets.py`):
+    `arch` names the network (the tensor layout of each is in `weights/nets.py`):
     - "mlp": `layers.{i}.weight` [out, in], `layers.{i}.bias` [out], `activation` between
       layers; one logit (sigmoid) when the last layer has 1 row, else
       softmax(...)[output_index].

@@ -4,18 +4,24 @@
 class whose `route(step)` is a single tensor program over the whole batch (no loop over
 requests): the log-softmax of each distribution the rules read is computed once, and
 entropy, top-1 probability, margin and top-k derive from it; router networks are
-`torch.nn.Module`s handed in at load time (see `router_nets.py`, `compiled.py`); the
-decisions leave the device in one copy. What is the same for every program (the feature
-helpers, the seeded hash, `send`/`receive`, which move only the unseen suffix) is not
-emitted: the module imports it from `tokenrouter.protocol`. The semantics are the
-reference interpreter's (`interpreter.py`), which is the oracle.
+`torch.nn.Module`s handed in at load time (see `weights/nets.py`, `compiled.py`); the
+decisions leave the device in one copy. Each class declares what its `route` reads of
+the step (`compiler/needs.py`). What is the same for every program (the feature helpers,
+the seeded hash, `send`/`receive`, which move only the unseen suffix) is not emitted: the
+module imports it from `tokenrouter.protocol`. The semantics are the reference
+interpreter's (`interpreter.py`), which is the oracle.
+
+`_check_program` first checks what generation relies on; `_WriterLowering` then lowers
+one writer's rules (its transitions, then its max bound) into the statements of its
+`route`, and the template (`templates/module.py.j2`) lays the classes out.
 
 Safety: nothing a `.route` file says reaches the module as code. User names appear only
 as Python string literals made by `repr`; class and variable names are generated from
 indices; numbers are checked to be numbers and printed by `repr(float)`/`int`; comments
-are reduced to printable ASCII on one line, docstrings to letters, digits and " _.,:-". The module is passed through `compile()`
-before it is returned, and the output is deterministic (no dict-order, time or path
-dependence: comments name a span's file by its base name).
+are reduced to printable ASCII on one line, docstrings to letters, digits and " _.,:-".
+The module is passed through `compile()` before it is returned, and the output is
+deterministic (no dict-order, time or path dependence: comments name a span's file by its
+base name).
 """
 
 from __future__ import annotations
@@ -143,6 +149,16 @@ def _check_program(p: ir.Program) -> None:
     writers, models = set(names), {m.name for m in p.models}
     if p.start not in writers:
         raise CodegenError(f"start writer {p.start!r} is not declared")
+    _check_rules(p, writers)
+    for e in p.ensembles:
+        _check_ensemble(e, models)
+    seen = set()
+    for r in p.routers:
+        _check_router(r, models, seen)
+
+
+def _check_rules(p: ir.Program, writers: set[str]) -> None:
+    """Transitions and visit bounds name declared writers; actions and counts are valid."""
     for t in p.transitions:
         where = span_text(t.span)
         if t.source not in writers or t.dest not in writers:
@@ -160,46 +176,50 @@ def _check_program(p: ir.Program) -> None:
                 raise CodegenError(f"{where}: the bound on {b.writer!r} sets max but no 'then'")
         if b.then is not None and b.then not in writers:
             raise CodegenError(f"{where}: 'then' names undeclared writer {b.then!r}")
-    for e in p.ensembles:
-        where = span_text(e.span)
-        if not e.members or any(m not in models for m in e.members):
-            raise CodegenError(f"{where}: ensemble {e.name!r} members must be declared models")
-        if len(e.weights) != len(e.members):
-            raise CodegenError(f"{where}: ensemble {e.name!r} needs one weight per member")
-        for w in e.weights:
-            py_float(w)
-        if any(not (math.isfinite(w) and w >= 0) for w in e.weights) or sum(e.weights) <= 0:
-            raise CodegenError(f"{where}: ensemble {e.name!r} weights must be finite, >= 0, not all 0")
-        if e.mode not in ("average", "mixture"):
-            raise CodegenError(f"{where}: ensemble mode must be average or mixture")
-        if e.topk_union is not None and int(py_int(e.topk_union)) < 1:
-            raise CodegenError(f"{where}: topk_union must be at least 1")
-        py_int(e.seed)
-    seen = set()
-    for r in p.routers:
-        where = span_text(r.span)
-        py_str(r.name)
-        if r.name in seen:
-            raise CodegenError(f"{where}: router {r.name!r} declared twice")
-        seen.add(r.name)
-        if r.model not in models:
-            raise CodegenError(f"{where}: router {r.name!r} reads undeclared model {r.model!r}")
-        if r.activation not in _ACTIVATIONS:
-            raise CodegenError(f"{where}: unknown activation {r.activation!r}")
-        py_int(r.output_index)
-        if not r.inputs:
-            raise CodegenError(f"{where}: router {r.name!r} has no inputs")
-        for inp in r.inputs:
-            if isinstance(inp, (ir.InputHidden, ir.InputTokenEmbedding)):
-                if int(py_int(inp.dim)) < 0:  # 0: not known before the model is resolved
-                    raise CodegenError(f"{where}: input width must not be negative")
-                if isinstance(inp, ir.InputHidden):
-                    py_int(inp.layer)
-            elif isinstance(inp, ir.InputTopkLogits):
-                if int(py_int(inp.k)) < 1:
-                    raise CodegenError(f"{where}: top-k needs k >= 1")
-            elif not isinstance(inp, ir.InputScalar):
-                raise CodegenError(f"{where}: unknown router input {inp!r}")
+
+
+def _check_ensemble(e: ir.Ensemble, models: set[str]) -> None:
+    where = span_text(e.span)
+    if not e.members or any(m not in models for m in e.members):
+        raise CodegenError(f"{where}: ensemble {e.name!r} members must be declared models")
+    if len(e.weights) != len(e.members):
+        raise CodegenError(f"{where}: ensemble {e.name!r} needs one weight per member")
+    for w in e.weights:
+        py_float(w)
+    if any(not (math.isfinite(w) and w >= 0) for w in e.weights) or sum(e.weights) <= 0:
+        raise CodegenError(f"{where}: ensemble {e.name!r} weights must be finite, >= 0, not all 0")
+    if e.mode not in ("average", "mixture"):
+        raise CodegenError(f"{where}: ensemble mode must be average or mixture")
+    if e.topk_union is not None and int(py_int(e.topk_union)) < 1:
+        raise CodegenError(f"{where}: topk_union must be at least 1")
+    py_int(e.seed)
+
+
+def _check_router(r: ir.RouterNet, models: set[str], seen: set[str]) -> None:
+    """One router network (`seen`: the names of those before it)."""
+    where = span_text(r.span)
+    py_str(r.name)
+    if r.name in seen:
+        raise CodegenError(f"{where}: router {r.name!r} declared twice")
+    seen.add(r.name)
+    if r.model not in models:
+        raise CodegenError(f"{where}: router {r.name!r} reads undeclared model {r.model!r}")
+    if r.activation not in _ACTIVATIONS:
+        raise CodegenError(f"{where}: unknown activation {r.activation!r}")
+    py_int(r.output_index)
+    if not r.inputs:
+        raise CodegenError(f"{where}: router {r.name!r} has no inputs")
+    for inp in r.inputs:
+        if isinstance(inp, (ir.InputHidden, ir.InputTokenEmbedding)):
+            if int(py_int(inp.dim)) < 0:  # 0: not known before the model is resolved
+                raise CodegenError(f"{where}: input width must not be negative")
+            if isinstance(inp, ir.InputHidden):
+                py_int(inp.layer)
+        elif isinstance(inp, ir.InputTopkLogits):
+            if int(py_int(inp.k)) < 1:
+                raise CodegenError(f"{where}: top-k needs k >= 1")
+        elif not isinstance(inp, ir.InputScalar):
+            raise CodegenError(f"{where}: unknown router input {inp!r}")
 
 
 # ------------------------------------------------------------------ lowering

@@ -159,7 +159,7 @@ def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _r2r_logit(t: dict[str, np.ndarray], r: ir.RouterNet, cols: list[np.ndarray]) -> float:
-    """R2R's classifier, written out one request at a time (layout: router_nets.py)."""
+    """R2R's classifier, written out one request at a time (layout: weights/nets.py)."""
     parts = []
     for j, c in enumerate(cols):
         if f"inputs.{j}.weight" in t:

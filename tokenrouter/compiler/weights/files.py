@@ -1,6 +1,6 @@
 """Router weight files without torch: their header, layout, fingerprints, and the checks
 of a file against its declaration (`tokenrouter check` reads these, and must not pay for
-importing torch: 2.3 s of its 3.8 s here). The networks themselves are `router_nets.py`,
+importing torch: 2.3 s of its 3.8 s here). The networks themselves are `nets.py`,
 whose docstring describes each architecture's tensor layout.
 """
 
