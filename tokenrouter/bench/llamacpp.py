@@ -36,7 +36,7 @@ import numpy as np
 
 from tokenrouter.compiler.backend.compiled import default_base_dir
 from tokenrouter.compiler.backend.interpreter import Interpreter, RequestStep
-from tokenrouter.runtime.reference import needs_of
+from tokenrouter.compiler.needs import writer_needs
 
 from tokenrouter.bench.deploy import Measurement
 
@@ -182,7 +182,7 @@ class LlamaCppStandard:
         if program.ensembles:
             raise ValueError("llamacpp_std cannot serve an ensemble: llama.cpp returns no full distribution")
         for m in program.models:
-            needs = needs_of(program, m.name)
+            needs = writer_needs(program, m.name)
             if needs.hidden_layers or needs.token_embedding:
                 raise ValueError(f"llamacpp_std cannot run this program: {m.name}'s routing reads hidden states, "
                                  "which a stock llama.cpp server does not return")
