@@ -7,7 +7,9 @@ from tokenrouter.bench import tuning, workload
 from tokenrouter.bench.runlengths import runs_of
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.pipeline import load_program
+from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.loader import model_facts
+from tokenrouter.tuner.profile import Profile
 
 
 @pytest.fixture
@@ -44,7 +46,6 @@ def test_thresholds_per_configuration(bench_program):
 
 
 def test_launch_switches(bench_program):
-    from tokenrouter.runtime.frontend.launch import LaunchOptions
     base = LaunchOptions(mode="thread")
     assert C.launch_options("no_pending", bench_program, base).retention == "rematch"
     naive = C.launch_options("naive", bench_program, base)
@@ -76,7 +77,6 @@ def test_runs_of():
 
 
 def test_predict_uses_the_tuner_and_b1_matches_no_delay(bench_program):
-    from tokenrouter.tuner.profile import Profile
     prof = Profile.affine({"small": (6.0, 0.12), "large": (27.9, 0.558)}, colocation=0.5)
     p1 = tuning.predict(bench_program, prof, 1, {"small": 1, "large": 1})
     # one request: X = (E K_s - 1 + E K_l) / (E K_s L_s(1) + E K_l L_l(1)), E K_s = 20, E K_l = 1

@@ -9,8 +9,11 @@ import pytest
 from tokenrouter import cli
 from tokenrouter.bench import plots, results
 from tokenrouter.bench.configs import CONFIGS, PEERS_ROUTED
+from tokenrouter.bench.runlengths import collect
 from tokenrouter.bench.runner import BenchOptions, run_bench
+from tokenrouter.compiler.pipeline import load_program
 from tokenrouter.runtime.loader import model_facts
+from tokenrouter.tuner.profile import Profile
 
 ROUTE = """tokenrouter 1
 model small = "{slm}"
@@ -32,7 +35,6 @@ def route_file(pair, tmp_path_factory):
     d = tmp_path_factory.mktemp("route")
     path = d / "tiny.route"
     path.write_text(ROUTE.format(**pair))
-    from tokenrouter.tuner.profile import Profile
     # large steps 4x the small ones; co-location slows both by half
     Profile.affine({"small": (1.0, 0.05), "large": (4.0, 0.2)}, colocation=0.5).save(d / "profile.json")
     return str(path), str(d / "profile.json")
@@ -85,11 +87,9 @@ def test_every_configuration_runs_side_by_side(route_file, tmp_path, monkeypatch
         assert os.path.getsize(p) > 1000
 
 
-def test_runlengths_account_for_every_token(pair, route_file):
+def test_runlengths_account_for_every_token(route_file):
     """Each small run ends in a rewritten token except a run cut by the end of the
     request; large visits write one kept token each."""
-    from tokenrouter.bench.runlengths import collect
-    from tokenrouter.compiler.pipeline import load_program
     program = load_program(route_file[0], model_facts=model_facts)
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
     complete, last, outs = collect(program, prompts, max_tokens=12, concurrency=2)

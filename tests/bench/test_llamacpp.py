@@ -2,14 +2,31 @@
 loopback, with tiny random-weight models: llama.cpp loads what we export and its greedy
 tokens are ours; the per-token dispatcher routes as the program says."""
 
+import asyncio
+import dataclasses
 import functools
+import types
 
+import numpy as np
 import pytest
+import torch
+from gguf import GGUFReader
 
 pytest.importorskip("xllamacpp")
 
+from tokenrouter.bench import workload  # noqa: E402
 from tokenrouter.bench.llamacpp import LlamaCppLarge, LlamaCppServer, LlamaCppStandard, logits_row  # noqa: E402
+from tokenrouter.bench.official import CiterOfficial  # noqa: E402
+from tokenrouter.runtime.engine.engine import Engine  # noqa: E402
+from tokenrouter.runtime.engine.sampler import SamplingParams  # noqa: E402
+from tokenrouter.runtime.loader import UnsupportedArchitecture, load_model  # noqa: E402
+from tokenrouter.runtime.loader.builtin.bench_pair import random_weights  # noqa: E402
+from tokenrouter.runtime.loader.builtin.registry import embedded_gguf  # noqa: E402
 from tokenrouter.runtime.loader.gguf_export import export_gguf, pre_tokenizer_name  # noqa: E402
+from tokenrouter.runtime.loader.gguf_loader import read_gguf, read_metadata  # noqa: E402
+from tokenrouter.runtime.loader.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
+from tokenrouter.runtime.loader.hf import write_folder  # noqa: E402
+from tokenrouter.runtime.reference import Reference  # noqa: E402
 
 from tests.helpers import tiny  # noqa: E402
 
@@ -19,8 +36,6 @@ STEPS = 12
 
 @functools.lru_cache(maxsize=8)
 def _engine(folder: str):
-    from tokenrouter.runtime.engine.engine import Engine
-    from tokenrouter.runtime.loader import load_model
     m = load_model(folder)
     return Engine(m.config, m.weights, max_model_len=64, num_blocks=8)
 
@@ -40,14 +55,6 @@ def greedy_ours(folder: str, prompt: list[int], steps: int) -> list[int]:
 def smol_vocab_model(folder: str) -> str:
     """A tiny Llama-family model with SmolLM2's real tokenizer (merges, the "smollm"
     pre-tokenizer, the chat template), read from the embedded GGUF's metadata only."""
-    import torch
-    from gguf import GGUFReader
-
-    from tokenrouter.runtime.loader.builtin.bench_pair import random_weights
-    from tokenrouter.runtime.loader.gguf_loader import read_metadata
-    from tokenrouter.runtime.loader.gguf_tokenizer import tokenizer_from_gguf
-    from tokenrouter.runtime.loader.hf import write_folder
-    from tokenrouter.runtime.loader.builtin.registry import embedded_gguf
     tok = tokenizer_from_gguf(read_metadata(GGUFReader(embedded_gguf())))
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 32,
            "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -88,10 +95,6 @@ def test_llamacpp_loads_the_export_and_its_greedy_tokens_are_ours(models):
 
 
 def test_export_round_trips_through_our_gguf_reader(models):
-    import torch
-
-    from tokenrouter.runtime.loader import load_model
-    from tokenrouter.runtime.loader.gguf_loader import read_gguf
     paths, ggufs = models
     cfg, weights, tok = read_gguf(ggufs["smol"])
     ours = load_model(paths["smol"])
@@ -108,13 +111,11 @@ def test_pre_tokenizer_names():
     smol = {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
                                                   {"type": "ByteLevel", "use_regex": True}]}
     assert pre_tokenizer_name({"pre_tokenizer": smol}) == "smollm"
-    from tokenrouter.runtime.loader import UnsupportedArchitecture
     with pytest.raises(UnsupportedArchitecture, match="no llama.cpp name"):
         pre_tokenizer_name({"pre_tokenizer": {"type": "Whitespace"}})
 
 
 def test_logits_row_spreads_the_rest_evenly():
-    import numpy as np
     row = logits_row([{"id": 3, "logprob": np.log(0.5)}, {"id": 1, "logprob": np.log(0.3)}], 6)
     p = np.exp(row)
     assert p.sum() == pytest.approx(1.0) and p.argmax() == 3
@@ -125,11 +126,6 @@ def test_logits_row_spreads_the_rest_evenly():
 def test_dispatcher_routes_as_the_program_says(models):
     """llamacpp_std against the single-request reference (float32) on a coin program: the
     same tokens and the same writer counts; llamacpp_large writes what our engine writes."""
-    import dataclasses
-
-    from tokenrouter.bench import workload
-    from tokenrouter.runtime.engine.sampler import SamplingParams
-    from tokenrouter.runtime.reference import Reference
     paths, ggufs = models
     prog = tiny.coin({"slm": paths["slm"], "llm": paths["llm"]}, 0.3, dtype="float32")
     sampling = workload.sampling(10)
@@ -160,10 +156,6 @@ def test_dispatcher_routes_as_the_program_says(models):
 def test_official_loop_routes_as_the_program_says(models):
     """CITER's serving style (transformers generate steps, large model without cache) writes
     the reference's tokens on a coin program, in static batches."""
-    from tokenrouter.bench import workload
-    from tokenrouter.bench.official import CiterOfficial
-    from tokenrouter.runtime.engine.sampler import SamplingParams
-    from tokenrouter.runtime.reference import Reference
     paths, _ = models
     prog = tiny.coin({"slm": paths["slm"], "llm": paths["llm"]}, 0.3, dtype="float32")
     off = CiterOfficial(prog, threads=1)
@@ -181,9 +173,6 @@ def test_a_call_whose_connection_drops_is_sent_again_and_a_dead_server_is_named(
     """A real HTTP server on loopback that closes the first connections without answering:
     the dispatcher sends the call again on a new connection; one that never answers fails
     with a RuntimeError naming the model."""
-    import asyncio
-    import types
-
     import httpx
 
     async def main(drops: int):

@@ -7,6 +7,8 @@ import pytest
 from tokenrouter.bench import results as R
 from tokenrouter.bench.configs import CONFIGS
 from tokenrouter.bench.deploy import Measurement
+from tokenrouter.bench.runner import calibrated_requests, official_requests
+from tokenrouter.tuner.profile import Profile
 
 
 def meas(name, wall, tokens, lat=None, outputs=None, **kw):
@@ -82,7 +84,6 @@ def test_identical_outputs_compares_the_requests_both_ran():
 
 
 def test_bound_prices_every_request_step_at_the_full_batch():
-    from tokenrouter.tuner.profile import Profile
     prof = Profile.affine({"small": (6.0, 0.5), "large": (20.0, 2.0)}, colocation=0.0)
     # 100 tokens: 105 request-steps on small, 5 on large, at N = 8
     m = meas("tokenrouter", 1.0, 100, written_by={"small": 95, "large": 5}, batch_sum={"small": 105, "large": 5})
@@ -95,7 +96,6 @@ def test_bound_prices_every_request_step_at_the_full_batch():
 
 
 def test_calibrated_requests():
-    from tokenrouter.bench.runner import calibrated_requests
     assert calibrated_requests(16, 8, 128, 0.0, 0, 64) == 16  # no calibration: the base
     assert calibrated_requests(4, 8, 128, 0.0, 0, 64) == 16  # ... at least two waves
     assert calibrated_requests(16, 8, 128, 150.0, 30, 64) == 40  # 35.2 -> whole waves of 8
@@ -104,7 +104,6 @@ def test_calibrated_requests():
 
 
 def test_official_requests_are_capped_to_whole_waves_only_when_asked():
-    from tokenrouter.bench.runner import official_requests
     assert official_requests(16, 8, None) == 16  # as the others
     assert official_requests(16, 8, 1) == 8  # --long: one wave of N
     assert official_requests(16, 8, 4) == 16  # never more than the others
@@ -112,7 +111,6 @@ def test_official_requests_are_capped_to_whole_waves_only_when_asked():
 
 
 def test_gap_splits_the_time_per_model():
-    from tokenrouter.tuner.profile import Profile
     prof = Profile.affine({"small": (10.0, 1.0), "large": (40.0, 4.0)}, colocation=0.0)
     # small: 20 steps at mean batch 4 (80 request-steps), busy 0.5 s of a 1 s wall
     m = meas("tokenrouter", 1.0, 80, written_by={"small": 76, "large": 4}, batch_sum={"small": 80, "large": 4},

@@ -2,18 +2,23 @@
 program that never routes equals the small model alone, one that always rewrites to the
 large model equals the large model alone, and bad input stops before anything is written."""
 
+import dataclasses
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from tests.helpers import tiny
+from tokenrouter.compiler.pipeline import load_program
 from tokenrouter.eval.configs import EvalError, alone, small_and_large
-from tokenrouter.eval.evaluate import evaluate, parse_sweep
+from tokenrouter.eval.evaluate import evaluate, parse_sweep, spread
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.reference import Reference
 from tokenrouter.runtime.loader import model_facts
+from tokenrouter.runtime.loader import program_tokenizer
 
 LAUNCH = LaunchOptions(mode="thread", num_blocks=96)
 ROUTE = """tokenrouter 1
@@ -71,10 +76,8 @@ def test_routed_program_diff_and_records(tmp_path, pair):
                     else ("broken" if r[base]["correct"] else "both_wrong"))
             assert r["id"] in d["prompts"][cell]
     # the routed tokens and their writers are the single-request reference's
-    from tokenrouter.compiler.pipeline import load_program
     prog = load_program(program_file(tmp_path, pair, "entropy(slm, normalized) > 0.3"), model_facts=model_facts)
     ref = Reference(prog)
-    from tokenrouter.runtime.loader import program_tokenizer
     tok = program_tokenizer(prog)
     writers = set()
     for r in recs:
@@ -123,7 +126,6 @@ def test_a_program_that_always_rewrites_to_large_is_the_large_model_alone(tmp_pa
 def test_small_and_large_come_from_roles_or_the_start_writer(pair):
     p = tiny.rstitch(pair, 0.3)
     assert small_and_large(p) == ("slm", "llm")
-    import dataclasses
     norole = dataclasses.replace(p, models=tuple(dataclasses.replace(m, role="small") for m in p.models))
     assert small_and_large(norole) == ("slm", "llm")
     assert small_and_large(p, small="llm", large="slm") == ("llm", "slm")
@@ -134,14 +136,11 @@ def test_small_and_large_come_from_roles_or_the_start_writer(pair):
 
 
 def test_limit_spreads_the_subset_over_the_file():
-    from tokenrouter.eval.evaluate import spread
     assert spread(list(range(10)), 5) == [0, 2, 4, 6, 8] and spread([1, 2], 5) == [1, 2]
     assert spread(list(range(242)), 60)[-1] > 230
 
 
 def test_the_command_reports_bad_input_and_exits_1(tmp_path, pair):
-    import subprocess
-    import sys
     prog = program_file(tmp_path, pair, "entropy(slm, normalized) > 0.3")
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json}\n")

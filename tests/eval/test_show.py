@@ -1,6 +1,7 @@
 """The terminal view of who wrote which token (scripts/demo.sh)."""
 
 from tokenrouter.eval.show import coloured
+from tokenrouter.eval.tables import markdown
 
 
 def test_plain_output_brackets_each_token_with_its_writer():
@@ -15,7 +16,6 @@ def test_a_terminal_gets_one_background_per_writer_and_never_across_a_newline():
 
 
 def test_the_markdown_tables_carry_the_summary_figures():
-    from tokenrouter.eval.tables import markdown
     cfg = {"accuracy": 0.5, "correct": 1, "answered": 2, "exact_match_with_large": 0.25, "large_share": 0.125,
            "tokens_per_s": 10.0, "tokens_per_s_at": {"8": 10.0, "1": 4.0}}
     d = {"both_right": 1, "fixed": 2, "broken": 3, "both_wrong": 4}

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 
 @pytest.fixture(autouse=True)
 def _threads():
-    import torch
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

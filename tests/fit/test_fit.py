@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from tests.helpers.fitting import disturbed_pair, other_tokenizer, write_program, write_prompts
 from tokenrouter.cli import main
+from tokenrouter.compiler.pipeline import check_file
 from tokenrouter.compiler.weights import nets as rn
 from tokenrouter.fit.fitting import FitOptions, fit
 from tokenrouter.fit.train import Hyper
@@ -50,7 +51,6 @@ def test_fit_is_deterministic_for_a_seed(pair, tmp_path):
     for k in ("recall", "precision", "large_share", "auc"):
         assert raw.report["heldout"][k] == pytest.approx(a.report["heldout"][k], nan_ok=True), k
     # the file serves: the program checks clean against it, and warns once its large model differs
-    from tokenrouter.compiler.pipeline import check_file
     os.makedirs(tmp_path / "w", exist_ok=True)
     os.replace(a.out, tmp_path / "w" / "r2r.safetensors")
     _, diags = check_file(route, model_facts=model_facts)

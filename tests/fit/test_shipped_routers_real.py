@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from tests.helpers.serving import wait_until_healthy
+from tokenrouter.compiler.pipeline import check_file
 from tokenrouter.runtime.loader import model_facts
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
@@ -19,7 +20,6 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 @pytest.mark.real_weights
 @pytest.mark.parametrize("example", ["r2r", "citer", "co_llm"])
 def test_shipped_router_serves_an_openai_client_with_both_models_writing(example):
-    from tokenrouter.compiler.pipeline import check_file
     _, diags = check_file(os.path.join(ROOT, "examples", f"{example}.route"), full=True, model_facts=model_facts)
     assert diags == [], [d.message for d in diags]
     with socket.socket() as s:

@@ -26,7 +26,7 @@ def test_stationary_distribution_is_a_distribution(paper_profile):
 
 
 @pytest.mark.parametrize("B,c", [(1, 0.0), (1, 1.0), (2, 0.5)])
-def test_one_request_closed_form(paper_profile, B, c):
+def test_one_request_closed_form(B, c):
     prof = Profile.affine({"slm": (6.0, 0.12), "llm": (27.9, 0.558)}, colocation=c)
     s = pair(prof, 1, 0.1, 0.5, batch={"llm": B})  # one request: batching and co-location cannot matter
     m_s, m_l = 10.0, 2.0

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from tokenrouter.cli import main
+from tokenrouter.tuner.measure import served_engine
 from tokenrouter.tuner.profile import Profile
 
 
@@ -25,7 +26,7 @@ def test_profile_then_tune(tiny_route, tmp_path, capsys):
     assert "B* =" in capsys.readouterr().out
 
 
-def test_tune_with_route_probs_and_runlengths(tiny_route, tmp_path, capsys):
+def test_tune_with_route_probs_and_runlengths(tiny_route, tmp_path):
     prof = tmp_path / "p.json"
     Profile.affine({"small": (6.0, 0.12), "large": (27.9, 0.558)}, colocation=0.5).save(prof)
     traces = tmp_path / "rl.json"
@@ -70,7 +71,6 @@ def test_profile_bad_batch_sizes(tiny_route, capsys):
 def test_the_profile_times_each_model_in_its_weight_format(tiny_route, tmp_path):
     """A model served as `quant = int8` is profiled as int8, not as the float checkpoint (the
     bound and the tuner's B_i come from these steps)."""
-    from tokenrouter.tuner.measure import served_engine
     text = tiny_route.read_text()
     small_path = text.split('model small = "')[1].split('"')[0]
     engine, _ = served_engine(small_path, "float32", 1, 64, "int8")

@@ -6,7 +6,7 @@ Keys (also those of `summary.json`):
 - `no_delay`: the same deployment with B_i = 1 everywhere (set at run time with the
   runtime's `configure` message, so it shares `tokenrouter`'s processes);
 - `no_pending`: tuned B_i, but a returning request is re-prefix-matched as a new one
-  (the runtime's `rematch` KV retention, `runtime/policies.py`);
+  (the runtime's `rematch` KV retention, `runtime/subserver/policies.py`);
 - `lockstep`: every model stepped together in one loop (`runtime.baselines.lockstep`);
 - `naive`: independent servers plus a dispatcher that resends the context on every
   handoff (`runtime.baselines.naive`);

@@ -10,7 +10,7 @@ continuous batching. Two peers are built on it:
   model and an external dispatcher (asyncio, one keep-alive `httpx` client per server) that
   sends each request one token at a time (`n_predict 1`, `cache_prompt`, the request's slot)
   to the model that currently writes, and applies the routing program to what comes back:
-  the program's own IR interpreter (`compiler/backend/interpreter.py`, the oracle the runtime is tested
+  the program's own IR interpreter (`compiler.backend.interpreter`, the oracle the runtime is tested
   against) reads each token's distribution, rebuilt from the server's top-20 probabilities
   (`n_probs`) with the remaining mass spread evenly over the other tokens, so coins are exact
   and entropy rules are approximated only in the tail. It never looks ahead: the decision for
@@ -36,8 +36,8 @@ import numpy as np
 
 from tokenrouter.compiler.backend.compiled import default_base_dir
 from tokenrouter.compiler.backend.interpreter import Interpreter, RequestStep
+from tokenrouter.compiler.needs import writer_needs
 from tokenrouter.protocol.sampling import SamplingParams
-from tokenrouter.runtime.reference import needs_of
 
 from tokenrouter.bench.deploy import Measurement
 
@@ -183,7 +183,7 @@ class LlamaCppStandard:
         if program.ensembles:
             raise ValueError("llamacpp_std cannot serve an ensemble: llama.cpp returns no full distribution")
         for m in program.models:
-            needs = needs_of(program, m.name)
+            needs = writer_needs(program, m.name)
             if needs.hidden_layers or needs.token_embedding:
                 raise ValueError(f"llamacpp_std cannot run this program: {m.name}'s routing reads hidden states, "
                                  "which a stock llama.cpp server does not return")

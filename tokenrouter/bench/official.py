@@ -26,9 +26,9 @@ import torch
 
 from tokenrouter.compiler.backend.compiled import default_base_dir
 from tokenrouter.compiler.backend.interpreter import Interpreter, RequestStep
+from tokenrouter.compiler.needs import writer_needs
 from tokenrouter.protocol.sampling import SamplingParams
 from tokenrouter.runtime.loader import resolve_folder
-from tokenrouter.runtime.reference import needs_of
 
 from tokenrouter.bench.configs import small_and_large
 from tokenrouter.bench.deploy import Measurement
@@ -53,7 +53,7 @@ class CiterOfficial:
         if program.ensembles:
             raise ValueError("official: ensembles have no single-writer serving loop to reproduce")
         for m in program.models:
-            n = needs_of(program, m.name)
+            n = writer_needs(program, m.name)
             if n.hidden_layers or n.token_embedding:
                 raise ValueError(f"official: {m.name}'s routing reads hidden states; not reproduced")
         self.small, self.large = small_and_large(program)

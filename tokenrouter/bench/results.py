@@ -1,5 +1,6 @@
 """From measurements to results: medians over rounds, latency percentiles, token shares,
-per-step breakdowns, ratios, and the two JSON files (`summary.json`, `details.json`).
+per-step breakdowns, ratios, `summary.json` (`summary`), and writing it and `details.json`
+(`write_json`; runner.py assembles the details).
 
 Pure functions over `Measurement`s, so they are tested without running a model.
 """

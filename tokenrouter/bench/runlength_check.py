@@ -50,7 +50,7 @@ def runlength_check(opts: CheckOptions) -> dict[str, Any]:
     """Run the check and write `runlength_check.json` (and the traces, and the profile when
     it was measured here) into `opts.out`; return what it wrote."""
     program = load_program(opts.file, model_facts=model_facts)
-    small, large = C.small_and_large(program)
+    _, large = C.small_and_large(program)  # also refuses a program without exactly two models
     tok = program_tokenizer(program)
     ids = [tok.encode(p) for p in workload.prompts(opts.requests)]
     os.makedirs(opts.out, exist_ok=True)

@@ -1,6 +1,14 @@
 """Run every configuration side by side: start each deployment once, then, per
 concurrency level, measure them in interleaved rounds (the order rotates each round) so
 machine noise hits them alike; report the median round and ratios from the same run.
+
+`run_bench` runs one function a step: `_prepare` (the program, the prompts, the profile
+and each level's tuned B_i, the deployments' sizes), `_start_shared` (the deployments that
+live for the whole run, and their warm-up), `_measure_levels` (per level, `_measure_level`:
+the per-level llama.cpp peers, the calibration wave, the rounds; a level that fails is
+recorded in `failed_levels` and the next one runs), then `_details` and `_level_doc`
+assemble details.json and `results.summary` the summary. Writing the files is the
+command's (`commands/bench.py`).
 """
 
 from __future__ import annotations
@@ -123,8 +131,76 @@ def _vocab(program) -> int:
     return sizes.pop()
 
 
+@dataclass
+class _Setup:
+    """What every step of a run reads: the program and its pair, the prompts, the tuned B_i
+    of each level, and the deployments' sizes."""
+
+    program: Any
+    small: str
+    large: str
+    writers: list[str]
+    levels: list[int]
+    cap: dict[int, int]  # the most requests one measurement at level N takes
+    ids: list[list[int]]  # the prompts, encoded
+    sampling: dict
+    measured: list[str]  # the configurations measured (all but the derived ones)
+    auto: list[str]  # the writers whose B_i the tuner chooses
+    profile: Any  # Profile | None
+    tuned: dict[int, dict[str, int]]  # level -> B_i
+    blocks: int  # KV blocks of a deployment
+    ctx: int  # context per slot of the llama.cpp servers
+    base: LaunchOptions
+    started: float  # time.time() when the run's clock started (after encoding the prompts)
+
+    def batch_of(self, c: str, n: int) -> dict[str, int] | None:
+        """B_i configuration `c` runs with at level `n` (None: as launched)."""
+        if c.startswith("tokenrouter@"):
+            return _swept_batch(self.writers, self.large, int(c.split("@")[1]))
+        return C.thresholds_for(c, self.program, self.tuned[n]) if c not in C.PER_LEVEL and c != "official" else None
+
+    def start(self, c: str, opts: BenchOptions, n: int):
+        return _start(c, self.program, opts, self.base, n, self.ctx, self.small, self.large)
+
+
+@dataclass
+class _Measured:
+    """What the per-level loop collected; a failed level keeps its reason and no rounds."""
+
+    raw: dict[int, dict[str, list]] = field(default_factory=dict)  # level -> configuration -> rounds
+    requests: dict[int, dict[str, int]] = field(default_factory=dict)  # level -> configuration -> requests
+    load: dict[int, dict[str, Any]] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+
+
+def _swept_batch(writers: list[str], large: str, b: int) -> dict[str, int]:
+    batch = {w: 1 for w in writers}
+    batch[large] = b
+    return batch
+
+
 def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     """Returns (details, summary)."""
+    setup = _prepare(opts)
+    cores = os.cpu_count() or 1
+    deployments: dict[str, Any] = {}
+    try:
+        _start_shared(deployments, setup, opts)
+        measured = _measure_levels(deployments, setup, opts)
+    finally:
+        _close_all(deployments)
+        torch.set_num_threads(cores)
+    details = _details(opts, setup, measured, cores)
+    levels_doc = {n: _level_doc(n, measured, setup, opts) for n in measured.raw}
+    details["levels"] = {str(n): lv for n, lv in levels_doc.items()}
+    details["elapsed_s"] = time.time() - setup.started
+    return details, R.summary(levels_doc)
+
+
+def _prepare(opts: BenchOptions) -> _Setup:
+    """Load the program and encode the prompts; then (on the run's clock) read or measure
+    the profile when a configuration needs it, save it under `out_dir`, and tune each
+    level's B_i."""
     program = with_quant(load_program(opts.file, model_paths=opts.model_paths, params=opts.params,
                                         model_facts=model_facts), opts.quant)
     small, large = C.small_and_large(program)
@@ -134,8 +210,7 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     cap = {n: max(workload.requests_for(n, opts.requests), opts.max_requests_waves * n) for n in levels}
     ids = [tok.encode(p) for p in workload.prompts(max(cap.values()))]
     sampling = workload.sampling(opts.max_tokens)
-    cores = os.cpu_count() or 1
-    t_start = time.time()
+    started = time.time()
     measured = [c for c in opts.configs if c not in C.DERIVED]
 
     auto = [w for w, v in program.schedule.batch if v == "auto"] or [w for w in writers if w != program.start]
@@ -154,135 +229,171 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     blocks = num_blocks_for(opts, prompt_len)
     ctx = prompt_len + opts.max_tokens + 16
     base = LaunchOptions(mode=opts.mode, concurrency=max(levels), num_blocks=blocks)
-    deployments: dict[str, Any] = {}
-    raw: dict[int, dict[str, list]] = {}
-    n_req: dict[int, dict[str, int]] = {}
-    load: dict[int, dict[str, Any]] = {}
-    failed: dict[int, str] = {}
+    return _Setup(program, small, large, writers, levels, cap, ids, sampling, measured, auto, profile, tuned, blocks,
+                  ctx, base, started)
 
-    def batch_of(c: str, n: int):
-        if c.startswith("tokenrouter@"):
-            batch = {w: 1 for w in writers}
-            batch[large] = int(c.split("@")[1])
-            return batch
-        return C.thresholds_for(c, program, tuned[n]) if c not in C.PER_LEVEL and c != "official" else None
 
-    try:
-        for c in measured:  # the deployments that live for the whole run
-            key = _deployment_key(c)
-            if key in deployments or c in C.PER_LEVEL:
-                continue
-            _log(f"starting {key} ...")
-            deployments[key] = _start(c, program, opts, base, max(levels), ctx, small, large)
-        if opts.sweep and "routed" not in deployments:
-            deployments["routed"] = _start("tokenrouter", program, opts, base, max(levels), ctx, small, large)
-        for key, d in deployments.items():  # warm-up: first steps, allocator, code paths
-            d.measure(key, ids[:2], workload.sampling(4), 2)
+def _start_shared(deployments: dict[str, Any], setup: _Setup, opts: BenchOptions) -> None:
+    """Start the deployments that live for the whole run into `deployments` (each as it
+    starts, so the caller closes whichever did), then warm each up: first steps, allocator,
+    code paths."""
+    for c in setup.measured:
+        key = _deployment_key(c)
+        if key in deployments or c in C.PER_LEVEL:
+            continue
+        _log(f"starting {key} ...")
+        deployments[key] = setup.start(c, opts, max(setup.levels))
+    if opts.sweep and "routed" not in deployments:
+        deployments["routed"] = setup.start("tokenrouter", opts, max(setup.levels))
+    for key, d in deployments.items():
+        d.measure(key, setup.ids[:2], workload.sampling(4), 2)
 
-        plan = []
-        for n in levels:
-            names = list(measured)
-            if n in opts.sweep:
-                tb = tuned[n].get(large, 1)
-                names += [f"tokenrouter@{b}" for b in tuning.sweep_candidates(n, tb)]
-            plan.append((n, names))
-        total = sum(len(names) for _, names in plan) * opts.rounds
-        bar = tqdm(total=total, desc="bench", unit="run", disable=not opts.progress)
+
+def _close_all(deployments: dict[str, Any]) -> None:
+    for d in deployments.values():
         try:
-            for n, names in plan:
-                level_deps = {}
-                try:  # a level that fails (a peer server dying, say) is reported; the others still run
-                    for c in names:
-                        if c in C.PER_LEVEL:
-                            _log(f"starting {c} (--parallel {n}) ...")
-                            level_deps[c] = _start(c, program, opts, base, n, ctx, small, large)
-                            level_deps[c].measure(c, ids[:2], workload.sampling(4), 2)
+            d.close()
+        except Exception as exc:  # a deployment that fails to stop must not hide the results
+            _log(f"warning: closing a deployment failed: {exc}")
 
-                    def dep(c):
-                        return level_deps[c] if c in level_deps else deployments[_deployment_key(c)]
 
-                    # calibration: one wave of short requests, to size each measurement for steady_s
-                    n_req[n] = {}
-                    cal_tokens = max(8, opts.max_tokens // 4)
-                    for c in names:
-                        tps = 0.0
-                        if opts.steady_s > 0:
-                            cal = dep(c).measure(c, ids[:n], workload.sampling(cal_tokens), n, batch_of(c, n))
-                            tps = cal.tokens_per_s
-                        n_req[n][c] = calibrated_requests(opts.requests, n, opts.max_tokens, tps, opts.steady_s,
-                                                          cap[n])
-                        if c == "official":
-                            n_req[n][c] = official_requests(n_req[n][c], n, opts.official_waves)
-                    load[n] = {"before": load_average()}
-                    raw[n] = {c: [] for c in names}
-                    for r in range(opts.rounds):
-                        k = r % len(names)
-                        for c in names[k:] + names[:k]:  # rotate the order each round
-                            bar.set_postfix_str(f"N={n} round {r + 1} {c}")
-                            m = dep(c).measure(c, ids[:n_req[n][c]], sampling, n, batch_of(c, n))
-                            raw[n][c].append(m)
-                            bar.update()
-                    load[n]["after"] = load_average()
-                except (RuntimeError, OSError, TimeoutError, ValueError, ConnectionError) as exc:
-                    failed[n] = f"{type(exc).__name__}: {exc}"
-                    _log(f"level N={n} failed, its figures are dropped: {failed[n]}")
-                    raw.pop(n, None)
-                finally:
-                    for d in level_deps.values():
-                        d.close()
-        finally:
-            bar.close()
+def _plan(setup: _Setup, opts: BenchOptions) -> list[tuple[int, list[str]]]:
+    """(level, the configurations measured there): the sweep's tokenrouter@B at --sweep levels."""
+    plan = []
+    for n in setup.levels:
+        names = list(setup.measured)
+        if n in opts.sweep:
+            tb = setup.tuned[n].get(setup.large, 1)
+            names += [f"tokenrouter@{b}" for b in tuning.sweep_candidates(n, tb)]
+        plan.append((n, names))
+    return plan
+
+
+def _measure_levels(deployments: dict[str, Any], setup: _Setup, opts: BenchOptions) -> _Measured:
+    plan = _plan(setup, opts)
+    out = _Measured()
+    total = sum(len(names) for _, names in plan) * opts.rounds
+    bar = tqdm(total=total, desc="bench", unit="run", disable=not opts.progress)
+    try:
+        for n, names in plan:
+            _measure_level(n, names, deployments, setup, opts, out, bar)
     finally:
-        for d in deployments.values():
-            try:
-                d.close()
-            except Exception as exc:  # a deployment that fails to stop must not hide the results
-                _log(f"warning: closing a deployment failed: {exc}")
-        torch.set_num_threads(cores)
+        bar.close()
+    return out
 
-    details = {"program": opts.file, "small": small, "large": large, "cores": cores,
-               "host": {**host_info(), "load_average_at_end": load_average()},
-               "workload": {"max_tokens": opts.max_tokens, "requests": n_req, "rounds": opts.rounds,
-                            "steady_s": opts.steady_s, "sampling": "greedy, stop tokens ignored"},
-               "deployment": {"mode": opts.mode, "num_blocks": blocks,
-                              "threads": {"routed": "cores / local subservers (1 each on 2 cores)",
-                                          "lockstep_and_single_model": opts.threads,
-                                          "llamacpp_std": f"{max(1, cores // 2)} per server",
-                                          "llamacpp_large_and_official": opts.threads}},
-               "profile": tuning.slowdown_summary(profile) if profile is not None else None,
-               "elapsed_s": None, "levels": {}, "failed_levels": {str(n): why for n, why in failed.items()}}
-    levels_doc = {}
-    for n, per in raw.items():
-        cfg = {c: R.config_result(ms) for c, ms in per.items() if not c.startswith("tokenrouter@")}
-        if "bound" in opts.configs and per.get("tokenrouter"):
-            med = R.median_round(per["tokenrouter"])
-            b = R.bound(n, profile, med)
-            if b and b["tokens_per_s"]:
-                cfg["bound"] = {"tokens_per_s": b["tokens_per_s"], "rounds_tokens_per_s": None, "bound": b,
-                                "tokenrouter_gap": R.gap(n, profile, med)}
-        tps = {c: v["tokens_per_s"] for c, v in cfg.items()}
-        lv = {"requests": n_req[n], "batch_thresholds": tuned[n], "configs": cfg, "ratios": R.ratios(tps),
-              "of_bound": R.of_bound(tps), "identical_outputs": R.identical_outputs(per),
-              "peer_agreement": R.peer_agreement(per), "load_average": load.get(n)}
-        if profile is not None and auto:
-            lv["predicted"] = {"tokenrouter": tuning.predict(program, profile, n, tuned[n]),
-                               "no_delay": tuning.predict(program, profile, n, {w: 1 for w in writers})}
-        sw = {c: ms for c, ms in per.items() if c.startswith("tokenrouter@")}
-        if sw:
-            pts = []
-            for c, ms in sorted(sw.items(), key=lambda kv: int(kv[0].split("@")[1])):
-                b = int(c.split("@")[1])
-                batch = {w: 1 for w in writers}
-                batch[large] = b
-                pred = tuning.predict(program, profile, n, batch) if profile is not None else None
-                res = R.config_result(ms)
-                pts.append({"B": b, "tokens_per_s": res["tokens_per_s"], "rounds_tokens_per_s": res["rounds_tokens_per_s"],
-                            "predicted_tokens_per_s": (pred or {}).get("tokens_per_s")})
-            best = max(pts, key=lambda p: p["tokens_per_s"])
-            tuned_pt = next(p for p in pts if p["B"] == tuned[n].get(large, 1))
-            lv["sweep"] = {"model": large, "points": pts, "best_measured_B": best["B"], "tuned_B": tuned_pt["B"],
-                           "tuned_over_best": tuned_pt["tokens_per_s"] / best["tokens_per_s"]}
-        levels_doc[n] = lv
-    details["levels"] = {str(n): lv for n, lv in levels_doc.items()}
-    details["elapsed_s"] = time.time() - t_start
-    return details, R.summary(levels_doc)
+
+def _measure_level(n: int, names: list[str], deployments: dict[str, Any], setup: _Setup, opts: BenchOptions,
+                   out: _Measured, bar) -> None:
+    """Level `n` into `out`: start its per-level peers, calibrate, run the rounds. A level that
+    fails (a peer server dying, say) is reported in `out.failed`; the others still run."""
+    level_deps: dict[str, Any] = {}
+    try:
+        _start_level(level_deps, n, names, setup, opts)
+        deps = {c: level_deps[c] if c in level_deps else deployments[_deployment_key(c)] for c in names}
+        out.requests[n] = {}
+        _calibrate(out.requests[n], n, names, deps, setup, opts)
+        out.load[n] = {"before": load_average()}
+        out.raw[n] = _rounds(n, names, deps, out.requests[n], setup, opts, bar)
+        out.load[n]["after"] = load_average()
+    except (RuntimeError, OSError, TimeoutError, ValueError, ConnectionError) as exc:
+        out.failed[n] = f"{type(exc).__name__}: {exc}"
+        _log(f"level N={n} failed, its figures are dropped: {out.failed[n]}")
+        out.raw.pop(n, None)
+    finally:
+        for d in level_deps.values():
+            d.close()
+
+
+def _start_level(level_deps: dict[str, Any], n: int, names: list[str], setup: _Setup, opts: BenchOptions) -> None:
+    """Start and warm up the peers started once per level (`--parallel N`) into `level_deps`."""
+    for c in names:
+        if c in C.PER_LEVEL:
+            _log(f"starting {c} (--parallel {n}) ...")
+            level_deps[c] = setup.start(c, opts, n)
+            level_deps[c].measure(c, setup.ids[:2], workload.sampling(4), 2)
+
+
+def _calibrate(requests: dict[str, int], n: int, names: list[str], deps: dict[str, Any], setup: _Setup,
+               opts: BenchOptions) -> None:
+    """Fill `requests` with each configuration's requests at level `n`: with steady_s, sized
+    by one wave of short requests (see calibrated_requests)."""
+    cal_tokens = max(8, opts.max_tokens // 4)
+    for c in names:
+        tps = 0.0
+        if opts.steady_s > 0:
+            cal = deps[c].measure(c, setup.ids[:n], workload.sampling(cal_tokens), n, setup.batch_of(c, n))
+            tps = cal.tokens_per_s
+        requests[c] = calibrated_requests(opts.requests, n, opts.max_tokens, tps, opts.steady_s, setup.cap[n])
+        if c == "official":
+            requests[c] = official_requests(requests[c], n, opts.official_waves)
+
+
+def _rounds(n: int, names: list[str], deps: dict[str, Any], requests: dict[str, int], setup: _Setup,
+            opts: BenchOptions, bar) -> dict[str, list]:
+    """The interleaved rounds at level `n`, the order rotating each round: configuration -> measurements."""
+    raw: dict[str, list] = {c: [] for c in names}
+    for r in range(opts.rounds):
+        k = r % len(names)
+        for c in names[k:] + names[:k]:
+            bar.set_postfix_str(f"N={n} round {r + 1} {c}")
+            raw[c].append(deps[c].measure(c, setup.ids[:requests[c]], setup.sampling, n, setup.batch_of(c, n)))
+            bar.update()
+    return raw
+
+
+# ------------------------------------------------------------------ results
+
+
+def _details(opts: BenchOptions, setup: _Setup, measured: _Measured, cores: int) -> dict[str, Any]:
+    """details.json without its levels and elapsed time (filled in last)."""
+    return {"program": opts.file, "small": setup.small, "large": setup.large, "cores": cores,
+            "host": {**host_info(), "load_average_at_end": load_average()},
+            "workload": {"max_tokens": opts.max_tokens, "requests": measured.requests, "rounds": opts.rounds,
+                         "steady_s": opts.steady_s, "sampling": "greedy, stop tokens ignored"},
+            "deployment": {"mode": opts.mode, "num_blocks": setup.blocks,
+                           "threads": {"routed": "cores / local subservers (1 each on 2 cores)",
+                                       "lockstep_and_single_model": opts.threads,
+                                       "llamacpp_std": f"{max(1, cores // 2)} per server",
+                                       "llamacpp_large_and_official": opts.threads}},
+            "profile": tuning.slowdown_summary(setup.profile) if setup.profile is not None else None,
+            "elapsed_s": None, "levels": {}, "failed_levels": {str(n): why for n, why in measured.failed.items()}}
+
+
+def _level_doc(n: int, measured: _Measured, setup: _Setup, opts: BenchOptions) -> dict[str, Any]:
+    """One level of details.json from its rounds: each configuration's result, the bound,
+    ratios, agreement, the tuner's predictions and the sweep."""
+    per, profile, tuned = measured.raw[n], setup.profile, setup.tuned[n]
+    cfg = {c: R.config_result(ms) for c, ms in per.items() if not c.startswith("tokenrouter@")}
+    if "bound" in opts.configs and per.get("tokenrouter"):
+        med = R.median_round(per["tokenrouter"])
+        b = R.bound(n, profile, med)
+        if b and b["tokens_per_s"]:
+            cfg["bound"] = {"tokens_per_s": b["tokens_per_s"], "rounds_tokens_per_s": None, "bound": b,
+                            "tokenrouter_gap": R.gap(n, profile, med)}
+    tps = {c: v["tokens_per_s"] for c, v in cfg.items()}
+    lv = {"requests": measured.requests[n], "batch_thresholds": tuned, "configs": cfg, "ratios": R.ratios(tps),
+          "of_bound": R.of_bound(tps), "identical_outputs": R.identical_outputs(per),
+          "peer_agreement": R.peer_agreement(per), "load_average": measured.load.get(n)}
+    if profile is not None and setup.auto:
+        lv["predicted"] = {"tokenrouter": tuning.predict(setup.program, profile, n, tuned),
+                           "no_delay": tuning.predict(setup.program, profile, n, {w: 1 for w in setup.writers})}
+    sw = {c: ms for c, ms in per.items() if c.startswith("tokenrouter@")}
+    if sw:
+        lv["sweep"] = _sweep_doc(n, sw, setup)
+    return lv
+
+
+def _sweep_doc(n: int, sw: dict[str, list], setup: _Setup) -> dict[str, Any]:
+    """The measured sweep of the large model's B at level `n`, each point with the tuner's prediction."""
+    pts = []
+    for c, ms in sorted(sw.items(), key=lambda kv: int(kv[0].split("@")[1])):
+        b = int(c.split("@")[1])
+        batch = _swept_batch(setup.writers, setup.large, b)
+        pred = tuning.predict(setup.program, setup.profile, n, batch) if setup.profile is not None else None
+        res = R.config_result(ms)
+        pts.append({"B": b, "tokens_per_s": res["tokens_per_s"], "rounds_tokens_per_s": res["rounds_tokens_per_s"],
+                    "predicted_tokens_per_s": (pred or {}).get("tokens_per_s")})
+    best = max(pts, key=lambda p: p["tokens_per_s"])
+    tuned_pt = next(p for p in pts if p["B"] == setup.tuned[n].get(setup.large, 1))
+    return {"model": setup.large, "points": pts, "best_measured_B": best["B"], "tuned_B": tuned_pt["B"],
+            "tuned_over_best": tuned_pt["tokens_per_s"] / best["tokens_per_s"]}

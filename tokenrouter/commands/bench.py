@@ -99,7 +99,7 @@ def _options(args):
                         official_waves=q.get("official_waves"))
 
 
-def print_report(details: dict, summary: dict) -> None:
+def print_report(details: dict) -> None:
     from tokenrouter.bench.configs import CONFIGS
     host = details.get("host") or {}
     print(f"host: {host.get('cpu')}, {host.get('cores')} cores, read bandwidth {host.get('read_gb_per_s')} GB/s")
@@ -163,7 +163,7 @@ def run(args) -> int:
     results.write_json(os.path.join(args.out, "summary.json"), summary)
     results.write_json(os.path.join(args.out, "details.json"), details)
     pngs = plots.plot_all(details, args.out)
-    print_report(details, summary)
+    print_report(details)
     print(f"\nwrote {os.path.join(args.out, 'summary.json')}, details.json and {', '.join(os.path.basename(p) for p in pngs)}")
     ok = all(lv["identical_outputs"] is not False for lv in details["levels"].values())
     if not ok:

@@ -126,20 +126,21 @@ def _load(path: str, resolve: bool, params=None, model_paths=None):
 def serving_plan(program, source: str) -> dict:
     """What a launcher needs to serve the program, as JSON-ready data."""
     from tokenrouter.compiler import ir
-    from tokenrouter.compiler.backend.codegen import head_keys, writer_needs
+    from tokenrouter.compiler.backend.codegen import head_keys
+    from tokenrouter.compiler.needs import writer_needs
 
     s = program.schedule
     batch, wait = dict(s.batch), dict(s.max_wait_ms)
     placement, threads = dict(s.placement), dict(s.threads)
-    needs = writer_needs(program)
     ensembles = {e.name: e for e in program.ensembles}
     writers = []
     for i, w in enumerate(program.writers()):
         e = ensembles.get(w)
-        layers, emb = needs[w]
+        needs = writer_needs(program, w)
         writers.append({"name": w, "index": i, "kind": "ensemble" if e else "model",
                         "members": list(e.members) if e else [w],
-                        "needs": {"hidden_layers": list(layers), "token_embedding": emb}})
+                        "needs": {"hidden_layers": list(needs.hidden_layers),
+                                  "token_embedding": needs.token_embedding}})
     return {
         "plan_version": PLAN_VERSION,
         "ir_version": program.ir_version,

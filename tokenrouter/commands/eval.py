@@ -36,8 +36,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tokenrouter.compiler.pipeline import check_file
     from tokenrouter.eval.configs import EvalError
     from tokenrouter.eval.evaluate import evaluate
+    from tokenrouter.eval.tables import markdown
     from tokenrouter.runtime.frontend.frontend import RuntimeUnavailable
     from tokenrouter.runtime.frontend.launch import LaunchOptions
     from tokenrouter.runtime.loader import LoadError, model_facts
@@ -50,14 +52,12 @@ def run(args: argparse.Namespace) -> int:
             raise EvalError("--concurrency values must be distinct")
         launch = LaunchOptions()
         if args.threads:
-            from tokenrouter.compiler.pipeline import check_file
             prog, _ = check_file(args.file, model_paths=model_paths, params=params, model_facts=model_facts)
             launch.threads = {w: args.threads for w in (prog.writers() if prog else ())}
         summary = evaluate(args.file, args.out, prompts=args.prompts, params=params, model_paths=model_paths, sweep=args.sweep,
                  concurrency=concurrency, max_tokens=args.max_tokens, limit=args.limit,
                  small=args.small, large=args.large, chat=not args.no_chat, launch=launch, reuse=args.reuse,
                  log=lambda m: print(m, file=sys.stderr))
-        from tokenrouter.eval.tables import markdown
         print(markdown(summary))
         return 0
     except (EvalError, LoadError, RuntimeUnavailable, ValueError) as exc:

@@ -25,7 +25,7 @@ def configure(parser) -> None:
 
 def run(args) -> int:
     from tokenrouter.compiler.pipeline import RouteError, load_program
-    from tokenrouter.runtime.loader import model_facts
+    from tokenrouter.runtime.loader import LoadError, model_facts
     from tokenrouter.tuner.measure import measure_profile
 
     try:
@@ -48,7 +48,6 @@ def run(args) -> int:
         profile = measure_profile(program, batch_sizes, extend_tokens=extend, colocate=not args.no_colocate,
                                   repeats=args.repeats, progress=not args.no_progress, source=str(args.file))
     except Exception as exc:  # a model that fails to load or run: say which, no traceback
-        from tokenrouter.runtime.loader import LoadError
         if isinstance(exc, (LoadError, OSError, RuntimeError, ValueError)):
             print(f"error: profiling failed: {exc}", file=sys.stderr)
             return 2

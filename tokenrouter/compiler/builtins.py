@@ -15,7 +15,7 @@ ROLES = ("small", "large", "member")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 QUANTS = ("none", "native", "int4", "int8")  # weight formats (runtime/engine/quant.py)
 ACTIVATIONS = ("relu", "gelu", "silu", "tanh")
-ROUTER_ARCHS = ("mlp", "citer", "r2r")  # router networks' tensor layouts: compiler/router_nets.py
+ROUTER_ARCHS = ("mlp", "citer", "r2r")  # router networks' tensor layouts: compiler/weights/nets.py
 ENSEMBLE_MODES = ("average", "mixture")
 
 # Features usable in a condition, with their signature as users write it.

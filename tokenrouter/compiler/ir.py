@@ -10,7 +10,8 @@ whether the token just produced is kept or rewritten (dropped, so the destinatio
 writes that position instead). When none holds the request stays.
 
 Every node carries the `Span` of the `.route` text it came from, so generated code and
-diagnostics point back at the source line.
+diagnostics point back at the source line. `walk(expr)` is the traversal of an expression
+every pass over the IR uses.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import json
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Iterator, Literal, Union
 
 from tokenrouter.dsl.span import Span
 
@@ -144,6 +145,18 @@ Expr = Union[Const, Entropy, TopProb, Margin, RouterProb, HeadLogit, Bernoulli, 
              Compare, Logic, Arith]
 
 
+def walk(e: Expr) -> Iterator[Expr]:
+    """`e` and every expression inside it, depth first: a node before its operands, left
+    before right, `Logic`'s arguments in order."""
+    yield e
+    if isinstance(e, (Compare, Arith)):
+        yield from walk(e.left)
+        yield from walk(e.right)
+    elif isinstance(e, Logic):
+        for a in e.args:
+            yield from walk(a)
+
+
 # ------------------------------------------------------------- router inputs
 # Vector features, concatenated in declared order to form a router network's input.
 
@@ -191,7 +204,7 @@ class RouterNet:
     """A trained router network loaded from a safetensors file; its input is the
     concatenation of `inputs` in declared order, its output one probability.
 
-    `arch` names the network (the tensor layout of each is in `router_nets.py`):
+    `arch` names the network (the tensor layout of each is in `weights/nets.py`):
     - "mlp": `layers.{i}.weight` [out, in], `layers.{i}.bias` [out], `activation` between
       layers; one logit (sigmoid) when the last layer has 1 row, else
       softmax(...)[output_index].

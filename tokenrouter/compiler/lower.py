@@ -18,7 +18,7 @@ import json
 import os
 
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.check import Checked, bound_model_path
+from tokenrouter.compiler.check import Checked
 from tokenrouter.compiler.model_facts import ModelFacts, ModelFactsFn, folders_only
 from tokenrouter.compiler.weights.check import weight_diagnostics
 from tokenrouter.dsl.diagnostics import Diagnostic, Note
@@ -39,85 +39,20 @@ def _read_config(folder: str) -> ModelShape | None:
         return None
 
 
-def lower(checked: Checked, model_paths: dict[str, str] | None = None,
-          full: bool = False, check_weights: bool = True,
+def lower(checked: Checked, full: bool = False, check_weights: bool = True,
           model_facts: ModelFactsFn = folders_only) -> tuple[ir.Program | None, list[Diagnostic]]:
     """(Program, diagnostics); the program is None when a model cannot be read (full mode).
     `check_weights=False` skips reading router/head files (`fit` is about to replace them).
     `model_facts` tells where each model's files are (`model_facts.py`)."""
     diags: list[Diagnostic] = []
     models = list(checked.models)
-    if model_paths:  # the front end binds models while checking; this is for callers of lower() alone
-        names = {m.name for m in models}
-        unknown = sorted(set(model_paths) - names)
-        if unknown:
-            raise ValueError(f"model_paths names models the program does not declare: {', '.join(unknown)} "
-                             f"(declared: {', '.join(sorted(names))})")
-        models = [dataclasses.replace(m, path=bound_model_path(model_paths[m.name]))
-                  if m.name in model_paths else m for m in models]
     by_name = {m.name: m for m in models}
-
-    facts: dict[str, ModelFacts | None] = {}
-
-    def facts_of(model: ir.Model) -> ModelFacts | None:
-        """Full mode: the model resolved (built if need be); otherwise only a folder path."""
-        if model.name not in facts:
-            try:
-                if full:
-                    facts[model.name] = model_facts(model.path, True)
-                else:
-                    facts[model.name] = ModelFacts(model.path) if os.path.isdir(model.path) else None
-            except Exception as exc:  # the loader's errors are meant for users: pass them on
-                facts[model.name] = None
-                diags.append(Diagnostic("E308", f"cannot load model '{model.name}' ({model.path}): {exc}",
-                                        model.span))
-        return facts[model.name]
-
-    def folder_of(model: ir.Model) -> str | None:
-        f = facts_of(model)
-        return f.folder if f else None
-
-    def cached_folder(model: ir.Model) -> str | None:
-        """The model's folder if it exists without building anything."""
-        f = model_facts(model.path, False)
-        return f.folder if f else None
-
-    routers = []
-    for router in checked.routers:
-        needs = any(isinstance(i, (ir.InputHidden, ir.InputTokenEmbedding)) for i in router.inputs)
-        shape = None
-        if needs:
-            folder = folder_of(by_name[router.model])
-            shape = _read_config(folder) if folder else None
-            if shape is None and full and folder:
-                diags.append(Diagnostic("E308", f"cannot read the hidden size of model '{router.model}' from "
-                                        f"{folder}/config.json", router.span))
-        inputs = []
-        for inp in router.inputs:
-            if isinstance(inp, ir.InputHidden) and shape is not None:
-                if inp.layer > shape.num_layers:
-                    diags.append(Diagnostic(
-                        "E306", f"router '{router.name}' reads hidden({inp.layer}), but model '{router.model}' "
-                        f"has {shape.num_layers} layers", router.span,
-                        hint=f"layers run from 0 (the embeddings) to {shape.num_layers}; -1 is after the final norm"))
-                inp = dataclasses.replace(inp, dim=shape.hidden_size)
-            elif isinstance(inp, ir.InputTokenEmbedding) and shape is not None:
-                inp = dataclasses.replace(inp, dim=shape.hidden_size)
-            inputs.append(inp)
-        routers.append(dataclasses.replace(router, inputs=tuple(inputs)))
-
-    def known_folder(model: ir.Model) -> str | None:
-        return (folder_of(model) if full or os.path.isdir(model.path) else None) or cached_folder(model)
-
-    def hidden_size_of(model: ir.Model) -> int | None:
-        folder = known_folder(model)
-        shape = _read_config(folder) if folder else None
-        return shape.hidden_size if shape else None
-
+    known = _Models(model_facts, full, diags)
+    routers = [_with_widths(r, by_name[r.model], known, full, diags) for r in checked.routers]
     if check_weights:
-        diags.extend(weight_diagnostics(routers, checked.transitions, models, known_folder, hidden_size_of))
+        diags.extend(weight_diagnostics(routers, checked.transitions, models, known.known_folder, known.hidden_size))
     if full:
-        _check_tokenizers(models, facts_of, diags)
+        _check_tokenizers(models, known.facts, diags)
     if any(d.is_error for d in diags):
         return None, diags
     program = ir.Program(
@@ -126,6 +61,73 @@ def lower(checked: Checked, model_paths: dict[str, str] | None = None,
         ensembles=tuple(checked.ensembles), routers=tuple(routers), schedule=checked.schedule,
         params=tuple(checked.params))
     return program, diags
+
+
+class _Models:
+    """What lowering knows of the models: each asked once of the caller's `model_facts`
+    (a model that cannot be had is an E308 in `diags`)."""
+
+    def __init__(self, model_facts: ModelFactsFn, full: bool, diags: list[Diagnostic]):
+        self.model_facts, self.full, self.diags = model_facts, full, diags
+        self.known: dict[str, ModelFacts | None] = {}
+
+    def facts(self, model: ir.Model) -> ModelFacts | None:
+        """Full mode: the model resolved (built if need be); otherwise only a folder path."""
+        if model.name not in self.known:
+            try:
+                if self.full:
+                    self.known[model.name] = self.model_facts(model.path, True)
+                else:
+                    self.known[model.name] = ModelFacts(model.path) if os.path.isdir(model.path) else None
+            except Exception as exc:  # the loader's errors are meant for users: pass them on
+                self.known[model.name] = None
+                self.diags.append(Diagnostic("E308", f"cannot load model '{model.name}' ({model.path}): {exc}",
+                                             model.span))
+        return self.known[model.name]
+
+    def folder(self, model: ir.Model) -> str | None:
+        f = self.facts(model)
+        return f.folder if f else None
+
+    def known_folder(self, model: ir.Model) -> str | None:
+        """The folder as far as it is known, or exists without building anything."""
+        if self.full or os.path.isdir(model.path):
+            folder = self.folder(model)
+            if folder:
+                return folder
+        cached = self.model_facts(model.path, False)
+        return cached.folder if cached else None
+
+    def hidden_size(self, model: ir.Model) -> int | None:
+        folder = self.known_folder(model)
+        shape = _read_config(folder) if folder else None
+        return shape.hidden_size if shape else None
+
+
+def _with_widths(router: ir.RouterNet, model: ir.Model, known: _Models, full: bool,
+                 diags: list[Diagnostic]) -> ir.RouterNet:
+    """The router with the widths of its hidden-state and embedding inputs (the model's
+    hidden size, where its config is known), and an E306 for a layer the model lacks."""
+    shape = None
+    if any(isinstance(i, (ir.InputHidden, ir.InputTokenEmbedding)) for i in router.inputs):
+        folder = known.folder(model)
+        shape = _read_config(folder) if folder else None
+        if shape is None and full and folder:
+            diags.append(Diagnostic("E308", f"cannot read the hidden size of model '{router.model}' from "
+                                    f"{folder}/config.json", router.span))
+    inputs = []
+    for inp in router.inputs:
+        if isinstance(inp, ir.InputHidden) and shape is not None:
+            if inp.layer > shape.num_layers:
+                diags.append(Diagnostic(
+                    "E306", f"router '{router.name}' reads hidden({inp.layer}), but model '{router.model}' "
+                    f"has {shape.num_layers} layers", router.span,
+                    hint=f"layers run from 0 (the embeddings) to {shape.num_layers}; -1 is after the final norm"))
+            inp = dataclasses.replace(inp, dim=shape.hidden_size)
+        elif isinstance(inp, ir.InputTokenEmbedding) and shape is not None:
+            inp = dataclasses.replace(inp, dim=shape.hidden_size)
+        inputs.append(inp)
+    return dataclasses.replace(router, inputs=tuple(inputs))
 
 
 def _check_tokenizers(models, facts_of, diags):

@@ -68,7 +68,7 @@ def _finish(tree, diags, path, base_dir, model_paths, full, params, check_weight
     if checked is None:
         return None, diags
     # the checker has applied model_paths
-    program, more = lower(checked, None, full, check_weights, model_facts or folders_only)
+    program, more = lower(checked, full, check_weights, model_facts or folders_only)
     return program, sort_diagnostics(diags + more)
 
 

@@ -74,7 +74,7 @@ def score(tasks: Sequence[Task], run, large_run, large: str) -> dict[str, Any]:
             "tokens_per_s_at": {str(c): r for c, r in run.rates.items()}, "same_tokens_at_every_concurrency": run.consistent}
 
 
-def _output(tokenizer, task: Task, o) -> dict[str, Any]:
+def _output(task: Task, o) -> dict[str, Any]:
     return {"text": o.text, "token_ids": list(o.token_ids), "finish_reason": o.finish_reason,
             "tokens_by_model": dict(o.tokens_by_model), "correct": is_correct(task, o.text)}
 
@@ -86,8 +86,8 @@ def prompt_records(tokenizer, tasks: Sequence[Task], small, large, routed) -> li
     for i, t in enumerate(tasks):
         s, lg, r = small.outputs[i], large.outputs[i], routed.outputs[i]
         rec = {"id": t.id, "prompt": t.prompt, "answer": t.answer, "match": t.match if t.answer else None,
-               "category": t.category, "small": _output(tokenizer, t, s), "large": _output(tokenizer, t, lg),
-               "routed": _output(tokenizer, t, r)}
+               "category": t.category, "small": _output(t, s), "large": _output(t, lg),
+               "routed": _output(t, r)}
         rec["routed"]["writers"] = list(r.token_writers)
         rec["routed"]["pieces"] = token_pieces(tokenizer, r.token_ids)
         rec["large"]["pieces"] = token_pieces(tokenizer, lg.token_ids)

@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from tokenrouter.compiler import ir
-from tokenrouter.protocol.step import FeatureNeeds
+from tokenrouter.compiler.needs import input_needs
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.loader import load_model
 from tokenrouter.runtime.cache import cache_root
@@ -60,12 +60,6 @@ class Rows:
 class Rollout:
     tokens: list[list[int]] = field(default_factory=list)  # per prompt, output tokens
     routed: list[list[bool]] = field(default_factory=list)  # per prompt, per token: the large model wrote it
-
-
-def needs_of(inputs: tuple) -> FeatureNeeds:
-    layers = sorted({i.layer for i in inputs if isinstance(i, ir.InputHidden)})
-    return FeatureNeeds(hidden_layers=tuple(layers),
-                        token_embedding=any(isinstance(i, ir.InputTokenEmbedding) for i in inputs))
 
 
 def entropy(logp: torch.Tensor) -> torch.Tensor:
@@ -106,7 +100,7 @@ def lockstep(small, large, prompts: list[list[int]], inputs: tuple, max_tokens: 
              stop: set[int], decide: Callable | str | None = None, desc: str = "label",
              progress: bool = True) -> tuple[Rows, Rollout]:
     """Step both engines over `prompts` in batches; rows of every position, and the text."""
-    needs = needs_of(inputs)
+    needs = input_needs(inputs)
     out: dict[str, list[torch.Tensor]] = {k: [] for k in Rows.__dataclass_fields__}
     roll = Rollout([[] for _ in prompts], [[] for _ in prompts])
     bar = tqdm(total=len(prompts) * max_tokens, desc=desc, unit="tok", disable=not progress, leave=False)

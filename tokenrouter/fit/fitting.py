@@ -5,21 +5,31 @@
                             out="examples/weights/r2r_router.safetensors"))
     result.threshold, result.report  # the chosen threshold, the report dict (also written as JSON)
 
-Order of work: every input is checked before a model is loaded (prompts file, router name,
-the program with its models and shared tokenizer), and every output file is written to a
-temporary name and renamed only when all of them are complete, so a failed fit leaves
-nothing behind.
+`fit` runs one function a step. `_check_options` and `_load_job` check the inputs before
+a model is loaded (the options, the prompts files, the program with its models and shared
+tokenizer, the router name); `_encode_prompts` encodes the prompts and splits them by seed;
+`_Pair.start` starts both engines; `_label` labels every position of the small model's
+greedy trajectories and splits the rows by prompt; `_labels` orients the labels by the
+program's comparison (refusing a CITER router compared with > or a Co-LLM head with <);
+`_train` trains; `_choose_threshold` reads the network back from a probe file as serving
+does, chooses its threshold on the held-out rows and, with `align`, moves its output logit
+so that the program's own threshold is the chosen one; `_heldout_figures` and `_report`
+give the figures (with `_compare_generation` on --eval-prompts); `_publish` writes the
+report. Every output file is written to a temporary name and renamed only when all of
+them are complete, so a fit that fails writes none of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 from safetensors.torch import save_file
@@ -78,11 +88,9 @@ class Target:
     arch: str  # mlp | citer | r2r | co_llm
     model: str  # the model whose step it reads
     large: str  # the model it hands off to
-    file: str
     op: str  # route when score `op` threshold
     constant: float  # the threshold the program compares it with
-    router: ir.RouterNet | None
-    inputs: tuple
+    router: ir.RouterNet | None  # None for a head
 
 
 @dataclass
@@ -124,18 +132,18 @@ def find_target(program: ir.Program, route_path: str, name: str) -> Target:
     if name in routers:
         r = routers[name]
         match = lambda e: isinstance(e, ir.RouterProb) and e.router == name  # noqa: E731
-        model, file, arch, inputs = r.model, r.file, r.arch, r.inputs
+        model, arch = r.model, r.arch
     else:
         model, file = heads[name]
         match = lambda e: isinstance(e, ir.HeadLogit) and e.file == file  # noqa: E731
-        r, arch, inputs = None, "co_llm", (ir.InputHidden(-1, 0),)
+        r, arch = None, "co_llm"
     for t in program.transitions:
         found = _compares(t.when, match) if t.source == model else None
         if found:
             op, constant = found
             if op not in (">", ">=", "<", "<="):
                 raise FitError(f"{route_path}: '{name}' is compared with {op}; fit needs <, <=, > or >=")
-            return Target(name, arch, model, t.dest, file, op, float(constant), r, inputs)
+            return Target(name, arch, model, t.dest, op, float(constant), r)
     raise FitError(f"{route_path}: '{name}' is not compared with a threshold in a transition out of '{model}'")
 
 
@@ -249,11 +257,166 @@ def _atomic(path: str, write) -> str:
     return tmp
 
 
-# ------------------------------------------------------------------ fit
+# ------------------------------------------------------------------ the steps of a fit
+
+
+@dataclass
+class _Job:
+    """What `fit` reads and checks before a model is loaded."""
+
+    rows: list[dict]
+    eval_rows: list[dict] | None
+    program: ir.Program
+    target: Target
+    min_recall: float | None  # the threshold rule: exactly one of these two is set
+    target_share: float | None
+
+    @property
+    def threshold_rule(self) -> dict:
+        return {"min_recall": self.min_recall} if self.min_recall is not None else {"target_share": self.target_share}
+
+
+@dataclass
+class _Prompts:
+    """The prompts as token ids, and the seeded split of the training prompts."""
+
+    ids: list[list[int]]
+    train_idx: list[int]
+    held_idx: list[int]
+    eval_ids: list[list[int]]  # the first --eval-max-prompts of --eval-prompts (none without it)
+    eval_tokens: int
+    max_len: int  # the longest sequence either engine holds
+
+
+@dataclass
+class _Pair:
+    """Both engines, stepped together over prompts (`collect.cached_lockstep`) with the
+    router's declared inputs."""
+
+    small: Any  # runtime Engine
+    large: Any
+    hidden: int  # the small model's hidden size
+    inputs: tuple  # the router's inputs (a head reads hidden(-1))
+    layout: str  # the inputs as text: the cached rows' column layout
+    fingerprints: dict  # {"reads": ..., "large": ...}: each model's name and folder fingerprint
+    dtypes: tuple[str, str]
+    stop: set[int]
+    batch: int
+    progress: bool
+    cache: bool
+
+    @classmethod
+    def start(cls, job: _Job, tok, max_len: int, opts: FitOptions) -> "_Pair":
+        small_m, large_m = job.program.model(job.target.model), job.program.model(job.target.large)
+        router = job.target.router
+        small = collect.make_engine(small_m, max_len, opts.batch)
+        large = collect.make_engine(large_m, max_len, opts.batch)
+        hidden = small.config.hidden_size
+        if router is None:
+            inputs = (ir.InputHidden(-1, hidden),)
+        else:
+            inputs = router.inputs
+            if any(w <= 0 for w in rn.input_widths(router)):
+                raise FitError(f"router '{router.name}': the input widths of '{router.model}' are unknown")
+        fps = {"reads": {"name": small_m.path, "fingerprint": rn.folder_fingerprint(resolve_folder(small_m.path)[1])},
+               "large": {"name": large_m.path, "fingerprint": rn.folder_fingerprint(resolve_folder(large_m.path)[1])}}
+        layout = rn.layout_text(router) if router is not None else f"hidden(-1):{hidden}"
+        return cls(small, large, hidden, inputs, layout, fps, (small_m.dtype, large_m.dtype), set(tok.eos_token_ids),
+                   opts.batch, opts.progress, opts.cache)
+
+    def key(self, prompt_ids: list[list[int]], tokens: int, decisions: str) -> str | None:
+        """The cache key of a pass (None without --cache)."""
+        if not self.cache:
+            return None
+        return collect.cache_key(models=[self.fingerprints["reads"]["fingerprint"],
+                                         self.fingerprints["large"]["fingerprint"], *self.dtypes],
+                                 prompts=prompt_ids, tokens=tokens, decisions=decisions)
+
+    def lockstep(self, prompt_ids: list[list[int]], tokens: int, decisions: str, decide,
+                 desc: str) -> tuple[collect.Rows, collect.Rollout]:
+        """One pass over `prompt_ids` (`decide`: see collect.lockstep; `decisions` names it in the cache key)."""
+        return collect.cached_lockstep(self.key(prompt_ids, tokens, decisions), self.layout, self.small, self.large,
+                                       prompt_ids, self.inputs, tokens, self.batch, self.stop, decide, desc=desc,
+                                       progress=self.progress)
+
+
+@dataclass
+class _Data:
+    """The labelled positions of the training prompts, split by prompt."""
+
+    train: collect.Rows
+    held: collect.Rows
+    seconds: float
+
+
+@dataclass
+class _Trained:
+    tensors: dict[str, torch.Tensor]  # as exported; `_choose_threshold` may shift the output bias
+    losses: list[float]
+    hyper: train.Hyper
+    seconds: float
+
+
+@dataclass
+class _Scores:
+    """The network's scores, read back from its file, and the threshold it is used with."""
+
+    score_of: Callable[[torch.Tensor], torch.Tensor]
+    held: torch.Tensor  # on the held-out rows
+    train: torch.Tensor  # on the training rows
+    threshold: float
+    aligned_from: float | None  # the chosen threshold, when --align moved it onto the program's
+
+
+class _Probe:
+    """The weights as they stand, under a temporary name next to --out, so that the
+    inference module reads them from a file as serving does."""
+
+    def __init__(self, out: str):
+        self.out = out
+        self.path: str | None = None
+
+    def write(self, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
+        if self.path is not None:
+            os.unlink(self.path)
+        self.path = _write_weights(self.out, tensors, meta)
+
+    def remove(self) -> None:
+        os.unlink(self.path)
 
 
 def fit(opts: FitOptions) -> FitResult:
     t0 = time.time()
+    _check_options(opts)
+    job = _load_job(opts)
+    torch.set_num_threads(opts.threads)
+    tok = program_tokenizer(job.program)
+    prompts = _encode_prompts(tok, job, opts)
+    pair = _Pair.start(job, tok, prompts.max_len, opts)
+    data = _label(pair, prompts, opts.max_tokens)
+    trained = _train(job.target, pair.inputs, data.train, _labels(job.target, data.train), opts)
+    meta = _metadata(job.target, pair.fingerprints)
+    probe = _Probe(opts.out)
+    probe.write(trained.tensors, meta)
+    try:
+        scores = _choose_threshold(job, pair.hidden, trained.tensors, meta, probe, data, opts.align)
+        heldout, entropy_rule = _heldout_figures(job.target, scores, data)
+        report = _report(opts, job, pair, prompts, data, trained, scores, heldout, entropy_rule)
+        if prompts.eval_ids:
+            report["generation"] = _compare_generation(pair, prompts.eval_ids, prompts.eval_tokens, scores,
+                                                       job.target.op, entropy_rule["tau"], opts.eval_prompts,
+                                                       _digest(trained.tensors))
+        report["seconds"] = round(time.time() - t0, 1)
+        meta.update(_training_metadata(job.target, scores.threshold, report, heldout, trained.hyper, opts.seed))
+        weights = _write_weights(opts.out, trained.tensors, meta)
+    finally:
+        probe.remove()
+    report_json, report_png = _publish(opts, weights, report)
+    return FitResult(opts.out, report_json, report_png, scores.threshold,
+                     _route_lines(job.target, opts, scores.threshold), report)
+
+
+def _check_options(opts: FitOptions) -> None:
     if not os.path.isfile(opts.route):
         raise FitError(f"{opts.route}: no such .route file")
     if opts.min_recall is not None and opts.target_share is not None:
@@ -265,6 +428,11 @@ def fit(opts: FitOptions) -> FitResult:
         raise FitError(f"--out must name a .safetensors file, got {opts.out!r}")
     if opts.epochs < 1 or opts.max_tokens < 1 or opts.batch < 1:
         raise FitError("--epochs, --max-tokens and --batch must be at least 1")
+
+
+def _load_job(opts: FitOptions) -> _Job:
+    """The prompt sets, the program and the router or head to fit, and the threshold rule
+    (default: recall 0.95 for r2r, R2R's choice; a 0.3 large-token share for the others)."""
     rows = read_prompts(opts.prompts)
     eval_rows = read_prompts(opts.eval_prompts) if opts.eval_prompts else None
     try:
@@ -272,58 +440,40 @@ def fit(opts: FitOptions) -> FitResult:
     except RouteError as exc:
         raise FitError(f"{opts.route} does not load:\n{exc}") from None
     target = find_target(program, opts.route, opts.router)
-    small_m, large_m = program.model(target.model), program.model(target.large)
-    router = target.router
     min_recall, target_share = opts.min_recall, opts.target_share
     if min_recall is None and target_share is None:
         if target.arch == "r2r":
             min_recall = 0.95
         else:
             target_share = 0.3
+    return _Job(rows, eval_rows, program, target, min_recall, target_share)
 
-    torch.set_num_threads(opts.threads)
-    tok = program_tokenizer(program)
-    stop = set(tok.eos_token_ids)
-    ids = _encode(tok, rows)
+
+def _encode_prompts(tok, job: _Job, opts: FitOptions) -> _Prompts:
+    ids = _encode(tok, job.rows)
     train_idx, held_idx = _split(len(ids), opts.holdout, opts.seed)
     max_len = max(len(p) for p in ids) + opts.max_tokens + 1
-    eval_ids = _encode(tok, eval_rows[: opts.eval_max_prompts or None]) if eval_rows else []
+    eval_ids = _encode(tok, job.eval_rows[: opts.eval_max_prompts or None]) if job.eval_rows else []
     eval_tokens = opts.eval_max_tokens or opts.max_tokens
     if eval_ids:
         max_len = max(max_len, max(len(p) for p in eval_ids) + eval_tokens + 1)
-    small = collect.make_engine(small_m, max_len, opts.batch)
-    large = collect.make_engine(large_m, max_len, opts.batch)
-    hidden = small.config.hidden_size
-    if router is None:
-        inputs = (ir.InputHidden(-1, hidden),)
-    else:
-        inputs = router.inputs
-        if any(w <= 0 for w in rn.input_widths(router)):
-            raise FitError(f"router '{router.name}': the input widths of '{router.model}' are unknown")
+    return _Prompts(ids, train_idx, held_idx, eval_ids, eval_tokens, max_len)
 
-    fps = {"reads": {"name": small_m.path, "fingerprint": rn.folder_fingerprint(resolve_folder(small_m.path)[1])},
-           "large": {"name": large_m.path, "fingerprint": rn.folder_fingerprint(resolve_folder(large_m.path)[1])}}
-    layout = rn.layout_text(router) if router is not None else f"hidden(-1):{hidden}"
 
-    def key(prompt_ids, tokens, decisions):
-        if not opts.cache:
-            return None
-        return collect.cache_key(models=[fps["reads"]["fingerprint"], fps["large"]["fingerprint"],
-                                         small_m.dtype, large_m.dtype], prompts=prompt_ids, tokens=tokens,
-                                 decisions=decisions)
-
-    t_data = time.time()
-    data, _ = collect.cached_lockstep(key(ids, opts.max_tokens, "small"), layout, small, large, ids, inputs,
-                                      opts.max_tokens, opts.batch, stop, desc=f"label {len(ids)} prompts",
-                                      progress=opts.progress)
-    t_data = time.time() - t_data
-    held_set = torch.tensor(held_idx)
-    is_held = torch.isin(data.prompt, held_set)
+def _label(pair: _Pair, prompts: _Prompts, max_tokens: int) -> _Data:
+    """Every position of the small model's greedy trajectories, labelled by the large model."""
+    t = time.time()
+    data, _ = pair.lockstep(prompts.ids, max_tokens, "small", None, f"label {len(prompts.ids)} prompts")
+    seconds = time.time() - t
+    is_held = torch.isin(data.prompt, torch.tensor(prompts.held_idx))
     tr, ho = data.take(~is_held), data.take(is_held)
     if len(tr.x) < 2 or len(ho.x) < 1:
         raise FitError("too few labelled positions to train on; give more prompts or --max-tokens")
+    return _Data(tr, ho, seconds)
 
-    # ---- labels and training
+
+def _labels(target: Target, tr: collect.Rows) -> torch.Tensor:
+    """The training labels, oriented by the program's comparison (see the train module)."""
     route_high = target.op in (">", ">=")
     div_tr = tr.divergent
     y = div_tr if route_high else 1 - div_tr
@@ -333,144 +483,201 @@ def fit(opts: FitOptions) -> FitResult:
             raise FitError(f"a CITER router routes when its confidence is LOW: compare it with < or <=, not {target.op}")
     if target.arch == "co_llm" and not route_high:
         raise FitError(f"a Co-LLM defer head routes when its probability is HIGH: compare it with > or >=, not {target.op}")
+    return y
+
+
+def _train(target: Target, inputs: tuple, tr: collect.Rows, y: torch.Tensor, opts: FitOptions) -> _Trained:
+    router = target.router
     hp = dataclasses.replace(opts.hyper, epochs=opts.epochs)
     with torch.random.fork_rng():
         torch.manual_seed(opts.seed)
         model = train.build(target.arch, router, inputs[0].dim if router is None else rn.input_width(router), hp)
-        t_train = time.time()
+        t = time.time()
         aux = (tr.p_small_of_large, tr.p_large_top) if target.arch == "co_llm" else None
         losses = train.train(model, tr.x, y, hp, opts.seed, opts.progress, aux)
-        t_train = time.time() - t_train
+        seconds = time.time() - t
     tensors = {k: v.detach().float().contiguous() for k, v in model.export().items()}
+    return _Trained(tensors, losses, hp, seconds)
 
-    # ---- the inference module from its own file, the threshold, held-out figures
+
+def _metadata(target: Target, fingerprints: dict) -> dict[str, str]:
+    """The weights file's metadata before the threshold is chosen."""
     meta = {rn.META_ARCH: target.arch, rn.META_DIRECTION: target.op}
-    if router is not None:
-        meta[rn.META_INPUTS] = rn.layout_text(router)
-    meta[rn.META_MODELS] = json.dumps(fps, sort_keys=True)
-    probe = _atomic(opts.out, lambda p: save_file(tensors, p, metadata=meta))
-    try:
-        if router is not None:
-            net = rn.load_router_net(dataclasses.replace(router, file=probe))
-            score_of = lambda x: net(x)  # noqa: E731
-        else:
-            w, b = rn.load_head(ir.HeadLogit(target.model, probe, True), hidden)
-            score_of = lambda x: torch.sigmoid(x @ w + b)  # noqa: E731
-        with torch.no_grad():
-            s_ho, s_tr = score_of(ho.x), score_of(tr.x)
-        div = ho.divergent
-        chosen = train.choose(s_ho, div, target.op, min_recall, target_share)
-        threshold = float(_route_text(chosen["threshold"]))
-        aligned_from = None
-        c = target.constant
-        if opts.align and 0 < c < 1 and 0 < chosen["threshold"] < 1:
-            # sigmoid(z + d) op c  <=>  sigmoid(z) op t  for d = logit(c) - logit(t): the file's
-            # output moves so that the threshold the program already says is the chosen one
-            aligned_from = chosen["threshold"]
-            d = train.sigmoid_inverse(c) - train.sigmoid_inverse(aligned_from)
-            bias = _output_bias(target.arch, tensors)
-            tensors[bias] = (tensors[bias].double() + d).float()
-            os.unlink(probe)
-            probe = _atomic(opts.out, lambda p: save_file(tensors, p, metadata=meta))
-            if router is not None:
-                net = rn.load_router_net(dataclasses.replace(router, file=probe))
-            else:
-                w, b = rn.load_head(ir.HeadLogit(target.model, probe, True), hidden)
-            with torch.no_grad():
-                s_ho, s_tr = score_of(ho.x), score_of(tr.x)
-            threshold = c
-        figs = train.at(s_ho, div, target.op, threshold)
-        route_score = s_ho if route_high else 1 - s_ho
-        heldout = {"rows": len(ho.x), "divergent_rate": float(div.mean()),
-                   **({"aligned_from_threshold": aligned_from} if aligned_from is not None else {}),
-                   "auc": train.auc(route_score, div), **figs,
-                   "train_auc": train.auc(s_tr if route_high else 1 - s_tr, tr.divergent)}
-        at_recall = train.choose(s_ho, div, target.op, 0.95, None)
-        heldout["at_recall_0.95"] = {k: at_recall[k] for k in ("threshold", "recall", "precision", "large_share")}
-        tau = train.entropy_threshold_for_share(ho.entropy, figs["large_share"])
-        entropy_rule = {"auc": train.auc(ho.entropy, div), **train.at(ho.entropy, div, ">", tau)}
-        report = {
-            "router": target.name, "arch": target.arch, "program": os.path.basename(opts.route),
-            "direction": target.op,
-            "rule": f"{target.model} -> {target.large} when {target.name} {target.op} {_route_text(threshold)} rewrite",
-            "models": fps, "labels": LABELS[target.arch],
-            "threshold_rule": ({"min_recall": min_recall} if min_recall is not None else {"target_share": target_share}),
-            "data": {"prompts_file": os.path.basename(opts.prompts), "prompts": len(ids),
-                     "train_prompts": len(train_idx), "heldout_prompts": len(held_idx), "split_seed": opts.seed,
-                     "max_tokens": opts.max_tokens, "train_rows": len(tr.x), "heldout_rows": len(ho.x),
-                     "train_divergent_rate": float(tr.divergent.mean()), "seconds": round(t_data, 1)},
-            "training": {"epochs": hp.epochs, "lr": hp.lr, "weight_decay": hp.weight_decay, "batch": hp.batch,
-                         "dropout": hp.dropout, "seed": opts.seed, "loss_first": losses[0], "loss_last": losses[-1],
-                         "losses": [round(x, 5) for x in losses], "seconds": round(t_train, 1),
-                         **({"width": hp.width, "blocks": hp.blocks, "expansion": hp.expansion}
-                            if target.arch == "r2r" else {}),
-                         "parameters": sum(v.numel() for v in tensors.values())},
-            "heldout": heldout,
-            "entropy_rule_same_share": {"rule": f"entropy({target.model}, normalized) > tau", "tau": tau,
-                                        **entropy_rule},
-            "curve": train.curve(s_ho, div, target.op),
-            "entropy_curve": train.curve(ho.entropy, div, ">"),
-            "host": host(),
-        }
-        if eval_ids:
-            report["generation"] = _compare_generation(small, large, eval_ids, inputs, eval_tokens, opts, stop,
-                                                       score_of, target.op, threshold, tau, opts.eval_prompts,
-                                                       key, layout, _digest(tensors))
-        report["seconds"] = round(time.time() - t0, 1)
-        meta[rn.META_THRESHOLD] = repr(threshold)
-        meta[rn.META_TRAINING] = json.dumps({
-            "labels": LABELS[target.arch], "threshold_rule": report["threshold_rule"],
-            "data": report["data"], "heldout": {k: heldout[k] for k in ("auc", "recall", "precision", "large_share",
-                                                                         "rows", "divergent_rate")},
-            "epochs": hp.epochs, "seed": opts.seed}, sort_keys=True)
-        final = _atomic(opts.out, lambda p: save_file(tensors, p, metadata=meta))
-    finally:
-        os.unlink(probe)
+    if target.router is not None:
+        meta[rn.META_INPUTS] = rn.layout_text(target.router)
+    meta[rn.META_MODELS] = json.dumps(fingerprints, sort_keys=True)
+    return meta
+
+
+def _write_weights(path: str, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
+    """The weights in a temporary file next to `path`; returns its path."""
+    return _atomic(path, functools.partial(save_file, tensors, metadata=meta))
+
+
+def _scorer(target: Target, path: str, hidden: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The score of the network in `path`, computed by the module serving loads."""
+    if target.router is not None:
+        return rn.load_router_net(dataclasses.replace(target.router, file=path))
+    w, b = rn.load_head(ir.HeadLogit(target.model, path, True), hidden)
+    return functools.partial(_head_score, w, b)
+
+
+def _head_score(w: torch.Tensor, b: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return torch.sigmoid(x @ w + b)
+
+
+def _scored(score_of, data: _Data) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        return score_of(data.held.x), score_of(data.train.x)
+
+
+def _choose_threshold(job: _Job, hidden: int, tensors: dict[str, torch.Tensor], meta: dict[str, str],
+                      probe: _Probe, data: _Data, align: bool) -> _Scores:
+    """The threshold by the job's rule on the held-out rows. With `align` (and both the
+    program's threshold c and the chosen t inside (0, 1)), the output bias in `tensors`
+    moves by d = logit(c) - logit(t), since sigmoid(z + d) op c <=> sigmoid(z) op t: the
+    threshold the program already says becomes the chosen one; the probe is rewritten."""
+    target = job.target
+    score_of = _scorer(target, probe.path, hidden)
+    s_ho, s_tr = _scored(score_of, data)
+    chosen = train.choose(s_ho, data.held.divergent, target.op, job.min_recall, job.target_share)
+    c = target.constant
+    if not (align and 0 < c < 1 and 0 < chosen["threshold"] < 1):
+        return _Scores(score_of, s_ho, s_tr, float(_route_text(chosen["threshold"])), None)
+    aligned_from = chosen["threshold"]
+    d = train.sigmoid_inverse(c) - train.sigmoid_inverse(aligned_from)
+    bias = _output_bias(target.arch, tensors)
+    tensors[bias] = (tensors[bias].double() + d).float()
+    probe.write(tensors, meta)
+    score_of = _scorer(target, probe.path, hidden)
+    s_ho, s_tr = _scored(score_of, data)
+    return _Scores(score_of, s_ho, s_tr, c, aligned_from)
+
+
+def _heldout_figures(target: Target, scores: _Scores, data: _Data) -> tuple[dict, dict]:
+    """The router's figures on the held-out rows, and the training-free entropy rule's at
+    the same large-token share."""
+    ho, div = data.held, data.held.divergent
+    route_high = target.op in (">", ">=")
+    figs = train.at(scores.held, div, target.op, scores.threshold)
+    route_score = scores.held if route_high else 1 - scores.held
+    heldout = {"rows": len(ho.x), "divergent_rate": float(div.mean()),
+               **({"aligned_from_threshold": scores.aligned_from} if scores.aligned_from is not None else {}),
+               "auc": train.auc(route_score, div), **figs,
+               "train_auc": train.auc(scores.train if route_high else 1 - scores.train, data.train.divergent)}
+    at_recall = train.choose(scores.held, div, target.op, 0.95, None)
+    heldout["at_recall_0.95"] = {k: at_recall[k] for k in ("threshold", "recall", "precision", "large_share")}
+    tau = train.entropy_threshold_for_share(ho.entropy, figs["large_share"])
+    entropy_rule = {"rule": f"entropy({target.model}, normalized) > tau", "tau": tau,
+                    "auc": train.auc(ho.entropy, div), **train.at(ho.entropy, div, ">", tau)}
+    return heldout, entropy_rule
+
+
+def _report(opts: FitOptions, job: _Job, pair: _Pair, prompts: _Prompts, data: _Data, trained: _Trained,
+            scores: _Scores, heldout: dict, entropy_rule: dict) -> dict:
+    target = job.target
+    return {
+        "router": target.name, "arch": target.arch, "program": os.path.basename(opts.route),
+        "direction": target.op,
+        "rule": f"{target.model} -> {target.large} when {target.name} {target.op} {_route_text(scores.threshold)} rewrite",
+        "models": pair.fingerprints, "labels": LABELS[target.arch],
+        "threshold_rule": job.threshold_rule,
+        "data": _data_section(opts, prompts, data),
+        "training": _training_section(target, trained, opts.seed),
+        "heldout": heldout,
+        "entropy_rule_same_share": entropy_rule,
+        "curve": train.curve(scores.held, data.held.divergent, target.op),
+        "entropy_curve": train.curve(data.held.entropy, data.held.divergent, ">"),
+        "host": host(),
+    }
+
+
+def _data_section(opts: FitOptions, prompts: _Prompts, data: _Data) -> dict:
+    return {"prompts_file": os.path.basename(opts.prompts), "prompts": len(prompts.ids),
+            "train_prompts": len(prompts.train_idx), "heldout_prompts": len(prompts.held_idx), "split_seed": opts.seed,
+            "max_tokens": opts.max_tokens, "train_rows": len(data.train.x), "heldout_rows": len(data.held.x),
+            "train_divergent_rate": float(data.train.divergent.mean()), "seconds": round(data.seconds, 1)}
+
+
+def _training_section(target: Target, trained: _Trained, seed: int) -> dict:
+    hp, losses = trained.hyper, trained.losses
+    return {"epochs": hp.epochs, "lr": hp.lr, "weight_decay": hp.weight_decay, "batch": hp.batch,
+            "dropout": hp.dropout, "seed": seed, "loss_first": losses[0], "loss_last": losses[-1],
+            "losses": [round(x, 5) for x in losses], "seconds": round(trained.seconds, 1),
+            **({"width": hp.width, "blocks": hp.blocks, "expansion": hp.expansion} if target.arch == "r2r" else {}),
+            "parameters": sum(v.numel() for v in trained.tensors.values())}
+
+
+def _training_metadata(target: Target, threshold: float, report: dict, heldout: dict, hp: train.Hyper,
+                       seed: int) -> dict[str, str]:
+    """The metadata the weights file gains once the threshold is chosen."""
+    return {rn.META_THRESHOLD: repr(threshold),
+            rn.META_TRAINING: json.dumps({
+                "labels": LABELS[target.arch], "threshold_rule": report["threshold_rule"],
+                "data": report["data"], "heldout": {k: heldout[k] for k in ("auc", "recall", "precision", "large_share",
+                                                                             "rows", "divergent_rate")},
+                "epochs": hp.epochs, "seed": seed}, sort_keys=True)}
+
+
+def _publish(opts: FitOptions, weights_tmp: str, report: dict) -> tuple[str, str]:
+    """Write the report's JSON and figure next to the weights' temporary file, then rename
+    all three into place; returns the report's paths."""
     stem = opts.report or opts.out[: -len(".safetensors")] + ".report"
-    json_tmp = _atomic(stem + ".json", lambda p: open(p, "w").write(json.dumps(report, indent=1) + "\n"))
-    png_tmp = _atomic(stem + ".png", lambda p: plot(report, p))
-    for tmp, dst in ((final, opts.out), (json_tmp, stem + ".json"), (png_tmp, stem + ".png")):
+    json_tmp = _atomic(stem + ".json", functools.partial(_write_text, json.dumps(report, indent=1) + "\n"))
+    png_tmp = _atomic(stem + ".png", functools.partial(plot, report))
+    for tmp, dst in ((weights_tmp, opts.out), (json_tmp, stem + ".json"), (png_tmp, stem + ".png")):
         os.replace(tmp, dst)
-    lines = _route_lines(target, router, opts, threshold)
-    return FitResult(opts.out, stem + ".json", stem + ".png", threshold, lines, report)
+    return stem + ".json", stem + ".png"
 
 
-def _compare_generation(small, large, ids, inputs, max_tokens, opts, stop, score_of, op, threshold, tau,
-                        path, key, layout, digest) -> dict:
+def _write_text(text: str, path: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+# ------------------------------------------------------------------ generation on --eval-prompts
+
+
+def _compare_generation(pair: _Pair, ids: list[list[int]], max_tokens: int, scores: _Scores, op: str, tau: float,
+                        path: str, digest: str) -> dict:
     """Routed greedy outputs against the large model's own, for the router and for the entropy
     rule at the same large-token share. The share a threshold gives in generation differs
     from the share on the labelled rows (the trajectories change), so the entropy rule runs
     twice: with the tau matched on the held-out rows, and with the tau that routes the
     router's generation share of the positions the router's own generation visited (the
     closer match). The fit's output does not depend on this: it only reports."""
-    kw = dict(progress=opts.progress)
-    _, ref = collect.cached_lockstep(key(ids, max_tokens, "large"), layout, small, large, ids, inputs, max_tokens,
-                                     opts.batch, stop, collect.ALWAYS, desc="large alone", **kw)
-    _, small_only = collect.cached_lockstep(key(ids, max_tokens, "small"), layout, small, large, ids, inputs,
-                                            max_tokens, opts.batch, stop, None, desc="small alone", **kw)
+    threshold = scores.threshold
+    _, ref = pair.lockstep(ids, max_tokens, "large", collect.ALWAYS, "large alone")
+    _, small_only = pair.lockstep(ids, max_tokens, "small", None, "small alone")
     with torch.no_grad():
-        rrows, routed = collect.cached_lockstep(key(ids, max_tokens, f"router:{digest}{op}{threshold!r}"), layout,
-                                            small, large, ids, inputs, max_tokens, opts.batch, stop,
-                                            lambda x, logits: train.routes(score_of(x), op, threshold),
-                                            desc="router", **kw)
-
-    def entropy_pass(t):
-        def by_entropy(x, logits):
-            return collect.entropy(torch.log_softmax(logits, -1)) > t
-        return collect.cached_lockstep(key(ids, max_tokens, f"entropy>{t!r}"), layout, small, large, ids, inputs,
-                                       max_tokens, opts.batch, stop, by_entropy, desc="entropy rule", **kw)[1]
-
+        rrows, routed = pair.lockstep(ids, max_tokens, f"router:{digest}{op}{threshold!r}",
+                                      functools.partial(_route_by_score, scores.score_of, op, threshold), "router")
     tau_gen = train.entropy_threshold_for_share(rrows.entropy, _share(routed))
     out = {"prompts_file": os.path.basename(path), "prompts": len(ids), "max_tokens": max_tokens}
-    for name, roll in (("router", routed), ("entropy_rule", entropy_pass(tau_gen)),
-                       ("entropy_rule_heldout_tau", entropy_pass(tau)), ("small_alone", small_only)):
+    for name, roll in (("router", routed), ("entropy_rule", _entropy_pass(pair, ids, max_tokens, tau_gen)),
+                       ("entropy_rule_heldout_tau", _entropy_pass(pair, ids, max_tokens, tau)),
+                       ("small_alone", small_only)):
         out[name] = {"large_share": _share(roll), **agreement(roll.tokens, ref.tokens)}
     out["entropy_rule"]["tau"] = tau_gen
     out["entropy_rule_heldout_tau"]["tau"] = tau
     return out
 
 
-def _route_lines(target: Target, router: ir.RouterNet | None, opts: FitOptions, threshold: float) -> list[str]:
+def _route_by_score(score_of, op: str, threshold: float, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    return train.routes(score_of(x), op, threshold)
+
+
+def _route_by_entropy(tau: float, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    return collect.entropy(torch.log_softmax(logits, -1)) > tau
+
+
+def _entropy_pass(pair: _Pair, ids: list[list[int]], max_tokens: int, tau: float) -> collect.Rollout:
+    return pair.lockstep(ids, max_tokens, f"entropy>{tau!r}", functools.partial(_route_by_entropy, tau),
+                         "entropy rule")[1]
+
+
+def _route_lines(target: Target, opts: FitOptions, threshold: float) -> list[str]:
+    router = target.router
     rel = os.path.relpath(os.path.abspath(opts.out), os.path.dirname(os.path.abspath(opts.route)))
     t = _route_text(threshold)
     if router is None:

@@ -213,11 +213,6 @@ def entropy_threshold_for_share(entropy: torch.Tensor, share: float) -> float:
     return float(torch.quantile(entropy.double(), 1 - share))
 
 
-def bce_loss_value(p: torch.Tensor, y: torch.Tensor) -> float:
-    p = p.double().clamp(1e-7, 1 - 1e-7)
-    return float(-(y * torch.log(p) + (1 - y) * torch.log(1 - p)).mean())
-
-
 def sigmoid_inverse(p: float) -> float:
     p = min(max(p, 1e-12), 1 - 1e-12)
     return math.log(p / (1 - p))

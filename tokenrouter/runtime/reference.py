@@ -4,7 +4,7 @@ It follows one request through the program as the papers describe it, and shares
 with the serving path that could hide a bug there: no scheduler, no messages, no KV
 reuse (every step is a fresh prefill of everything the writer sees, on a sequence freed
 right after), and the routing decisions come from the IR's reference interpreter
-(`compiler/backend/interpreter.py`), not from the compiled router. Only the engine forward and the
+(`compiler.backend.interpreter`), not from the compiled router. Only the engine forward and the
 sampler are shared, and those are tested on their own against transformers.
 
 So a served request that matches this, token for token, has had its KV appended
@@ -20,16 +20,13 @@ from typing import Any
 import torch
 
 from tokenrouter.compiler import ir
-from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.compiler.backend.compiled import default_base_dir
 from tokenrouter.compiler.backend.interpreter import Interpreter, RequestStep
+from tokenrouter.compiler.needs import writer_needs
+from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.engine.sampler import SamplingParams, sample
 from tokenrouter.runtime.loader import load_model, quant_kwargs
-
-
-class ReferenceRunError(RuntimeError):
-    """The program cannot make progress for this request (a rewrite loop)."""
 
 
 @dataclass
@@ -40,32 +37,6 @@ class ReferenceOutput:
     handoffs: int = 0
     error: str | None = None
     writers: list[str] = field(default_factory=list)  # the writer of each output token
-
-
-def _walk(e: Any):
-    yield e
-    for child in ("left", "right"):
-        if hasattr(e, child):
-            yield from _walk(getattr(e, child))
-    for a in getattr(e, "args", ()) or ():
-        yield from _walk(a)
-
-
-def needs_of(program: ir.Program, writer: str) -> FeatureNeeds:
-    """What the writer's route reads besides logits, derived from the IR alone."""
-    layers, embed = set(), False
-    for r in program.routers:
-        if r.model != writer:
-            continue
-        for inp in r.inputs:
-            if isinstance(inp, ir.InputHidden):
-                layers.add(inp.layer)
-            elif isinstance(inp, ir.InputTokenEmbedding):
-                embed = True
-    for t in program.transitions_from(writer):
-        if any(isinstance(x, ir.HeadLogit) for x in _walk(t.when)):
-            layers.add(-1)
-    return FeatureNeeds(hidden_layers=tuple(sorted(layers)), token_embedding=embed)
 
 
 class Reference:
@@ -98,9 +69,38 @@ class Reference:
             eng.free(sid)
         return out.logits[0], {k: v[0] for k, v in out.hidden.items()}
 
+    def _step(self, writer: str, tokens: list[int], sampling: SamplingParams, pos: int, visit_tokens: int,
+              route_seed: int) -> tuple[int, RequestStep]:
+        """One step of `writer` on `tokens`: the token it samples, and what the interpreter
+        reads of the step (computed as a fresh prefill)."""
+        needs = writer_needs(self.program, writer)
+        ens = self.ensembles.get(writer)
+        if ens is not None:
+            member = [self._forward(m, tokens, FeatureNeeds())[0] for m in ens.members]
+            logp = self.interp.combine(writer, RequestStep(member_logits=tuple(r.double().numpy() for r in member),
+                                                           position=pos, request_seed=route_seed))
+            logits = torch.from_numpy(logp)
+            hidden: dict[int, Any] = {}
+            row = None
+        else:
+            logits, hidden = self._forward(writer, tokens, needs)
+            member, row = (), logits
+        tok = int(sample(logits[None], [sampling], [pos])[0])
+        emb = None
+        if needs.token_embedding and ens is None:
+            emb = self.engines[writer].embed(torch.tensor([tok]))[0]
+        return tok, RequestStep(
+            logits=None if row is None else row.double().numpy(), sampled=tok, visit_tokens=visit_tokens,
+            position=pos, request_seed=route_seed,
+            hidden={k: v.double().numpy() for k, v in hidden.items()},
+            token_embedding=None if emb is None else emb.double().numpy(),
+            member_logits=tuple(r.double().numpy() for r in member))
+
     def generate(self, prompt: list[int], sampling: SamplingParams, route_seed: int = 0,
                  max_model_len: int | None = None) -> ReferenceOutput:
-        """One request: `sampling` draws its tokens, `route_seed` seeds the program's coin flips."""
+        """One request from `prompt` to a stop token, `max_tokens`, the length limit or a
+        rewrite loop (an error), routed by the interpreter; `sampling` draws its tokens,
+        `route_seed` seeds the program's coin flips."""
         tokens = list(prompt)
         writer, visit = self.program.start, 0
         out = ReferenceOutput([], "length")
@@ -113,28 +113,7 @@ class Reference:
                 out.reason, out.error = "error", f"rewrite loop at output position {pos}"
                 return out
             seen_at_len.add(writer)
-            needs = needs_of(self.program, writer)
-            ens = self.ensembles.get(writer)
-            if ens is not None:
-                member = [self._forward(m, tokens, FeatureNeeds())[0] for m in ens.members]
-                logp = self.interp.combine(writer, RequestStep(member_logits=tuple(r.double().numpy() for r in member),
-                                                               position=pos, request_seed=route_seed))
-                logits = torch.from_numpy(logp)
-                hidden: dict[int, Any] = {}
-                row = None
-            else:
-                logits, hidden = self._forward(writer, tokens, needs)
-                member, row = (), logits
-            tok = int(sample(logits[None], [sampling], [pos])[0])
-            emb = None
-            if needs.token_embedding and ens is None:
-                emb = self.engines[writer].embed(torch.tensor([tok]))[0]
-            step = RequestStep(
-                logits=None if row is None else row.double().numpy(), sampled=tok, visit_tokens=visit + 1,
-                position=pos, request_seed=route_seed,
-                hidden={k: v.double().numpy() for k, v in hidden.items()},
-                token_embedding=None if emb is None else emb.double().numpy(),
-                member_logits=tuple(r.double().numpy() for r in member))
+            tok, step = self._step(writer, tokens, sampling, pos, visit + 1, route_seed)
             d = self.interp.route(writer, step)
             if d.keep:
                 tokens.append(tok)

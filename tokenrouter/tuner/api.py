@@ -10,14 +10,13 @@ in seconds; each curve point says which method produced it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from tokenrouter.tuner import dtmc, simulate
 from tokenrouter.tuner.bounds import upper_bound
-from tokenrouter.tuner.profile import Profile, ProfileError
-from tokenrouter.tuner.runlength import PhaseType, RunLengthError, fit
+from tokenrouter.tuner.profile import Profile
+from tokenrouter.tuner.runlength import PhaseType, fit
 from tokenrouter.tuner.errors import TuneError
 from tokenrouter.tuner.system import InvalidSystem, System, pair_tokens_per_step
 
@@ -175,7 +174,3 @@ def choose_batch_thresholds(profile: Profile, concurrency: int, route_probs=None
     system = build_system(profile, concurrency, route_probs, runlengths, **system_options)
     result = tune(system)
     return {m: result.best.batch.get(m, 1) for m in system.models}
-
-
-def fmt_rate(x: float) -> str:
-    return "inf" if math.isinf(x) else f"{x:.1f}"

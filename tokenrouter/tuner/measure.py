@@ -12,8 +12,8 @@ the other process paused and running, and the profile keeps alone x the median r
 This machine's speed drifts by tens of percent over minutes (other tenants); timing the
 co-located curve in one block after the alone one put the large model's slowdown at
 1.3x-2.0x in three runs five minutes apart; paired, three runs put it at 1.0-1.1x,
-as a direct side-by-side check does. The other process decodes at short contexts (as served requests do), restarting
-its sequence every `BG_CONTEXT` tokens.
+as a direct side-by-side check does. The other process decodes at short contexts (as
+served requests do), restarting its sequence every `BG_CONTEXT` tokens.
 """
 
 from __future__ import annotations

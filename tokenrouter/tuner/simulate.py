@@ -95,102 +95,134 @@ def simulate(system: System, *, tokens: int = 200_000, warmup: int = 5_000, seed
              observed: dict[str, list[int]] | None = None, batches: int = 20) -> SimResult:
     """Simulate until `tokens` tokens are committed after `warmup`; `observed` replaces a
     model's run-length distribution by draws from its list of observed run lengths."""
-    rng = np.random.default_rng(seed)
-    M = list(system.models)
-    K, N = len(M), system.concurrency
-    draws = [_RunLengths(rng, system.runlength[m], (observed or {}).get(m)) for m in M]
-    dests = []
-    for m in M:
-        d = system.dest.get(m, {})
-        dests.append(([M.index(x) for x in d], np.array(list(d.values()), float)))
-    rewrite = [[system.is_rewrite(M[i], M[j]) for j in range(K)] for i in range(K)]
-    B = [system.batch_of(m) for m in M]
-    max_wait = [system.max_wait_of(m) for m in M]
-    lat = [[{}, {}] for _ in range(K)]  # cache: model -> co-located? -> batch -> ms
+    sim = _Simulation(system, np.random.default_rng(seed), observed)
+    sim.decide()
+    while sim.committed < warmup + tokens:
+        running = sim.advance()
+        sim.end_steps(running)
+        sim.mark(warmup, tokens / batches)
+        sim.decide()
+    return sim.result()
 
-    def step_ms(i: int, b: int, co: bool) -> float:
-        c = lat[i][co]
+
+class _Simulation:
+    """The simulated system's state. Models are indexed 0..K-1 in `system.models` order,
+    requests 0..N-1; time is in ms."""
+
+    def __init__(self, system: System, rng: np.random.Generator, observed: dict[str, list[int]] | None):
+        M = list(system.models)
+        K, N = len(M), system.concurrency
+        self.system, self.rng, self.models, self.K, self.N = system, rng, M, K, N
+        self.draws = [_RunLengths(rng, system.runlength[m], (observed or {}).get(m)) for m in M]
+        self.dests = []  # per model: (destination indices, their probabilities)
+        for m in M:
+            d = system.dest.get(m, {})
+            self.dests.append(([M.index(x) for x in d], np.array(list(d.values()), float)))
+        self.rewrite = [[system.is_rewrite(M[i], M[j]) for j in range(K)] for i in range(K)]
+        self.B = [system.batch_of(m) for m in M]
+        self.max_wait = [system.max_wait_of(m) for m in M]
+        self.lat = [[{}, {}] for _ in range(K)]  # cache: model -> co-located? -> batch -> ms
+
+        self.left = [0] * N  # steps left in the current visit
+        self.queue = [deque() for _ in range(K)]
+        self.batch: list[list[int] | None] = [None] * K
+        self.done = [0.0] * K  # fraction of the current step's work done
+        self.wait_since = [math.inf] * K
+        start_i = M.index(system.start_model)
+        for r in range(N):
+            self.left[r] = self.draws[start_i].draw()
+            self.queue[start_i].append(r)
+
+        self.now, self.committed = 0.0, 0
+        # counted once the warm-up is over (t0 set)
+        self.t0, self.c0 = None, 0
+        self.marks = []  # (time, committed) at batch boundaries, for the confidence interval
+        self.busy = [0.0] * K
+        self.n_steps, self.n_reqs = [0] * K, [0] * K
+
+    def step_ms(self, i: int, b: int, co: bool) -> float:
+        c = self.lat[i][co]
         if b not in c:
-            c[b] = system.step_ms(M[i], b, co)
+            c[b] = self.system.step_ms(self.models[i], b, co)
         return c[b]
 
-    left = [0] * N  # steps left in the current visit
-    queue = [deque() for _ in range(K)]
-    batch: list[list[int] | None] = [None] * K
-    done = [0.0] * K  # fraction of the current step's work done
-    wait_since = [math.inf] * K
-    start_i = M.index(system.start_model)
-    for r in range(N):
-        left[r] = draws[start_i].draw()
-        queue[start_i].append(r)
+    def start(self, i: int) -> None:
+        self.batch[i] = list(self.queue[i])
+        self.queue[i].clear()
+        self.done[i] = 0.0
+        self.wait_since[i] = math.inf
 
-    now, committed = 0.0, 0
-    t0, c0 = None, 0
-    marks = []  # (time, committed) at batch boundaries, for the confidence interval
-    busy = [0.0] * K
-    n_steps, n_reqs = [0] * K, [0] * K
-    target = warmup + tokens
-
-    def start(i: int) -> None:
-        batch[i] = list(queue[i])
-        queue[i].clear()
-        done[i] = 0.0
-        wait_since[i] = math.inf
-
-    def decide() -> None:
-        for i in range(K):
+    def decide(self) -> None:
+        """Start a model's step at B_i ready requests or its max wait, or any model with
+        ready requests when none is stepping."""
+        batch, queue, wait_since = self.batch, self.queue, self.wait_since
+        for i in range(self.K):
             if batch[i] is None and queue[i]:
-                if len(queue[i]) >= B[i] or now >= wait_since[i] + max_wait[i] - 1e-9:
-                    start(i)
+                if len(queue[i]) >= self.B[i] or self.now >= wait_since[i] + self.max_wait[i] - 1e-9:
+                    self.start(i)
                 elif wait_since[i] == math.inf:
-                    wait_since[i] = now
+                    wait_since[i] = self.now
         if all(b is None for b in batch):
-            for i in range(K):
+            for i in range(self.K):
                 if queue[i]:
-                    start(i)
+                    self.start(i)
 
-    decide()
-    while committed < target:
-        running = [i for i in range(K) if batch[i] is not None]
+    def advance(self) -> list[int]:
+        """Move time to the next event (a step ending, a max wait expiring); returns the
+        models that were stepping."""
+        batch, done, max_wait = self.batch, self.done, self.max_wait
+        running = [i for i in range(self.K) if batch[i] is not None]
         co = len(running) > 1
-        rate = {i: 1.0 / step_ms(i, len(batch[i]), co) for i in running}
+        rate = {i: 1.0 / self.step_ms(i, len(batch[i]), co) for i in running}
         dt = min([(1.0 - done[i]) / rate[i] for i in running] +
-                 [wait_since[i] + max_wait[i] - now for i in range(K) if batch[i] is None and queue[i]])
+                 [self.wait_since[i] + max_wait[i] - self.now for i in range(self.K)
+                  if batch[i] is None and self.queue[i]])
         dt = max(dt, 0.0)
-        now += dt
+        self.now += dt
         for i in running:
             done[i] += rate[i] * dt
-            if t0 is not None:
-                busy[i] += dt
+            if self.t0 is not None:
+                self.busy[i] += dt
+        return running
+
+    def end_steps(self, running: list[int]) -> None:
+        """End the steps whose work is done: each request commits its token (unless a
+        handoff rewrites it) and stays, or moves on when its visit is over."""
+        left, queue = self.left, self.queue
         for i in running:
-            if done[i] < 1.0 - 1e-9:
+            if self.done[i] < 1.0 - 1e-9:
                 continue
-            reqs, batch[i] = batch[i], None
-            if t0 is not None:
-                n_steps[i] += 1
-                n_reqs[i] += len(reqs)
+            reqs, self.batch[i] = self.batch[i], None
+            if self.t0 is not None:
+                self.n_steps[i] += 1
+                self.n_reqs[i] += len(reqs)
             for r in reqs:
                 left[r] -= 1
                 if left[r] > 0:
-                    committed += 1
+                    self.committed += 1
                     queue[i].append(r)
                     continue
-                idx, probs = dests[i]
-                j = idx[0] if len(idx) == 1 else idx[rng.choice(len(idx), p=probs)]
-                committed += 0 if rewrite[i][j] else 1
-                left[r] = draws[j].draw()
+                idx, probs = self.dests[i]
+                j = idx[0] if len(idx) == 1 else idx[self.rng.choice(len(idx), p=probs)]
+                self.committed += 0 if self.rewrite[i][j] else 1
+                left[r] = self.draws[j].draw()
                 queue[j].append(r)
-        if t0 is None and committed >= warmup:
-            t0, c0 = now, committed
-            marks.append((now, committed))
-        elif t0 is not None and committed - marks[-1][1] >= tokens / batches:
-            marks.append((now, committed))
-        decide()
 
-    elapsed = now - t0
-    x = (committed - c0) / elapsed * 1000.0
-    rates = [(c2 - c1) / (t2 - t1) * 1000.0 for (t1, c1), (t2, c2) in zip(marks, marks[1:]) if t2 > t1]
-    ci = 1.96 * float(np.std(rates, ddof=1)) / math.sqrt(len(rates)) if len(rates) > 2 else math.inf
-    return SimResult(x, ci, N / x * 1000.0, dict(zip(M, B)), committed - c0, elapsed,
-                     {m: (n_reqs[i] / n_steps[i] if n_steps[i] else 0.0) for i, m in enumerate(M)},
-                     {m: busy[i] / elapsed for i, m in enumerate(M)})
+    def mark(self, warmup: int, every: float) -> None:
+        """Start counting once `warmup` tokens are committed; then mark every `every` tokens."""
+        if self.t0 is None and self.committed >= warmup:
+            self.t0, self.c0 = self.now, self.committed
+            self.marks.append((self.now, self.committed))
+        elif self.t0 is not None and self.committed - self.marks[-1][1] >= every:
+            self.marks.append((self.now, self.committed))
+
+    def result(self) -> SimResult:
+        M, N = self.models, self.N
+        elapsed = self.now - self.t0
+        x = (self.committed - self.c0) / elapsed * 1000.0
+        marks = self.marks
+        rates = [(c2 - c1) / (t2 - t1) * 1000.0 for (t1, c1), (t2, c2) in zip(marks, marks[1:]) if t2 > t1]
+        ci = 1.96 * float(np.std(rates, ddof=1)) / math.sqrt(len(rates)) if len(rates) > 2 else math.inf
+        return SimResult(x, ci, N / x * 1000.0, dict(zip(M, self.B)), self.committed - self.c0, elapsed,
+                         {m: (self.n_reqs[i] / self.n_steps[i] if self.n_steps[i] else 0.0) for i, m in enumerate(M)},
+                         {m: self.busy[i] / elapsed for i, m in enumerate(M)})

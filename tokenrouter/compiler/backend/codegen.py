@@ -4,18 +4,24 @@
 class whose `route(step)` is a single tensor program over the whole batch (no loop over
 requests): the log-softmax of each distribution the rules read is computed once, and
 entropy, top-1 probability, margin and top-k derive from it; router networks are
-`torch.nn.Module`s handed in at load time (see `router_nets.py`, `compiled.py`); the
-decisions leave the device in one copy. What is the same for every program (the feature
-helpers, the seeded hash, `send`/`receive`, which move only the unseen suffix) is not
-emitted: the module imports it from `tokenrouter.protocol`. The semantics are the
-reference interpreter's (`interpreter.py`), which is the oracle.
+`torch.nn.Module`s handed in at load time (see `weights/nets.py`, `compiled.py`); the
+decisions leave the device in one copy. Each class declares what its `route` reads of
+the step (`compiler/needs.py`). What is the same for every program (the feature helpers,
+the seeded hash, `send`/`receive`, which move only the unseen suffix) is not emitted: the
+module imports it from `tokenrouter.protocol`. The semantics are the reference
+interpreter's (`interpreter.py`), which is the oracle.
+
+`_check_program` first checks what generation relies on; `_WriterLowering` then lowers
+one writer's rules (its transitions, then its max bound) into the statements of its
+`route`, and the template (`templates/module.py.j2`) lays the classes out.
 
 Safety: nothing a `.route` file says reaches the module as code. User names appear only
 as Python string literals made by `repr`; class and variable names are generated from
 indices; numbers are checked to be numbers and printed by `repr(float)`/`int`; comments
-are reduced to printable ASCII on one line, docstrings to letters, digits and " _.,:-". The module is passed through `compile()`
-before it is returned, and the output is deterministic (no dict-order, time or path
-dependence: comments name a span's file by its base name).
+are reduced to printable ASCII on one line, docstrings to letters, digits and " _.,:-".
+The module is passed through `compile()` before it is returned, and the output is
+deterministic (no dict-order, time or path dependence: comments name a span's file by its
+base name).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from dataclasses import dataclass, field
 import jinja2
 
 from tokenrouter.compiler import ir
+from tokenrouter.compiler.needs import writer_needs
 
 _TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
 _MASK64 = (1 << 64) - 1
@@ -142,6 +149,16 @@ def _check_program(p: ir.Program) -> None:
     writers, models = set(names), {m.name for m in p.models}
     if p.start not in writers:
         raise CodegenError(f"start writer {p.start!r} is not declared")
+    _check_rules(p, writers)
+    for e in p.ensembles:
+        _check_ensemble(e, models)
+    seen = set()
+    for r in p.routers:
+        _check_router(r, models, seen)
+
+
+def _check_rules(p: ir.Program, writers: set[str]) -> None:
+    """Transitions and visit bounds name declared writers; actions and counts are valid."""
     for t in p.transitions:
         where = span_text(t.span)
         if t.source not in writers or t.dest not in writers:
@@ -159,46 +176,50 @@ def _check_program(p: ir.Program) -> None:
                 raise CodegenError(f"{where}: the bound on {b.writer!r} sets max but no 'then'")
         if b.then is not None and b.then not in writers:
             raise CodegenError(f"{where}: 'then' names undeclared writer {b.then!r}")
-    for e in p.ensembles:
-        where = span_text(e.span)
-        if not e.members or any(m not in models for m in e.members):
-            raise CodegenError(f"{where}: ensemble {e.name!r} members must be declared models")
-        if len(e.weights) != len(e.members):
-            raise CodegenError(f"{where}: ensemble {e.name!r} needs one weight per member")
-        for w in e.weights:
-            py_float(w)
-        if any(not (math.isfinite(w) and w >= 0) for w in e.weights) or sum(e.weights) <= 0:
-            raise CodegenError(f"{where}: ensemble {e.name!r} weights must be finite, >= 0, not all 0")
-        if e.mode not in ("average", "mixture"):
-            raise CodegenError(f"{where}: ensemble mode must be average or mixture")
-        if e.topk_union is not None and int(py_int(e.topk_union)) < 1:
-            raise CodegenError(f"{where}: topk_union must be at least 1")
-        py_int(e.seed)
-    seen = set()
-    for r in p.routers:
-        where = span_text(r.span)
-        py_str(r.name)
-        if r.name in seen:
-            raise CodegenError(f"{where}: router {r.name!r} declared twice")
-        seen.add(r.name)
-        if r.model not in models:
-            raise CodegenError(f"{where}: router {r.name!r} reads undeclared model {r.model!r}")
-        if r.activation not in _ACTIVATIONS:
-            raise CodegenError(f"{where}: unknown activation {r.activation!r}")
-        py_int(r.output_index)
-        if not r.inputs:
-            raise CodegenError(f"{where}: router {r.name!r} has no inputs")
-        for inp in r.inputs:
-            if isinstance(inp, (ir.InputHidden, ir.InputTokenEmbedding)):
-                if int(py_int(inp.dim)) < 0:  # 0: not known before the model is resolved
-                    raise CodegenError(f"{where}: input width must not be negative")
-                if isinstance(inp, ir.InputHidden):
-                    py_int(inp.layer)
-            elif isinstance(inp, ir.InputTopkLogits):
-                if int(py_int(inp.k)) < 1:
-                    raise CodegenError(f"{where}: top-k needs k >= 1")
-            elif not isinstance(inp, ir.InputScalar):
-                raise CodegenError(f"{where}: unknown router input {inp!r}")
+
+
+def _check_ensemble(e: ir.Ensemble, models: set[str]) -> None:
+    where = span_text(e.span)
+    if not e.members or any(m not in models for m in e.members):
+        raise CodegenError(f"{where}: ensemble {e.name!r} members must be declared models")
+    if len(e.weights) != len(e.members):
+        raise CodegenError(f"{where}: ensemble {e.name!r} needs one weight per member")
+    for w in e.weights:
+        py_float(w)
+    if any(not (math.isfinite(w) and w >= 0) for w in e.weights) or sum(e.weights) <= 0:
+        raise CodegenError(f"{where}: ensemble {e.name!r} weights must be finite, >= 0, not all 0")
+    if e.mode not in ("average", "mixture"):
+        raise CodegenError(f"{where}: ensemble mode must be average or mixture")
+    if e.topk_union is not None and int(py_int(e.topk_union)) < 1:
+        raise CodegenError(f"{where}: topk_union must be at least 1")
+    py_int(e.seed)
+
+
+def _check_router(r: ir.RouterNet, models: set[str], seen: set[str]) -> None:
+    """One router network (`seen`: the names of those before it)."""
+    where = span_text(r.span)
+    py_str(r.name)
+    if r.name in seen:
+        raise CodegenError(f"{where}: router {r.name!r} declared twice")
+    seen.add(r.name)
+    if r.model not in models:
+        raise CodegenError(f"{where}: router {r.name!r} reads undeclared model {r.model!r}")
+    if r.activation not in _ACTIVATIONS:
+        raise CodegenError(f"{where}: unknown activation {r.activation!r}")
+    py_int(r.output_index)
+    if not r.inputs:
+        raise CodegenError(f"{where}: router {r.name!r} has no inputs")
+    for inp in r.inputs:
+        if isinstance(inp, (ir.InputHidden, ir.InputTokenEmbedding)):
+            if int(py_int(inp.dim)) < 0:  # 0: not known before the model is resolved
+                raise CodegenError(f"{where}: input width must not be negative")
+            if isinstance(inp, ir.InputHidden):
+                py_int(inp.layer)
+        elif isinstance(inp, ir.InputTopkLogits):
+            if int(py_int(inp.k)) < 1:
+                raise CodegenError(f"{where}: top-k needs k >= 1")
+        elif not isinstance(inp, ir.InputScalar):
+            raise CodegenError(f"{where}: unknown router input {inp!r}")
 
 
 # ------------------------------------------------------------------ lowering
@@ -227,8 +248,6 @@ class _WriterLowering:
         self.memo: dict[tuple, str] = {}
         self.block = _Block(None)
         self.blocks: list[_Block] = []
-        self.hidden_layers: set[int] = set()
-        self.token_embedding = False
         self.where = ""
 
     # -- statements
@@ -245,6 +264,39 @@ class _WriterLowering:
 
     def fail(self, msg: str) -> CodegenError:
         return CodegenError(f"{self.where}: {msg}" if self.where else msg)
+
+    # -- the rules: one block per transition, then the max bound
+    def transitions(self) -> None:
+        """The transitions out of the writer, tried in order once its min bound is met."""
+        bound = self.p.bound(self.writer)
+        transitions = self.p.transitions_from(self.writer)
+        if transitions:
+            self.new_block(f"{span_text(bound.span) if bound.span else 'bound'}: "
+                           f"transitions are tried from visit token {int(bound.min_tokens)} on")
+            self.block.lines.append(f"open_ = vt >= {py_int(bound.min_tokens)}")
+        writers = self.p.writers()
+        for n, t in enumerate(transitions):
+            self.where = span_text(t.span)
+            self.new_block(comment_text(f"{self.where}: {t.source} -> {t.dest} when {render(t.when)} {t.action}"))
+            cond = self.truth(self.materialise(self.lower(t.when)))
+            self.block.lines.append(f"c = {cond.code} & open_")
+            self.block.lines.append(f"dest.masked_fill_(c, {writers.index(t.dest)})")
+            if t.action == "rewrite" and t.dest != self.writer:
+                self.block.lines.append("keep.masked_fill_(c, 0)")
+            if n < len(transitions) - 1:
+                self.block.lines.append("open_ &= ~c")
+
+    def max_bound(self) -> None:
+        """At the writer's max bound the request moves to the bound's `then`, keeping its token."""
+        bound = self.p.bound(self.writer)
+        if bound.max_tokens is None:
+            return
+        self.where = span_text(bound.span)
+        self.new_block(comment_text(f"{self.where}: visit {self.writer} max {bound.max_tokens} "
+                                    f"then {bound.then} (keep)"))
+        self.block.lines.append(f"forced = vt >= {py_int(bound.max_tokens)}")
+        self.block.lines.append(f"dest.masked_fill_(forced, {self.p.writers().index(bound.then)})")
+        self.block.lines.append("keep.masked_fill_(forced, 1)")
 
     # -- distributions: (x, p, bad) variable names
     def dist(self, model: str) -> tuple[str, str, str]:
@@ -342,10 +394,8 @@ class _WriterLowering:
         cols = []
         for inp in r.inputs:
             if isinstance(inp, ir.InputHidden):
-                self.hidden_layers.add(inp.layer)
                 cols.append(f"hidden(step, {py_int(inp.layer)}, self.dtype)")
             elif isinstance(inp, ir.InputTokenEmbedding):
-                self.token_embedding = True
                 cols.append("embedding(step, self.dtype)")
             elif isinstance(inp, ir.InputTopkLogits):
                 x, p, bad = self.dist(r.model)
@@ -360,23 +410,13 @@ class _WriterLowering:
     def head_logit(self, e: ir.HeadLogit) -> str:
         if self.ensemble is not None or e.model != self.writer:
             raise self.fail(f"head of {e.model!r} read in the step of {self.writer!r}")
-        self.hidden_layers.add(-1)
         i = self.heads.index((e.model, e.file))
         sig = "True" if e.sigmoid else "False"
         return self.let(("head", i, e.sigmoid), f"head(step, self.heads[{i}], {sig}, self.dtype)", "f")
 
 
-def _mentions_router(e: object) -> bool:
-    return any(isinstance(x, ir.RouterProb) for x in _walk(e))
-
-
-def _walk(e: object):
-    yield e
-    for name in ("left", "right"):
-        if hasattr(e, name):
-            yield from _walk(getattr(e, name))
-    for a in getattr(e, "args", ()):
-        yield from _walk(a)
+def _mentions_router(e: ir.Expr) -> bool:
+    return any(isinstance(x, ir.RouterProb) for x in ir.walk(e))
 
 
 def head_keys(program: ir.Program) -> list[tuple[str, str]]:
@@ -385,72 +425,51 @@ def head_keys(program: ir.Program) -> list[tuple[str, str]]:
     exprs = [t.when for t in program.transitions]
     exprs += [i.expr for r in program.routers for i in r.inputs if isinstance(i, ir.InputScalar)]
     for root in exprs:
-        for e in _walk(root):
+        for e in ir.walk(root):
             if isinstance(e, ir.HeadLogit) and (e.model, e.file) not in keys:
                 keys.append((e.model, e.file))
     return keys
 
 
 def _writer_view(program: ir.Program, index: int, writer: str, heads: list[tuple[str, str]]) -> dict:
+    """What the template needs of one writer's class."""
     low = _WriterLowering(program, writer, heads)
-    bound = program.bound(writer)
-    transitions = program.transitions_from(writer)
-    if transitions:
-        low.new_block(f"{span_text(bound.span) if bound.span else 'bound'}: "
-                      f"transitions are tried from visit token {int(bound.min_tokens)} on")
-        low.block.lines.append(f"open_ = vt >= {py_int(bound.min_tokens)}")
-    writers = program.writers()
-    for n, t in enumerate(transitions):
-        low.where = span_text(t.span)
-        low.new_block(comment_text(f"{low.where}: {t.source} -> {t.dest} when {render(t.when)} {t.action}"))
-        cond = low.truth(low.materialise(low.lower(t.when)))
-        d = writers.index(t.dest)
-        low.block.lines.append(f"c = {cond.code} & open_")
-        low.block.lines.append(f"dest.masked_fill_(c, {d})")
-        if t.action == "rewrite" and t.dest != writer:
-            low.block.lines.append("keep.masked_fill_(c, 0)")
-        if n < len(transitions) - 1:
-            low.block.lines.append("open_ &= ~c")
-    if bound.max_tokens is not None:
-        low.where = span_text(bound.span)
-        low.new_block(comment_text(f"{low.where}: visit {writer} max {bound.max_tokens} then {bound.then} (keep)"))
-        low.block.lines.append(f"forced = vt >= {py_int(bound.max_tokens)}")
-        low.block.lines.append(f"dest.masked_fill_(forced, {writers.index(bound.then)})")
-        low.block.lines.append("keep.masked_fill_(forced, 1)")
-    ens = low.ensemble
-    view = {
+    low.transitions()
+    low.max_bound()
+    needs = writer_needs(program, writer)
+    return {
         "cls": f"Router{index}",
         "name": py_str(writer),
-        "name_comment": comment_text(writer),
         "name_doc": doc_text(writer),
         "index": index,
-        "hidden_layers": "(" + "".join(f"{py_int(x)}, " for x in sorted(low.hidden_layers)) + ")",
-        "token_embedding": "True" if low.token_embedding else "False",
-        "needs": (tuple(sorted(low.hidden_layers)), low.token_embedding),
+        "hidden_layers": "(" + "".join(f"{py_int(x)}, " for x in needs.hidden_layers) + ")",
+        "token_embedding": "True" if needs.token_embedding else "False",
         "blocks": [dataclasses.asdict(b) for b in low.blocks],
-        "ensemble": None,
+        "ensemble": None if low.ensemble is None else _ensemble_view(low.ensemble),
     }
-    if ens is not None:
-        total = 0.0
-        for w in ens.weights:
-            total += w
-        cum, acc = [], 0.0
-        for w in ens.weights:
-            acc += w
-            cum.append(acc / total)
-        view["ensemble"] = {
-            "comment": comment_text(f"{span_text(ens.span)}: ensemble {ens.name} = {ens.mode}"
-                                    f"({', '.join(f'{m}: {w!r}' for m, w in zip(ens.members, ens.weights))})"
-                                    + (f" topk_union {ens.topk_union}" if ens.topk_union else "")),
-            "mode": ens.mode,
-            "n": len(ens.members),
-            "log_weights": "(" + "".join(f"{py_float(math.log(w / total) if w > 0 else -math.inf)}, "
-                                         for w in ens.weights) + ")",
-            "cum": "(" + "".join(f"{py_float(c)}, " for c in cum) + ")",
-            "topk": "None" if ens.topk_union is None else py_int(ens.topk_union),
-            "seed_c": to_int64(ir.splitmix64(int(py_int(ens.seed)) & _MASK64)),
-        }
-    return view
+
+
+def _ensemble_view(ens: ir.Ensemble) -> dict:
+    """An ensemble's constants for its `combine`."""
+    total = 0.0
+    for w in ens.weights:
+        total += w
+    cum, acc = [], 0.0
+    for w in ens.weights:
+        acc += w
+        cum.append(acc / total)
+    return {
+        "comment": comment_text(f"{span_text(ens.span)}: ensemble {ens.name} = {ens.mode}"
+                                f"({', '.join(f'{m}: {w!r}' for m, w in zip(ens.members, ens.weights))})"
+                                + (f" topk_union {ens.topk_union}" if ens.topk_union else "")),
+        "mode": ens.mode,
+        "n": len(ens.members),
+        "log_weights": "(" + "".join(f"{py_float(math.log(w / total) if w > 0 else -math.inf)}, "
+                                     for w in ens.weights) + ")",
+        "cum": "(" + "".join(f"{py_float(c)}, " for c in cum) + ")",
+        "topk": "None" if ens.topk_union is None else py_int(ens.topk_union),
+        "seed_c": to_int64(ir.splitmix64(int(py_int(ens.seed)) & _MASK64)),
+    }
 
 
 _ENV = jinja2.Environment(
@@ -461,16 +480,6 @@ _ENV = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-
-
-def writer_needs(program: ir.Program) -> dict[str, tuple[tuple[int, ...], bool]]:
-    """Per writer: (hidden layers, token embedding) its `route` reads."""
-    _check_program(program)
-    heads = head_keys(program)
-    out = {}
-    for i, w in enumerate(program.writers()):
-        out[w] = _writer_view(program, i, w, heads)["needs"]
-    return out
 
 
 def generate_module(program: ir.Program) -> str:

@@ -19,7 +19,7 @@ The runtime uses exactly this API:
 Visit bounds are part of `route`: before `min_tokens` no transition is tried; at
 `max_tokens` the request goes to the bound's `then`, keeping its token. Router networks
 and head rows are read from safetensors here, at load time, and checked against the
-declared input layout (`router_nets.RouterWeightsError` on any mismatch). Relative weight
+declared input layout (`weights.nets.RouterWeightsError` on any mismatch). Relative weight
 paths resolve against `base_dir` (default: the folder of `program.source` when that is a
 file, else the working directory). `dtype` is the dtype the features are computed in.
 """

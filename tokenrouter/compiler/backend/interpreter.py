@@ -1,8 +1,9 @@
 """The reference interpreter of the routing IR: the oracle the generated code is tested against.
 
 It follows one request at a time, in float64 NumPy on that request's own rows, written to
-be read rather than to be fast. It shares no code with the generated module: only the IR
-(including the IR's seeded hash `bernoulli_uniform`) and the ABI's data classes.
+be read rather than to be fast. It shares no code with the generated module, only the IR
+(including the IR's seeded hash `bernoulli_uniform`). It routes and combines; the handoff
+between writers (`send`/`receive`) is `tokenrouter.protocol.handoff`, tested on its own.
 
 Semantics (the generated code implements the same, see `codegen.py`):
 
@@ -39,7 +40,6 @@ from safetensors.numpy import load_file
 from scipy.special import erf
 
 from tokenrouter.compiler import ir
-from tokenrouter.protocol.state import PeerMessage, RouteState
 
 
 class InterpreterError(ValueError):
@@ -159,7 +159,7 @@ def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _r2r_logit(t: dict[str, np.ndarray], r: ir.RouterNet, cols: list[np.ndarray]) -> float:
-    """R2R's classifier, written out one request at a time (layout: router_nets.py)."""
+    """R2R's classifier, written out one request at a time (layout: weights/nets.py)."""
     parts = []
     for j, c in enumerate(cols):
         if f"inputs.{j}.weight" in t:
@@ -211,7 +211,7 @@ def _resolve(path: str, base_dir: str | None) -> str:
 
 
 class Interpreter:
-    """Routes, sends, receives and combines for one request at a time."""
+    """Routes and combines for one request at a time."""
 
     def __init__(self, program: ir.Program, base_dir: str | None = None):
         self.program = program
@@ -288,64 +288,6 @@ class Interpreter:
             lp = np.where(keep, lp, -np.inf)
             lp = lp - _logsumexp(lp)
         return lp
-
-    # ---------------------------------------------------------------- messages
-
-    def send(self, state: RouteState, peer: str, sender: str) -> PeerMessage:
-        """The message carrying `state` to `peer`: only the tokens `peer` has not seen."""
-        if peer not in self.writers:
-            raise InterpreterError(f"request {state.rid}: unknown peer {peer!r}")
-        start = state.peer_read.get(peer, 0)
-        if start > len(state.tokens):
-            raise InterpreterError(
-                f"request {state.rid}: {peer!r} has read {start} tokens but only "
-                f"{len(state.tokens)} exist")
-        msg = PeerMessage(rid=state.rid, suffix=list(state.tokens[start:]), start=start,
-                          prompt_len=state.prompt_len, writer=state.writer,
-                          visit_tokens=state.visit_tokens, seed=state.seed,
-                          written_by=dict(state.written_by), sampling=dict(state.sampling),
-                          finished=state.finished, sender=sender)
-        state.peer_read[peer] = len(state.tokens)
-        return msg
-
-    def receive(self, msg: PeerMessage, state: RouteState | None) -> RouteState:
-        if msg.writer not in self.writers:
-            raise InterpreterError(f"request {msg.rid}: unknown writer {msg.writer!r}")
-        end = msg.start + len(msg.suffix)
-        if state is None:
-            if msg.start != 0:
-                raise InterpreterError(
-                    f"request {msg.rid}: first message starts at token {msg.start}, not 0")
-            state = RouteState(rid=msg.rid, tokens=[], prompt_len=msg.prompt_len,
-                               writer=msg.writer)
-        else:
-            if state.rid != msg.rid:
-                raise InterpreterError(f"message for {msg.rid} given the state of {state.rid}")
-            if state.prompt_len != msg.prompt_len:
-                raise InterpreterError(
-                    f"request {msg.rid}: prompt length {msg.prompt_len} != {state.prompt_len}")
-            have = len(state.tokens)
-            if msg.start > have:
-                raise InterpreterError(
-                    f"request {msg.rid}: gap: message starts at {msg.start}, "
-                    f"{have} tokens known")
-            if end < have:
-                raise InterpreterError(
-                    f"request {msg.rid}: message ends at {end}, before the {have} tokens known")
-            overlap = have - msg.start
-            if list(state.tokens[msg.start:have]) != list(msg.suffix[:overlap]):
-                raise InterpreterError(
-                    f"request {msg.rid}: overlap at {msg.start}..{have} does not match")
-        state.tokens.extend(msg.suffix[len(state.tokens) - msg.start:])
-        state.writer = msg.writer
-        state.visit_tokens = msg.visit_tokens
-        state.seed = msg.seed
-        state.written_by = dict(msg.written_by)
-        state.sampling = dict(msg.sampling)
-        state.finished = msg.finished
-        if msg.sender:
-            state.peer_read[msg.sender] = end
-        return state
 
     # ---------------------------------------------------------------- weights
 

@@ -1,168 +1,176 @@
-"""The routers' and heads' declarations: the model each reads, its weights file (a string
-or a `path` parameter), its attributes, and a router's inputs as IR (`ir.RouterNet`).
+"""The routers' and heads' declarations, each a function of the checker's `CheckState`:
+the model each reads, its weights file (a string or a `path` parameter), its attributes,
+and a router's inputs as IR (`ir.RouterNet`, into `state.out`).
 
 What the weights file holds is checked later, against the model's facts, by
-`weights_check.py`; here only the declaration is.
+`weights/check.py`; here only the declaration is.
 """
 
 from __future__ import annotations
 
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.builtins import ACTIVATIONS, ROUTER_ARCHS, ROUTER_INPUTS
-from tokenrouter.compiler.check.symbols import KIND_WORDS, CheckerBase, Symbol, as_int, as_word, resolve_path
+from tokenrouter.compiler.check.symbols import KIND_WORDS, CheckState, Symbol, as_int, as_word, resolve_path
 from tokenrouter.dsl import ast
 from tokenrouter.dsl.diagnostics import Note, did_you_mean, words
 
 
-class RouterChecks(CheckerBase):
-    """Mixin of the checker: router and head declarations."""
+def router(state: CheckState, item: ast.RouterDecl) -> None:
+    """A router network: the model it reads, its file, attributes and inputs."""
+    sym = _reader(state, item, "router")
+    attrs = state.attrs(item.attrs, {"inputs": "", "activation": "", "output": "", "arch": ""},
+                        f"router '{item.name.text}'")
+    if sym is None:
+        return
+    activation = state.choice(attrs["activation"], ACTIVATIONS, "activation") if "activation" in attrs else "relu"
+    arch = state.choice(attrs["arch"], ROUTER_ARCHS, "router architecture") if "arch" in attrs else "mlp"
+    if arch == "citer" and activation not in (None, "relu"):
+        state.err("E203", "CITER's classifier uses relu", attrs["activation"].value.span,
+                  hint="drop the activation, or declare arch = mlp")
+        activation = None
+    if arch in ("citer", "r2r") and "output" in attrs:
+        state.err("E203", f"an {arch} router has one output; 'output' applies to arch = mlp",
+                  attrs["output"].key.span)
+        arch = None
+    output = 0
+    if "output" in attrs:
+        output = as_int(attrs["output"].value, 0)
+        if output is None:
+            state.err("E203", "output is the index of the router's output to read, a whole number >= 0",
+                      attrs["output"].value.span)
+    if "inputs" not in attrs:
+        state.err("E204", f"router '{item.name.text}' does not declare its inputs", item.name.span,
+                  hint="add: { inputs = [hidden(-1), token_embedding, topk_logits(100)] }")
+        sym.ok = False
+        return
+    inputs = _router_inputs(state, attrs["inputs"].value, sym.model)
+    if inputs is None or activation is None or output is None or arch is None:
+        sym.ok = False
+        return
+    state.out.routers.append(ir.RouterNet(sym.name, sym.model, sym.file, tuple(inputs), activation,
+                                          output, item.span, arch))
 
-    # ----------------------------------------------------------------- routers
-    def _reader(self, item, what: str) -> Symbol | None:
-        if not self.is_first(item):
-            return None
-        sym = self.symbols[item.name.text]
-        target = self.lookup(item.model, ("model",), f"the model a {what} reads")
-        if target is None:
+
+def head(state: CheckState, item: ast.HeadDecl) -> None:
+    """A head row: the model it reads, its file, and whether a sigmoid applies."""
+    sym = _reader(state, item, "head")
+    attrs = state.attrs(item.attrs, {"sigmoid": ""}, f"head '{item.name.text}'")
+    if sym is None:
+        return
+    if "sigmoid" in attrs:
+        choice = state.choice(attrs["sigmoid"], ("true", "false"), "value for sigmoid")
+        if choice is None:
+            sym.ok = False
+            return
+        sym.sigmoid = choice == "true"
+
+
+def _reader(state: CheckState, item, what: str) -> Symbol | None:
+    """The symbol of a router or head with its model and weights file, or None (and the
+    symbol not ok) when either is wrong."""
+    if not state.is_first(item):
+        return None
+    sym = state.symbols[item.name.text]
+    target = state.lookup(item.model, ("model",), f"the model a {what} reads")
+    if target is None:
+        sym.ok = False
+        return None
+    sym.model = item.model.text
+    if isinstance(item.path, ast.Ref):
+        sym.file = _file_param(state, item.path, what)
+        if sym.file is None:
             sym.ok = False
             return None
-        sym.model = item.model.text
-        if isinstance(item.path, ast.Ref):
-            sym.file = self.file_param(item.path, what)
-            if sym.file is None:
-                sym.ok = False
-                return None
-            return sym
-        if not item.path.value.strip():
-            self.err("E203", f"the {what}'s weights file is empty", item.path.span,
-                     hint='name a safetensors file, e.g. "weights/router.safetensors"')
-            sym.ok = False
-            return None
-        sym.file = resolve_path(item.path.value, self.base_dir)
         return sym
+    if not item.path.value.strip():
+        state.err("E203", f"the {what}'s weights file is empty", item.path.span,
+                  hint='name a safetensors file, e.g. "weights/router.safetensors"')
+        sym.ok = False
+        return None
+    sym.file = resolve_path(item.path.value, state.base_dir)
+    return sym
 
-    def file_param(self, ref: ast.Ref, what: str) -> str | None:
-        """A weights file given by a `path` parameter: its bound (absolute) path."""
-        name = ref.name.text
-        sym = self.symbols.get(name)
-        if sym is None:
-            guess = did_you_mean(name, [n for n, b in self.bound.items() if b.type == "path"])
-            self.err("E102", f"undefined parameter '{name}'", ref.span,
-                     hint=f"did you mean '{guess}'?" if guess else
-                     f'the {what}\'s weights file is a string ("weights/x.safetensors") or a path parameter: '
-                     f'param {name}: path = "..."')
-            return None
-        self.used.add(name)
-        if sym.kind != "param":
-            self.err("E103", f"the {what}'s weights file must be a string or a path parameter, but '{name}' is "
-                     f"{KIND_WORDS[sym.kind]}", ref.span, notes=[Note("declared here", sym.span)])
-            return None
-        b = self.bound[name]
-        if not b.ok:
-            return None
-        if b.type != "path":
-            self.err("E304", f"the {what}'s weights file must be a path parameter, but '{name}' is a {b.type}",
-                     ref.span, notes=[Note("declared here", b.decl.span)])
-            return None
-        return b.value
 
-    def router(self, item: ast.RouterDecl):
-        sym = self._reader(item, "router")
-        attrs = self.attrs(item.attrs, {"inputs": "", "activation": "", "output": "", "arch": ""},
-                           f"router '{item.name.text}'")
-        if sym is None:
-            return
-        activation = self.choice(attrs["activation"], ACTIVATIONS, "activation") if "activation" in attrs else "relu"
-        arch = self.choice(attrs["arch"], ROUTER_ARCHS, "router architecture") if "arch" in attrs else "mlp"
-        if arch == "citer" and activation not in (None, "relu"):
-            self.err("E203", "CITER's classifier uses relu", attrs["activation"].value.span,
-                     hint="drop the activation, or declare arch = mlp")
-            activation = None
-        if arch in ("citer", "r2r") and "output" in attrs:
-            self.err("E203", f"an {arch} router has one output; 'output' applies to arch = mlp",
-                     attrs["output"].key.span)
-            arch = None
-        output = 0
-        if "output" in attrs:
-            output = as_int(attrs["output"].value, 0)
-            if output is None:
-                self.err("E203", "output is the index of the router's output to read, a whole number >= 0",
-                         attrs["output"].value.span)
-        if "inputs" not in attrs:
-            self.err("E204", f"router '{item.name.text}' does not declare its inputs", item.name.span,
-                     hint="add: { inputs = [hidden(-1), token_embedding, topk_logits(100)] }")
-            sym.ok = False
-            return
-        inputs = self.router_inputs(attrs["inputs"].value, sym.model)
-        if inputs is None or activation is None or output is None or arch is None:
-            sym.ok = False
-            return
-        self.out.routers.append(ir.RouterNet(sym.name, sym.model, sym.file, tuple(inputs), activation,
-                                             output, item.span, arch))
+def _file_param(state: CheckState, ref: ast.Ref, what: str) -> str | None:
+    """A weights file given by a `path` parameter: its bound (absolute) path."""
+    name = ref.name.text
+    sym = state.symbols.get(name)
+    if sym is None:
+        guess = did_you_mean(name, [n for n, b in state.bound.items() if b.type == "path"])
+        state.err("E102", f"undefined parameter '{name}'", ref.span,
+                  hint=f"did you mean '{guess}'?" if guess else
+                  f'the {what}\'s weights file is a string ("weights/x.safetensors") or a path parameter: '
+                  f'param {name}: path = "..."')
+        return None
+    state.used.add(name)
+    if sym.kind != "param":
+        state.err("E103", f"the {what}'s weights file must be a string or a path parameter, but '{name}' is "
+                  f"{KIND_WORDS[sym.kind]}", ref.span, notes=[Note("declared here", sym.span)])
+        return None
+    b = state.bound[name]
+    if not b.ok:
+        return None
+    if b.type != "path":
+        state.err("E304", f"the {what}'s weights file must be a path parameter, but '{name}' is a {b.type}",
+                  ref.span, notes=[Note("declared here", b.decl.span)])
+        return None
+    return b.value
 
-    def router_inputs(self, value, model: str) -> list | None:
-        if not isinstance(value, ast.ListLit) or not value.items:
-            self.err("E306", "inputs is a non-empty list of router inputs", value.span,
-                     hint=f"expected a list of {words(ROUTER_INPUTS.values())}")
-            return None
-        out, ok = [], True
-        for node in value.items:
-            inp = self.router_input(node, model)
-            ok = ok and inp is not None
-            out.append(inp)
-        return out if ok else None
 
-    def router_input(self, node, model: str):
-        if isinstance(node, ast.Ref):
-            name, args = node.name.text, ()
-        elif isinstance(node, ast.Call):
-            name, args = node.func.text, node.args
-        else:
-            self.err("E306", "not a router input", node.span,
-                     hint=f"expected one of {words(ROUTER_INPUTS.values())}")
-            return None
-        if name not in ROUTER_INPUTS:
-            guess = did_you_mean(name, ROUTER_INPUTS)
-            self.err("E306", f"unknown router input '{name}'", node.span,
-                     hint=f"did you mean '{ROUTER_INPUTS[guess]}'?" if guess else
-                     f"expected one of {words(ROUTER_INPUTS.values())}")
-            return None
-        want = {"hidden": 1, "topk_logits": 1, "entropy": 1}.get(name, 0)
-        if len(args) != want or any(a.label is not None for a in args):
-            self.err("E302", f"router input {name} takes {want} argument{'s' if want != 1 else ''}, got {len(args)}",
-                     node.span, hint=f"write {ROUTER_INPUTS[name]} (the router's model is implied)")
-            return None
-        if name == "hidden":
-            layer = args[0].value
-            if not (isinstance(layer, ast.Num) and layer.is_int and layer.value >= -1):
-                self.err("E306", "hidden(LAYER) takes a layer number >= -1", layer.span,
-                         hint="0 = the embeddings, N = after decoder layer N, -1 = after the final norm")
-                return None
-            return ir.InputHidden(int(layer.value), 0)
-        if name == "token_embedding":
-            return ir.InputTokenEmbedding(0)
-        if name == "topk_logits":
-            k = as_int(args[0].value, 1)
-            if k is None:
-                self.err("E306", "topk_logits(K) takes a whole number K >= 1", args[0].value.span)
-                return None
-            return ir.InputTopkLogits(k)
-        if name == "entropy":
-            kind = as_word(args[0].value)
-            if kind not in ("normalized", "raw"):
-                self.err("E303", "entropy takes `normalized` or `raw`", args[0].value.span)
-                return None
-            return ir.InputScalar(ir.Entropy(model, kind == "normalized", node.span))
-        return ir.InputScalar(ir.TopProb(model, node.span) if name == "top_prob" else ir.Margin(model, node.span))
+def _router_inputs(state: CheckState, value, model: str) -> list | None:
+    """The declared inputs as IR, or None when any is wrong (each is reported)."""
+    if not isinstance(value, ast.ListLit) or not value.items:
+        state.err("E306", "inputs is a non-empty list of router inputs", value.span,
+                  hint=f"expected a list of {words(ROUTER_INPUTS.values())}")
+        return None
+    out, ok = [], True
+    for node in value.items:
+        inp = _router_input(state, node, model)
+        ok = ok and inp is not None
+        out.append(inp)
+    return out if ok else None
 
-    def head(self, item: ast.HeadDecl):
-        sym = self._reader(item, "head")
-        attrs = self.attrs(item.attrs, {"sigmoid": ""}, f"head '{item.name.text}'")
-        if sym is None:
-            return
-        if "sigmoid" in attrs:
-            choice = self.choice(attrs["sigmoid"], ("true", "false"), "value for sigmoid")
-            if choice is None:
-                sym.ok = False
-                return
-            sym.sigmoid = choice == "true"
+
+def _router_input(state: CheckState, node, model: str):
+    """One input as IR (`ir.InputHidden`, ...), or None."""
+    if isinstance(node, ast.Ref):
+        name, args = node.name.text, ()
+    elif isinstance(node, ast.Call):
+        name, args = node.func.text, node.args
+    else:
+        state.err("E306", "not a router input", node.span,
+                  hint=f"expected one of {words(ROUTER_INPUTS.values())}")
+        return None
+    if name not in ROUTER_INPUTS:
+        guess = did_you_mean(name, ROUTER_INPUTS)
+        state.err("E306", f"unknown router input '{name}'", node.span,
+                  hint=f"did you mean '{ROUTER_INPUTS[guess]}'?" if guess else
+                  f"expected one of {words(ROUTER_INPUTS.values())}")
+        return None
+    want = {"hidden": 1, "topk_logits": 1, "entropy": 1}.get(name, 0)
+    if len(args) != want or any(a.label is not None for a in args):
+        state.err("E302", f"router input {name} takes {want} argument{'s' if want != 1 else ''}, got {len(args)}",
+                  node.span, hint=f"write {ROUTER_INPUTS[name]} (the router's model is implied)")
+        return None
+    if name == "hidden":
+        layer = args[0].value
+        if not (isinstance(layer, ast.Num) and layer.is_int and layer.value >= -1):
+            state.err("E306", "hidden(LAYER) takes a layer number >= -1", layer.span,
+                      hint="0 = the embeddings, N = after decoder layer N, -1 = after the final norm")
+            return None
+        return ir.InputHidden(int(layer.value), 0)
+    if name == "token_embedding":
+        return ir.InputTokenEmbedding(0)
+    if name == "topk_logits":
+        k = as_int(args[0].value, 1)
+        if k is None:
+            state.err("E306", "topk_logits(K) takes a whole number K >= 1", args[0].value.span)
+            return None
+        return ir.InputTopkLogits(k)
+    if name == "entropy":
+        kind = as_word(args[0].value)
+        if kind not in ("normalized", "raw"):
+            state.err("E303", "entropy takes `normalized` or `raw`", args[0].value.span)
+            return None
+        return ir.InputScalar(ir.Entropy(model, kind == "normalized", node.span))
+    return ir.InputScalar(ir.TopProb(model, node.span) if name == "top_prob" else ir.Margin(model, node.span))

@@ -1,11 +1,12 @@
-"""What every pass of the checker shares: the symbol table, the `Checked` program being
-built, and the lookups the passes make through them.
+"""What every pass of the checker shares: `CheckState`, the symbol table (`Symbol`), the
+`Checked` program being built, and the lookups the passes make through them.
 
-`check.py` runs the passes; each job is a mixin on `CheckerBase` in its own module
-(`check_declarations.py`, `check_routers.py`, `check_route.py`, `check_serve.py`), so
-they all read and write the one state defined here: the declared names (`Symbol`), the
-names already used or reported undefined (one report per name, no cascades), the
-parameters' bindings and substitution (`check_params.py`), the diagnostics, and `out`.
+`check/__init__.py` makes one `CheckState` and hands it to each pass in turn (the
+functions of `declarations.py`, `routers.py`, `route.py`, `serve.py`). Its fields are
+the state they share: the declared names, the names already used or reported undefined
+(one report per name, no cascades), the parameters' bindings and substitution
+(`params.py`), the diagnostics, and `out`. Its methods are the lookups that report what
+they cannot resolve: `err`, `is_first`, `attrs`, `choice`, `lookup`, `value_ok`.
 """
 
 from __future__ import annotations
@@ -89,22 +90,20 @@ def head_span(block, keyword: str):
     return ir.Span(s.file, s.line, s.col, s.line, s.col + len(keyword))
 
 
-class CheckerBase:
-    """The checker's state and the lookups shared by its passes."""
+class CheckState:
+    """The state the checker's passes share, and the lookups they make through it."""
 
     def __init__(self, file: ast.File, base_dir: str, params: dict[str, str] | None = None,
                  model_paths: dict[str, str] | None = None):
         self.file, self.base_dir = file, base_dir
-        self.given_params = params or {}
-        self.model_paths = model_paths or {}
-        self.bound: dict[str, check_params.Bound] = {}
-        self.subst = check_params.Substitution({})
+        self.given_params = params or {}  # `--set` values: NAME -> text
+        self.model_paths = model_paths or {}  # `--model` bindings: NAME -> path or built-in name
+        self.bound: dict[str, check_params.Bound] = {}  # parameters, once bound
+        self.subst = check_params.Substitution({})  # replaces their uses by their values
         self.diags: list[Diagnostic] = []
-        self.symbols: dict[str, Symbol] = {}
+        self.symbols: dict[str, Symbol] = {}  # the first declaration of each name
         self.used: set[str] = set()
         self.reported_undefined: set[str] = set()
-        self.route_stmts: tuple = ()
-        self.rules: list = []  # (ast.Transition, ir.Transition or None, Val), set by the route block
         self.out = Checked(file.path, base_dir, LANGUAGE_VERSION)
 
     def err(self, code, message, span, hint=None, notes=()):

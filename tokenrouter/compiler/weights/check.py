@@ -18,20 +18,13 @@ from tokenrouter.dsl.diagnostics import Diagnostic
 
 
 def _heads(transitions: Iterable[ir.Transition]) -> list[ir.HeadLogit]:
+    """The first use of each distinct head row (model, file) in the rules."""
     out, seen = [], set()
-
-    def walk(e):
-        if isinstance(e, ir.HeadLogit) and (e.model, e.file) not in seen:
-            seen.add((e.model, e.file))
-            out.append(e)
-        for name in ("left", "right"):
-            if hasattr(e, name):
-                walk(getattr(e, name))
-        for a in getattr(e, "args", ()) or ():
-            walk(a)
-
     for t in transitions:
-        walk(t.when)
+        for e in ir.walk(t.when):
+            if isinstance(e, ir.HeadLogit) and (e.model, e.file) not in seen:
+                seen.add((e.model, e.file))
+                out.append(e)
     return out
 
 

@@ -1,6 +1,6 @@
 """Router weight files without torch: their header, layout, fingerprints, and the checks
 of a file against its declaration (`tokenrouter check` reads these, and must not pay for
-importing torch: 2.3 s of its 3.8 s here). The networks themselves are `router_nets.py`,
+importing torch: 2.3 s of its 3.8 s here). The networks themselves are `nets.py`,
 whose docstring describes each architecture's tensor layout.
 """
 
@@ -15,7 +15,6 @@ from safetensors import safe_open
 
 from tokenrouter.compiler import ir
 
-ARCHS = ("mlp", "citer", "r2r")
 HEAD_ARCH = "co_llm"
 META_ARCH = "tokenrouter.arch"
 META_INPUTS = "tokenrouter.inputs"

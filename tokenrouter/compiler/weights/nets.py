@@ -40,12 +40,12 @@ from safetensors.torch import load_file
 from torch import nn
 
 from tokenrouter.compiler import ir
-# the file-level API (torch-free, in router_files.py), also importable from here
-from tokenrouter.compiler.weights.files import (ARCHS, DERIVED_IDENTITY, HEAD_ARCH, LN_EPS, META_ARCH, META_DIRECTION,  # noqa: F401
-                                               META_INPUTS, META_MODELS, META_THRESHOLD, META_TRAINING,
-                                               RouterWeightsError, arch_metadata, file_problems,
-                                               fingerprints, folder_fingerprint, head_problems, input_width,
-                                               input_widths, layout_text, read_header, resolve)
+# the file-level API (torch-free, in weights/files.py), also importable from here
+from tokenrouter.compiler.weights.files import (DERIVED_IDENTITY, LN_EPS, META_ARCH, META_DIRECTION,  # noqa: F401
+                                                META_INPUTS, META_MODELS, META_THRESHOLD, META_TRAINING,
+                                                RouterWeightsError, arch_metadata, file_problems, folder_fingerprint,
+                                                head_problems, input_width, input_widths, layout_text, read_header,
+                                                resolve)
 
 _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU, "tanh": nn.Tanh}
 
