@@ -5,6 +5,7 @@ import pytest
 from pydantic import ValidationError
 
 from tokenrouter.protocol.sampling import (DEFAULT_MAX_TOKENS, MAX_STOP_IDS, SamplingParams, invalid_because)
+from tokenrouter.protocol import handoff
 from tokenrouter.protocol.state import PeerMessage, RouteState, route_seed_of
 
 
@@ -62,13 +63,17 @@ def test_one_type_everywhere():
     assert back.sampling == p and back.route_seed == 9
 
 
-def test_route_state_holds_sampling_params():
-    st = RouteState(rid="r", tokens=[1], prompt_len=1, writer="a")
-    assert st.sampling == SamplingParams()
-    st.sampling = {"max_tokens": 4, "stop_token_ids": [3]}  # its dict form is validated into one
-    assert st.sampling == SamplingParams(max_tokens=4, stop_token_ids=(3,))
-    with pytest.raises(ValidationError):
-        st.sampling = {"max_tokens": "4"}
+def test_a_handoff_carries_the_sampling_params_and_the_route_seed():
+    p = SamplingParams(temperature=0.5, stop_token_ids=[3])
+    st = RouteState(rid="r", tokens=[1, 2], prompt_len=1, writer="b", route_seed=-7, sampling=p)
+    msg = PeerMessage.model_validate_json(handoff.send(st, "b", "a", ("a", "b")).model_dump_json())
+    assert msg.sampling == p and msg.route_seed == -7
+    got = handoff.receive(msg, None, ("a", "b"))
+    assert got.sampling == p and got.route_seed == -7
+    assert RouteState(rid="r", tokens=[1], prompt_len=1, writer="a").sampling == SamplingParams()
+    with pytest.raises(ValidationError):  # a frame's parameters are held to the same bounds
+        PeerMessage.model_validate({"rid": "r", "suffix": [1], "start": 0, "prompt_len": 1, "writer": "a",
+                                    "sampling": {"max_tokens": "4"}})
 
 
 def test_a_refusal_in_one_line():

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
@@ -33,25 +32,9 @@ def route_seed_of(rid: str) -> int:
     return int.from_bytes(digest, "big") >> 1
 
 
-class _Sampling:
-    """`RouteState.sampling`: always a `SamplingParams`; a mapping assigned to it (its
-    dict form) is validated into one."""
-
-    def __set_name__(self, owner, name: str) -> None:
-        self.slot = "_" + name
-
-    def __get__(self, obj, owner=None) -> SamplingParams:
-        if obj is None:
-            return SamplingParams()  # the dataclass field's default
-        return obj.__dict__[self.slot]
-
-    def __set__(self, obj, value: SamplingParams | Mapping[str, Any]) -> None:
-        obj.__dict__[self.slot] = value if isinstance(value, SamplingParams) else SamplingParams(**value)
-
-
 @dataclass
 class RouteState:
-    """One request as one subserver knows it. Integers and lists, and its sampling parameters."""
+    """One request as one subserver knows it: integers and lists, and its `SamplingParams`."""
 
     rid: str
     tokens: list[int]  # prompt + committed output, as far as known here
@@ -61,18 +44,8 @@ class RouteState:
     route_seed: int = 0  # seeds the program's coin flips (not the sampler: that is sampling.seed)
     peer_read: dict[str, int] = field(default_factory=dict)  # peer -> len(tokens) it has seen
     written_by: dict[str, int] = field(default_factory=dict)  # writer -> tokens it wrote
-    sampling: SamplingParams = _Sampling()  # type: ignore[assignment]
+    sampling: SamplingParams = field(default_factory=SamplingParams)  # immutable: shared, never copied
     finished: bool = False
-
-    # `seed` is the old name of `route_seed`, still used by the compiler's reference
-    # interpreter (`compiler/backend/interpreter.py`, send/receive); remove with that use
-    @property
-    def seed(self) -> int:
-        return self.route_seed
-
-    @seed.setter
-    def seed(self, value: int) -> None:
-        self.route_seed = value
 
 
 class PeerMessage(BaseModel):
@@ -92,16 +65,3 @@ class PeerMessage(BaseModel):
     sampling: SamplingParams = SamplingParams()
     finished: bool = False
     sender: str = ""  # the model that sent it; the receiver records that it has read `start + len(suffix)`
-
-    def __init__(self, **data: Any) -> None:
-        # `seed=`: the old name of `route_seed`, still used by the compiler's reference
-        # interpreter (see RouteState.seed); pydantic validates a frame through here too, so
-        # a handoff frame may also say `seed` (bounded alike); remove with that use
-        if "seed" in data and "route_seed" not in data:
-            data["route_seed"] = data.pop("seed")
-        super().__init__(**data)
-
-    @property
-    def seed(self) -> int:
-        """The old name of `route_seed` (see `__init__`)."""
-        return self.route_seed
