@@ -1,5 +1,5 @@
 """Decode attention: torch's path (gather the blocks, two batched products around a softmax)
-against the C kernel that reads the paged cache in place (`tokenrouter/runtime/kernels/ckernels.py`).
+against the C kernel that reads the paged cache in place (`tokenrouter/runtime/kernels/bindings.py`).
 
 SmolLM2-135M's attention geometry (30 layers, 9 query heads on 3 KV heads of 64, blocks of
 16), a float32 cache of 1,100 blocks per head per layer (about 0.8 GB, so a step's K/V
@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from tokenrouter.runtime.kernels import ckernels
+from tokenrouter.runtime.kernels import build
 from tokenrouter.runtime.engine.attention import CacheGeometry, build_meta, paged_attention
 from tokenrouter.runtime.engine.config import ModelConfig
 from tokenrouter.runtime.engine.kv_cache import KVCache
@@ -72,7 +72,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=30.0, help="at least this long per configuration")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     a = ap.parse_args()
-    why = ckernels.available()
+    why = build.available()
     if why:
         raise SystemExit(f"the C kernel is not available here: {why}")
     host = host_info()

@@ -1,20 +1,28 @@
-"""The on-disk cache of converted models: each entry is a Hugging Face checkpoint folder.
+"""The on-disk cache (`$TOKENROUTER_CACHE`, default `~/.cache/tokenrouter`): its root, the
+entries of converted models, a file lock and atomic JSON writes for what processes share there.
 
-Entries are keyed by what they were made from (a source file's path, size and mtime, or a
+A model entry is a Hugging Face checkpoint folder. Entries are keyed by what they were made from (a source file's path, size and mtime, or a
 generation recipe) plus `FORMAT_VERSION`, so a changed source or converter never serves stale
 weights. Each entry is built in a temporary folder and renamed into place, which is atomic: two
 subservers loading the same model at once either both build it (one rename wins, the other is
 thrown away) or one finds it ready.
+
+Other parts of the runtime keep their own files under the root (the C kernels' builds, the
+measured kernel plans and attention choices): `write_json` replaces a file atomically, so a
+concurrent reader never sees half of it, and `locked` serialises the processes that would
+otherwise measure the same thing at once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 FORMAT_VERSION = 1
 
@@ -59,3 +67,28 @@ def get_or_build(slug: str, key: dict[str, Any], build: Callable[[str], None]) -
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+@contextlib.contextmanager
+def locked(lock_path: str | None) -> Iterator[None]:
+    """An exclusive lock on the file `lock_path` (created, with its folder) for the duration of
+    the block; nothing without a path. Every process that takes the same path waits its turn."""
+    if not lock_path:
+        yield
+        return
+    os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def write_json(path: str, data: dict) -> None:
+    """Write `data` as JSON at `path` atomically (concurrent processes share the cache)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)  # atomic: a concurrent reader never reads half a file

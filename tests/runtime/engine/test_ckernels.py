@@ -1,7 +1,7 @@
-"""The C attention kernel (`ckernels.py`, built on this host with its C compiler): it agrees
-with torch's path on random steps, gives each request the same bits in any batch, serves
-an engine that matches `transformers`, and, where it cannot be built, the engine says why
-(`attention="native"`) or keeps torch's path (`"auto"`)."""
+"""The C attention kernel (`kernels/bindings.py`, built on this host with its C compiler by
+`kernels/build.py`): it agrees with torch's path on random steps, gives each request the
+same bits in any batch, serves an engine that matches `transformers`, and, where it cannot
+be built, the engine says why (`attention="native"`) or keeps torch's path (`"auto"`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenrouter.runtime.engine import attention
-from tokenrouter.runtime.kernels import ckernels
+from tokenrouter.runtime.kernels import build
 from tokenrouter.runtime.engine.attention import SHORT_Q, CacheGeometry, build_meta, paged_attention
 from tokenrouter.runtime.engine.config import ModelConfig
 from tokenrouter.runtime.engine.engine import Engine
@@ -22,8 +22,8 @@ from tokenrouter.runtime.engine.kv_cache import KVCache
 
 from tests.helpers.hf_parity import hf_logits
 
-pytestmark = pytest.mark.skipif(ckernels.available() is not None,
-                                reason=f"no C kernel on this host: {ckernels.available()}")
+pytestmark = pytest.mark.skipif(build.available() is not None,
+                                reason=f"no C kernel on this host: {build.available()}")
 
 
 def _setup(kv_heads: int, group: int, head_dim: int, block_size: int, reqs: list[tuple[int, int]], seed: int):
@@ -102,10 +102,10 @@ def test_without_a_compiler_native_attention_says_why_and_auto_keeps_torchs_path
     _, cfg, sd = tiny("llama")
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("TOKENROUTER_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(ckernels, "_lib", None)
-    monkeypatch.setattr(ckernels, "_error", None)
+    monkeypatch.setattr(build, "_lib", None)
+    monkeypatch.setattr(build, "_error", None)
     f32 = {k: v.float() for k, v in sd.items()}
-    with pytest.raises(ckernels.NativeKernelError, match="no-such-cc"):
+    with pytest.raises(build.NativeKernelError, match="no-such-cc"):
         Engine(cfg, f32, dtype=torch.float32, block_size=4, num_blocks=16, attention="native")
     eng = Engine(cfg, f32, dtype=torch.float32, block_size=4, num_blocks=16)
     assert not eng.native_attention

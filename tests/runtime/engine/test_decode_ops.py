@@ -17,15 +17,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.checkpoints import hf_config, transformers_model, write_gguf
-from tokenrouter.runtime.kernels import ckernels
+from tokenrouter.runtime.kernels import bindings, build
 from tokenrouter.runtime.engine.config import ModelConfig
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.engine.kv_cache import KVCache
 from tokenrouter.runtime.engine.layers import Rotary
 from tokenrouter.runtime.loader import load_model
 
-pytestmark = pytest.mark.skipif(ckernels.available() is not None,
-                                reason=f"no C kernel on this host: {ckernels.available()}")
+pytestmark = pytest.mark.skipif(build.available() is not None,
+                                reason=f"no C kernel on this host: {build.available()}")
 
 BF16_STEP = 2.0 ** -7  # one bfloat16 step, relative (8 significant bits)
 
@@ -58,7 +58,7 @@ def test_add_rmsnorm_is_torchs_add_then_rms_norm(rows, cols, y_kind, norm, out_d
         torch.bfloat16 if y_kind == "bf16" else torch.float32)
     ref_h = h if y is None else h + y.float()
     out = torch.empty(rows, cols, dtype=out_dtype) if norm else None
-    ckernels.add_rmsnorm(h, y, w if norm else None, 1e-5, out)
+    bindings.add_rmsnorm(h, y, w if norm else None, 1e-5, out)
     assert torch.equal(h, ref_h)  # the residual add is exact
     if norm:
         _close(out, F.rms_norm(ref_h, (cols,), w, 1e-5).to(out_dtype))
@@ -72,7 +72,7 @@ def test_silu_mul_is_torchs_swiglu(rows, inter, in_dtype, out_dtype, seed):
     gu = (torch.randn(rows, 2 * inter, generator=g) * 4).to(in_dtype)
     gu[0, 0] = -200.0  # far outside exp's range: silu is -0, not NaN
     out = torch.empty(rows, inter, dtype=out_dtype)
-    ckernels.silu_mul(gu, out)
+    bindings.silu_mul(gu, out)
     gate, up = gu.float().chunk(2, dim=-1)
     _close(out, (F.silu(gate) * up).to(out_dtype))
     assert not out.isnan().any()
@@ -112,7 +112,7 @@ def test_rope_write_is_torchs_rotation_and_cache_write(rows, kv_heads, group, hd
 
     kv = KVCache(cfg, 8, 4, "cpu", torch.float32)
     q = torch.empty(rows, nh * hd)
-    ckernels.rope_write(qkv, nh, kv_heads, torch.view_as_real(rot.cis), positions, norm_w, 1e-6, kv.layers[1],
+    bindings.rope_write(qkv, nh, kv_heads, torch.view_as_real(rot.cis), positions, norm_w, 1e-6, kv.layers[1],
                         slots, q)
     torch.testing.assert_close(q, x[:, :nh].reshape(rows, -1), rtol=2e-6, atol=2e-6)
     torch.testing.assert_close(kv.kv, ref_kv.kv, rtol=2e-6, atol=2e-6)
@@ -121,13 +121,13 @@ def test_rope_write_is_torchs_rotation_and_cache_write(rows, kv_heads, group, hd
 def test_the_ops_refuse_tensors_they_would_read_out_of_bounds():
     h = torch.randn(3, 8)
     with pytest.raises(ValueError, match="out must be a CPU torch.bfloat16"):
-        ckernels.add_rmsnorm(h, None, torch.ones(8), 1e-5, torch.empty(2, 8, dtype=torch.bfloat16))
+        bindings.add_rmsnorm(h, None, torch.ones(8), 1e-5, torch.empty(2, 8, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="out must be a CPU torch.float32"):
-        ckernels.add_rmsnorm(h, None, torch.ones(8), 1e-5, torch.empty(3, 8, dtype=torch.float64))
+        bindings.add_rmsnorm(h, None, torch.ones(8), 1e-5, torch.empty(3, 8, dtype=torch.float64))
     with pytest.raises(ValueError, match="w must be a contiguous float32"):
-        ckernels.add_rmsnorm(h, None, torch.ones(4), 1e-5, torch.empty(3, 8, dtype=torch.bfloat16))
+        bindings.add_rmsnorm(h, None, torch.ones(4), 1e-5, torch.empty(3, 8, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="gate_up must be"):
-        ckernels.silu_mul(torch.empty(3, 8, dtype=torch.bfloat16), torch.empty(3, 8, dtype=torch.bfloat16))
+        bindings.silu_mul(torch.empty(3, 8, dtype=torch.bfloat16), torch.empty(3, 8, dtype=torch.bfloat16))
 
 
 # ------------------------------------------------------------------ the fused forward

@@ -17,7 +17,8 @@ import torch
 from tests.helpers.tiny import write_model
 from tokenrouter.runtime.kernels import plan as kernels
 from tokenrouter.runtime.engine.engine import Engine
-from tokenrouter.runtime.kernels.plan import PlannedLinear, per_rows_plan, choose
+from tokenrouter.runtime.kernels.linear import PlannedLinear
+from tokenrouter.runtime.kernels.plan import choose, per_rows_plan
 from tokenrouter.runtime.loader import load_model
 
 

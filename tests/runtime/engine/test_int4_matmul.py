@@ -16,15 +16,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenrouter.runtime.kernels import ckernels
-from tokenrouter.runtime.kernels.plan import PlannedLinear, pick_kernel
+from tokenrouter.runtime.kernels import bindings, build
+from tokenrouter.runtime.kernels.linear import PlannedLinear
+from tokenrouter.runtime.kernels.plan import choose, pick_kernel
 from tokenrouter.runtime.kernels.quant import (Int4DotWeight, QuantError, QuantTensor, int4dp_problem,
                                               quantize_int4)
 
-HOST = ckernels.int4dp_problem()
+HOST = bindings.int4dp_problem()
 needs_kernel = pytest.mark.skipif(HOST is not None, reason=f"no int4dp kernel here: {HOST}")
 # the AVX-512 dot-product kernel, and its AMX-tile variant where this host has one
-VARIANTS = [False] + ([True] if ckernels.int4dp_problem(amx=True) is None else [])
+VARIANTS = [False] + ([True] if bindings.int4dp_problem(amx=True) is None else [])
 
 
 def _reference(qt: QuantTensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,10 +89,10 @@ def test_scales_float16_cannot_hold_keep_the_matrix_off_the_kernel():
 
 
 def test_the_packed_weights_must_match_the_matrix():
-    if ckernels.available() is not None:
-        pytest.skip(ckernels.available())
+    if build.available() is not None:
+        pytest.skip(build.available())
     with pytest.raises(ValueError, match="do not match"):
-        ckernels.int4dp_mm(torch.randn(2, 64), torch.zeros(1, 2, 4, 16, dtype=torch.int32),
+        bindings.int4dp_mm(torch.randn(2, 64), torch.zeros(1, 2, 4, 16, dtype=torch.int32),
                            torch.zeros(1, 1, 2, 16, dtype=torch.float16), 16)
 
 
@@ -108,7 +109,6 @@ def test_within_the_margin_the_more_exact_kernel_wins():
 def test_one_matrix_the_kernel_cannot_hold_keeps_its_whole_shape_off_it(plan):
     """A plan is per shape, but whether the C kernel takes a matrix depends on its scales:
     a shape whose matrices disagree runs a kernel all of them can (measured, or forced)."""
-    from tokenrouter.runtime.kernels.plan import choose
     good = quantize_int4(torch.randn(32, 64))
     bad = QuantTensor("q4", good.codes, good.scale * 1e6, good.zero * 1e6, 32, "int4")
     lins = [PlannedLinear(good, torch.bfloat16), PlannedLinear(bad, torch.bfloat16)]

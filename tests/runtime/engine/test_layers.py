@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenrouter.runtime.kernels.plan import PlannedLinear, fixed_plan
 from tokenrouter.runtime.engine.layers import LinearWeight, Rotary, interleave, linear
+from tokenrouter.runtime.kernels.linear import PlannedLinear, onednn_rows
+from tokenrouter.runtime.kernels.plan import fixed_plan
 
 
 def _weight(w: torch.Tensor, path: str):
@@ -71,7 +72,6 @@ def test_interleave_pairs_dimension_i_with_i_plus_half():
 def test_onednn_runs_a_bounded_set_of_row_counts_and_pads_them_exactly():
     """oneDNN keeps memory per row count it has seen: a server's batches must map onto a
     bounded set, with few padding rows, and padding must not change the real rows' values."""
-    from tokenrouter.runtime.engine.layers import onednn_rows
     counts = {onednn_rows(t) for t in range(3, 4097)}
     assert len(counts) <= 16 + 28 + 56
     for t in range(3, 4097):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenrouter.runtime.kernels import ckernels
+from tokenrouter.runtime.kernels import bindings, build
 from tokenrouter.runtime.engine.engine import Engine
 
 pytestmark = pytest.mark.real_weights
@@ -47,7 +47,7 @@ def _run(eng, prompts, forced=None):
 # Both engines on one attention path: the float32 reference's and the quantised engine's
 # roundings then differ only by the format (over the first 41 positions, measured on an Intel
 # Xeon: 325/328 with both on the C kernel, 324/328 with both on torch's path).
-ATTENTION = "native" if ckernels.available() is None else "torch"
+ATTENTION = "native" if build.available() is None else "torch"
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ CASES = [("native", "int4", 0.98), ("int4", "int4", 0.98), ("int8", "int8", 0.96
 def test_quantised_formats_agree_with_float32_on_greedy_tokens(reference, quant, kernel, least, capsys):
     """`kernel_plan` puts every matrix on the named integer kernel."""
     from tokenrouter.runtime.loader import load_model
-    why = ckernels.int4dp_problem(amx=kernel == "int4amx") if kernel in ("int4dp", "int4amx") else None
+    why = bindings.int4dp_problem(amx=kernel == "int4amx") if kernel in ("int4dp", "int4amx") else None
     if why:
         pytest.skip(why)
     m, prompts, ref, toks = reference

@@ -12,8 +12,10 @@ import torch
 
 from tests.helpers.checkpoints import hf_config, transformers_model, write_gguf
 from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.kernels.bindings import int4dp_problem
+from tokenrouter.runtime.kernels.plan import row_invariant
 from tokenrouter.runtime.kernels.quant import QuantError, QuantTensor, quantize_int4, quantize_int8
-from tokenrouter.runtime.loader import UnsupportedQuantization, load_model
+from tokenrouter.runtime.loader import LoadError, UnsupportedQuantization, load_model
 
 VOCAB = 272  # a multiple of 16, so the tied head is int4-runnable too
 
@@ -128,7 +130,6 @@ def test_mixed_batch_in_a_quantised_engine_equals_each_request_alone(tmp_path, t
     for bit, what each gets alone (bfloat16 activations, where any rounding difference grows:
     the measured plan runs each shape on one row-invariant kernel, and attention pads each
     request to its own shape)."""
-    from tokenrouter.runtime.kernels.ckernels import int4dp_problem
     why = int4dp_problem(amx=plan == "int4amx") if plan in ("int4dp", "int4amx") else None
     if why:
         pytest.skip(why)
@@ -150,7 +151,6 @@ def test_mixed_batch_in_a_quantised_engine_equals_each_request_alone(tmp_path, t
 
 
 def test_a_measured_plan_runs_each_shape_on_one_row_invariant_kernel(tmp_path, tmp_cache):
-    from tokenrouter.runtime.kernels.plan import row_invariant
     m = load_model(_gguf(tmp_path), quant="native")
     eng = _engine(m, quant="native")
     assert eng.kernel_plans
@@ -208,7 +208,6 @@ def test_the_default_head_is_int4_where_the_kernel_takes_its_shape_and_int8_wher
 
 
 def test_native_needs_a_gguf_file(tmp_path, tmp_cache):
-    from tokenrouter.runtime.loader import LoadError
     with pytest.raises(LoadError, match="quant=native runs a GGUF"):
         load_model(str(tmp_path), quant="native")
 

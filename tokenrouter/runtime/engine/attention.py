@@ -17,7 +17,7 @@ are stacked as extra query rows. Masks and gather indices are built once per ste
 (`build_meta`) and reused by every layer. The short group's attention is two batched
 matrix multiplies around a softmax; a prefill chunk uses torch's fused kernel.
 
-On CPU in float32 the short requests can go instead to a C kernel (`ckernels.py`,
+On CPU in float32 the short requests can go instead to a C kernel (`kernels/bindings.py`,
 `build_meta(native=True)`, chosen per engine by `Engine`): one call per layer for all of
 them, each token attending to its own request's keys where they lie in the cache, with no
 gather and no padding (each token is computed alone, so batch invariance holds by
@@ -36,8 +36,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tokenrouter.runtime.kernels import ckernels
-from tokenrouter.runtime.kernels.plan import host_key, write_json
+from tokenrouter.runtime.cache import cache_root, write_json
+from tokenrouter.runtime.kernels import bindings
+from tokenrouter.runtime.kernels.build import source_hash
+from tokenrouter.runtime.kernels.plan import host_key
 
 SHORT_Q = 16
 
@@ -58,7 +60,7 @@ class AttnGroup:
 
 @dataclass
 class NativeShort:
-    """Every short request's tokens for the C kernel (`ckernels.paged_attention`): each token
+    """Every short request's tokens for the C kernel (`bindings.paged_attention`): each token
     attends to its own request's first `lens` keys, read where they lie in the cache."""
     rows: torch.Tensor  # [n] the tokens' indices among the step's T
     reqs: torch.Tensor  # [n] each token's row in `tables`
@@ -200,7 +202,7 @@ def paged_attention(q: torch.Tensor, kv_cache, layer: int, meta: AttnMeta, scale
         out = q.new_empty(t, nh * hd)
         n = meta.native
         # every layer of a forward has layer 0's shapes: the wrapper checks them there
-        ckernels.paged_attention(q, kv_cache.layers[layer], n.tables, n.rows, n.reqs, n.lens, scale, out,
+        bindings.paged_attention(q, kv_cache.layers[layer], n.tables, n.rows, n.reqs, n.lens, scale, out,
                                  check=layer == 0)
     for grp in meta.groups:
         b, qm = grp.rows.shape
@@ -291,7 +293,6 @@ def prefer_native(kv_cache, geo, heads: int, layers: int, cache_path: str | None
 
 def choice_path(geo, heads: int, head_dim: int, layers: int) -> str:
     """Where the choice for (host, threads, cache geometry) is cached."""
-    from tokenrouter.runtime.cache import cache_root
     key = json.dumps({"host": host_key(), "geometry": [geo.block_size, geo.kv_heads, geo.q_per_kv, heads, head_dim,
-                                                      layers], "source": ckernels.source_hash()}, sort_keys=True)
+                                                      layers], "source": source_hash()}, sort_keys=True)
     return os.path.join(cache_root(), "attention-choice", hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")

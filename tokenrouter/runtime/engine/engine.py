@@ -70,11 +70,13 @@ import torch
 from tokenrouter.protocol.step import FeatureNeeds
 
 from tokenrouter.runtime.engine.attention import CacheGeometry, build_meta, choice_path, prefer_native
-from tokenrouter.runtime.kernels.ckernels import NativeKernelError, available
 from tokenrouter.runtime.engine.block_allocator import BlockAllocator, OutOfBlocks
 from tokenrouter.runtime.engine.config import ModelConfig
+from tokenrouter.runtime.engine.graphs import GraphRunner
 from tokenrouter.runtime.engine.kv_cache import KVCache, default_num_blocks
 from tokenrouter.runtime.engine.model import Model
+from tokenrouter.runtime.kernels.build import NativeKernelError, available
+from tokenrouter.runtime.kernels.plan import choose
 
 __all__ = ["Engine", "StepOutput", "OutOfBlocks", "BadBatch"]
 
@@ -123,7 +125,6 @@ class Engine:
         self.quant = quant
         self.kernel_plans: dict = {}
         if self.model.linears():
-            from tokenrouter.runtime.kernels.plan import choose
             # a float32 model takes the fastest kernel per row count; a quantised one, one
             # row-invariant kernel per shape (kernels.py)
             self.kernel_plans = choose(self.model.linears(), kernel_plan, plan_cache, per_rows=quant == "none")
@@ -139,7 +140,6 @@ class Engine:
         self.native_attention = self._native_attention(attention)
         self.graphs = None
         if use_graphs:
-            from tokenrouter.runtime.engine.graphs import GraphRunner
             self.graphs = GraphRunner(self.model, self.kv, self.geometry, pad_block=num_blocks,
                                       max_len=self.max_model_len, capture=cuda_graphs is True)
 

@@ -2,9 +2,9 @@
 
 They follow Hugging Face `transformers` operation by operation (RMSNorm in float32, RoPE
 tables computed in float32), so float32/float64 logits agree with the reference to
-rounding. `linear` runs a matrix as `kernels.PlannedLinear` (every CPU float32 or quantised
-model: the kernel per row count measured on the host) or, for float64 parity runs and
-other devices, as a plain `LinearWeight` on `F.linear`.
+rounding. `linear` runs a matrix as `kernels.linear.PlannedLinear` (every CPU float32 or
+quantised model: the kernel per row count measured on the host) or, for float64 parity runs
+and other devices, as a plain `LinearWeight` on `F.linear`.
 """
 
 from __future__ import annotations
@@ -27,36 +27,11 @@ class LinearWeight:
 def linear(x: torch.Tensor, lw, b: torch.Tensor | None = None,
            residual: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ w.T + b (+ residual) for x [T, in], w [out, in]. A measured matrix
-    (`kernels.PlannedLinear`) runs its own plan."""
+    (`kernels.linear.PlannedLinear`) runs its own plan."""
     if type(lw) is not LinearWeight:
         return lw(x, b, residual)
     y = F.linear(x, lw.w, b)
     return y if residual is None else residual + y
-
-
-# Row counts oneDNN runs, rounded up to: multiples of 4 to 64, of 16 to 512, then of 64.
-# oneDNN keeps memory for every row count it has seen (measured: 0.5 MB each for one
-# [1536, 576] weight, 558 MB after 1,200 row counts), and a serving process sees every row
-# count its batches make; padded, it sees at most 16 + 28 + 24 per weight shape (37 MB over
-# the same 1,200), at a cost of at most 3 rows, 15 rows, 63 rows.
-_ROW_STEPS = ((4, 64), (16, 512), (64, None))
-
-
-def onednn_rows(t: int) -> int:
-    """The row count a t-row product runs as on oneDNN (`_ROW_STEPS`)."""
-    for step, upto in _ROW_STEPS:
-        if upto is None or t <= upto:
-            return -(-t // step) * step
-    raise AssertionError("unreachable")
-
-
-def onednn_linear(x: torch.Tensor, packed: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ w.T (+ b) on a oneDNN-packed weight, the rows padded to `onednn_rows`."""
-    t = x.shape[0]
-    m = onednn_rows(t)
-    if m != t:
-        x = torch.cat([x, x.new_zeros(m - t, x.shape[1])])
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, b, "none", [], "")[:t]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

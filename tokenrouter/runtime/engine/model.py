@@ -19,7 +19,9 @@ from tokenrouter.runtime.engine.attention import AttnMeta, paged_attention
 from tokenrouter.runtime.engine.config import ModelConfig
 from tokenrouter.runtime.engine.kv_cache import KVCache
 from tokenrouter.runtime.engine.layers import LinearWeight, Rotary, interleave, linear, rms_norm, silu_mul
-from tokenrouter.runtime.kernels.plan import INT_KERNELS, PlannedLinear
+from tokenrouter.runtime.kernels import bindings
+from tokenrouter.runtime.kernels.build import available
+from tokenrouter.runtime.kernels.linear import INT_KERNELS, PlannedLinear
 from tokenrouter.runtime.kernels.quant import (QUANTS, QuantError, QuantTensor, int4_shape_problem, quantize_int4, quantize_int8,
                     quantize_q8_0)
 
@@ -200,8 +202,7 @@ class Model:
         floats = sorted({lin.key for lin in self.decoder_linears() for _, k in lin.plan if k not in INT_KERNELS})
         if floats:
             return f"matrices {', '.join(floats)} run a float kernel on this host"
-        from tokenrouter.runtime.kernels import ckernels
-        return ckernels.available()
+        return available()
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_q is not None:
@@ -276,13 +277,12 @@ class Model:
     def _fused_layers(self, h: torch.Tensor, positions: torch.Tensor, meta: AttnMeta, kv: KVCache,
                       last_rows: torch.Tensor, want: set[int], hidden: dict[int, torch.Tensor]) -> torch.Tensor:
         """`_torch_layers` for a quantised model, with the element-wise work between the matrix
-        products in C (`ckernels`, `csrc/decode_ops.c`): per layer four integer-kernel products,
+        products in C (`kernels.bindings`, `csrc/decode_ops.c`): per layer four integer-kernel products,
         RoPE and the K/V write in one call, attention, SwiGLU, and two calls that add the
         residual and normalise into the next product's input (in `act_dtype`, which the integer
         kernels compute in). The residual stream stays float32, updated in place; the results
         differ from torch's ops by float rounding only (other reduction order in the norms,
         another exp in SwiGLU), row by row, so batch invariance holds."""
-        from tokenrouter.runtime.kernels import ckernels as ck
         eps = self.config.rms_norm_eps
         if not h.is_contiguous():
             h = h.contiguous()
@@ -291,20 +291,20 @@ class Model:
         x = h.new_empty(t, width, dtype=self.act_dtype)
         q = h.new_empty(t, self.nh, self.hd)
         act = None
-        ck.add_rmsnorm(h, None, self.layers[0].ln1, eps, x)
+        bindings.add_rmsnorm(h, None, self.layers[0].ln1, eps, x)
         for i, ly in enumerate(self.layers):
             first = i == 0  # every layer's tensors have the first's shapes: check those once
             qkv = ly.qkv(x, ly.qkv_bias)  # in act_dtype (float32 with a bias added)
-            ck.rope_write(qkv, self.nh, self.kvh, cis, positions, ly.qk_norm, eps, kv.layers[i], meta.slot_mapping,
+            bindings.rope_write(qkv, self.nh, self.kvh, cis, positions, ly.qk_norm, eps, kv.layers[i], meta.slot_mapping,
                           q.view(t, -1), check=first)
             o = paged_attention(q, kv, i, meta, self.scale)
-            ck.add_rmsnorm(h, ly.o(o.to(self.act_dtype), ly.o_bias), ly.ln2, eps, x, check=first)
+            bindings.add_rmsnorm(h, ly.o(o.to(self.act_dtype), ly.o_bias), ly.ln2, eps, x, check=first)
             gu = ly.gate_up(x)
             if act is None:
                 act = gu.new_empty(t, gu.shape[1] // 2)
-            ck.silu_mul(gu, act, check=first)
+            bindings.silu_mul(gu, act, check=first)
             nxt = self.layers[i + 1].ln1 if i + 1 < len(self.layers) else None
-            ck.add_rmsnorm(h, ly.down(act), nxt, eps, None if nxt is None else x, check=first or nxt is None)
+            bindings.add_rmsnorm(h, ly.down(act), nxt, eps, None if nxt is None else x, check=first or nxt is None)
             if i + 1 in want:
                 hidden[i + 1] = h[last_rows]
         return h

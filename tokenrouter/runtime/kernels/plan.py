@@ -1,4 +1,5 @@
-"""The measured choice of kernel per weight shape and row count, for every CPU float32 model.
+"""The measured choice of kernel per weight shape and row count, for every CPU float32 or
+quantised model.
 
 Decode at batch 1 streams every weight once per step, so the smallest format wins there;
 at many rows the product becomes compute-bound and oneDNN's float32 kernel can win over the
@@ -26,171 +27,33 @@ ran them 2.8x slower there than on `F.linear` (`bench_linear.py`), which is why 
 is fixed in code. Matrices too small for timing to mean anything (`MEASURE_MIN_BYTES`
 per shape, the tests' tiny models) run `F.linear` unmeasured, the same in every process.
 
-The plan is cached under the model cache (`kernel-plans/`), keyed by the host (CPU model,
-torch version, threads), the model and its format, one entry per matrix shape and format (a
-new head format adds its shape; the others are not measured again);
-`tokenrouter models --measure-kernels` measures again. Processes that start together (a
-server's subservers) take one lock to measure: one measures at a time, and a process whose
-plan another has just measured reads it, so they neither time each other's load nor end up
-with different plans.
-
-Kernels:
-- `int4`: torch's int4 kernel on packed codes (q4 formats);
-- `int4dp`: the C kernel on AVX-512 bfloat16 dot products (`csrc/int4_matmul.c`; q4 formats
-  on CPUs that have them), which unpacks each block of codes once for up to 8 rows and keeps
-  the scales, mins and output in float16/float32 where torch's kernel rounds them to bfloat16;
-- `int4amx`: the same on AMX tiles (one `tdpbf16ps` per block and group for up to 16 rows),
-  where the CPU has them; its sums run in another order, so it is a kernel of its own;
-- `int8`: `_weight_int8pack_mm` (per-row q8);
-- `onednn`: float32 weights reordered once for oneDNN;
-- `mkl`: float32 `W @ x.T` (one row padded to two real rows: MKL's one-row path is slower);
-- `linear`: float32 `F.linear(x, W)`, what `transformers` runs.
-After the choice, only what the chosen kernels need is kept: a matrix that int4 runs holds
-no float copy at all, and `mkl` and `linear` share one plain weight.
+The plan is cached under the cache root (`kernel-plans/`), keyed by the host (`host_key`: CPU
+model and flags, torch version, threads), the model, its format and the C kernels' sources,
+one entry per matrix shape and format (a new head format adds its shape; the others are not
+measured again); `tokenrouter models --measure-kernels` measures again. Processes that start
+together (a server's subservers) take one lock to measure (`cache.locked`): one measures at a
+time, and a process whose plan another has just measured reads it, so they neither time each
+other's load nor end up with different plans. The kernels themselves, and what each computes,
+are in `linear.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import time
-from typing import Iterable
 
 import torch
-import torch.nn.functional as F
 
+from tokenrouter.runtime.cache import cache_root, locked, write_json
 from tokenrouter.runtime.host import cpu_flags, cpu_model
-from tokenrouter.runtime.engine.layers import onednn_linear, onednn_rows
-from tokenrouter.runtime.kernels.ckernels import int4dp_problem as host_int4dp_problem
-from tokenrouter.runtime.kernels.quant import Int4DotWeight, Int4Weight, Int8Weight, QuantTensor, int4_shape_problem, int4dp_problem
+from tokenrouter.runtime.kernels.build import source_hash
+from tokenrouter.runtime.kernels.linear import INT_KERNELS, PLAIN_KERNELS, PlannedLinear
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 PLAN_VERSION = 4  # 2: one row-invariant kernel per shape; 3: `linear`, float32 models' plans; 4: int4dp/amx
-INT_KERNELS = ("int4", "int4dp", "int4amx", "int8")  # kernels that hold no float copy of the matrix
-PLAIN_KERNELS = ("linear", "mkl")  # float kernels on the plain [out, in] weight (one copy for both)
 MEASURE_MIN_BYTES = 4 << 20  # a float shape whose matrices hold less runs `linear` unmeasured
-
-
-def _mkl(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    if x.shape[0] == 1:
-        return (w @ x.repeat(2, 1).T)[:, 0].contiguous().unsqueeze(0)
-    return (w @ x.contiguous().T).T.contiguous()
-
-
-class PlannedLinear:
-    """One matrix in a quantised model: its source values, the kernels built for it, and
-    the plan [(up to rows, kernel), ...] that picks one per call."""
-
-    __slots__ = ("source", "act_dtype", "impl", "plan", "_float", "shape", "key")
-
-    def __init__(self, source: QuantTensor | torch.Tensor, act_dtype: torch.dtype):
-        self.source = source
-        self.act_dtype = act_dtype
-        self.impl: dict[str, object] = {}
-        self.plan: list[tuple[int, str]] = []
-        self._float = None
-        self.shape = tuple(source.shape)
-        fmt = f"{source.fmt}g{source.group}" if isinstance(source, QuantTensor) else "f32"
-        self.key = f"{self.shape[0]}x{self.shape[1]}:{fmt}"  # what the plan is chosen by
-
-    def candidates(self) -> list[str]:
-        s = self.source
-        out = []
-        if isinstance(s, QuantTensor) and s.fmt == "q4" and int4_shape_problem(*s.shape, s.group) is None:
-            out.append("int4")
-            if self.act_dtype == torch.bfloat16 and int4dp_problem(s) is None:  # these round x to bf16
-                out += ["int4dp"] + (["int4amx"] if host_int4dp_problem(amx=True) is None else [])
-        if isinstance(s, QuantTensor) and s.fmt == "q8" and s.group == s.shape[1]:
-            out.append("int8")
-        if torch.backends.mkldnn.is_available():
-            out.append("onednn")
-        out += PLAIN_KERNELS
-        return out
-
-    def float_weight(self) -> torch.Tensor:
-        if self._float is None:
-            s = self.source
-            self._float = s.dequantize() if isinstance(s, QuantTensor) else s.to(torch.float32).contiguous()
-        return self._float
-
-    def build(self, kernels: Iterable[str]) -> None:
-        for k in kernels:
-            if k in self.impl:
-                continue
-            if k == "int4":
-                self.impl[k] = Int4Weight(self.source, self.act_dtype)
-            elif k in ("int4dp", "int4amx"):
-                twin = self.impl.get("int4amx" if k == "int4dp" else "int4dp")  # the same packing
-                amx = k == "int4amx"
-                self.impl[k] = twin.variant(amx) if twin is not None else Int4DotWeight(self.source, amx)
-            elif k == "int8":
-                self.impl[k] = Int8Weight(self.source, self.act_dtype)
-            elif k == "onednn":
-                self.impl[k] = torch.ops.mkldnn._reorder_linear_weight(self.float_weight(), 16)
-            elif k in PLAIN_KERNELS:
-                self.impl[k] = self.float_weight()
-            else:
-                raise ValueError(f"unknown kernel {k!r}")
-
-    def finalize(self, plan: list[tuple[int, str]]) -> None:
-        """Keep only the kernels `plan` uses; drop the source and any float copy no kernel needs."""
-        used = {k for _, k in plan}
-        self.build(used)
-        self.impl = {k: v for k, v in self.impl.items() if k in used}
-        self.plan = sorted(plan)
-        self._float = None
-        self.source = None
-
-    def kernel_for(self, rows: int) -> str:
-        for upto, k in self.plan:
-            if rows <= upto:
-                return k
-        return self.plan[-1][1]
-
-    def run(self, kernel: str, x: torch.Tensor) -> torch.Tensor:
-        impl = self.impl[kernel]
-        if kernel in INT_KERNELS:
-            return impl(x)
-        if kernel == "onednn":
-            return onednn_linear(x, impl)
-        if kernel == "linear":
-            return F.linear(x, impl)
-        return _mkl(impl, x)
-
-    def __call__(self, x: torch.Tensor, b: torch.Tensor | None = None,
-                 residual: torch.Tensor | None = None) -> torch.Tensor:
-        k = self.kernel_for(x.shape[0])
-        if k == "onednn" and residual is not None and x.dtype == torch.float32 and onednn_rows(x.shape[0]) == x.shape[0]:
-            return torch.ops.mkldnn._linear_pointwise.binary(x.contiguous(), residual, self.impl[k], b, "add")
-        y = self.run(k, x)
-        if b is not None:
-            y = y + b
-        return y if residual is None else residual + y
-
-    def nbytes(self) -> int:
-        total = 0
-        for k, v in self.impl.items():
-            if k == "int4":
-                total += v.packed.numel() * v.packed.element_size() + v.sz.numel() * v.sz.element_size()
-            elif k in ("int4dp", "int4amx"):
-                total += v.codes.numel() * 4 + v.sm.numel() * 2
-            elif k == "int8":
-                total += v.codes.numel() + v.scale.numel() * v.scale.element_size()
-            elif k == "onednn":
-                total += _onednn_bytes(v)
-            elif k == next(p for p in PLAIN_KERNELS if p in self.impl):  # one plain copy for both
-                total += v.numel() * v.element_size()
-        return total
-
-
-def _onednn_bytes(t: torch.Tensor) -> int:
-    try:
-        return t.numel() * t.element_size()
-    except RuntimeError:  # an opaque mkldnn tensor
-        return 0
 
 
 def fixed_plan(kernel: str) -> list[tuple[int, str]]:
@@ -329,8 +192,6 @@ def per_rows_plan(best: dict[str, dict[int, float]], buckets) -> list[tuple[int,
 
 def plan_path(model_id: str, quant: str, act_dtype: torch.dtype, threads: int | None = None) -> str:
     """Where the plan of (model, format, host) is cached."""
-    from tokenrouter.runtime.cache import cache_root
-    from tokenrouter.runtime.kernels.ckernels import source_hash
     # the C kernels' source: a changed kernel is timed again
     key = json.dumps({"v": PLAN_VERSION, "model": model_id, "quant": quant, "act": str(act_dtype),
                       "host": host_key(threads), "csrc": source_hash()}, sort_keys=True)
@@ -358,7 +219,7 @@ def choose(linears: list[PlannedLinear], plan: dict | str | None = None, cache_p
         # its head's shape to the file instead of measuring (and rewriting) every shape again
         plans, _ = _read_plans(cache_path)
         if any(lin.key not in plans for lin in linears):
-            with _locked(cache_path):
+            with locked(_lock_path(cache_path)):
                 plans, timings = _read_plans(cache_path)  # another process may have measured meanwhile
                 todo = [lin for lin in linears if lin.key not in plans]
                 if todo:
@@ -385,28 +246,9 @@ def _read_plans(cache_path: str | None) -> tuple[dict, dict]:
         return {}, {}
 
 
-@contextlib.contextmanager
-def _locked(cache_path: str | None):
-    """An exclusive lock on the folder of cached plans (nothing without a path): one process
-    measures at a time, whatever model it loads, so two subservers starting together neither
-    time their kernels against each other's load nor measure the same model twice (the second
-    reads what the first wrote)."""
-    if not cache_path:
-        yield
-        return
-    os.makedirs(os.path.dirname(cache_path), exist_ok=True)
-    with open(os.path.join(os.path.dirname(cache_path), ".measuring.lock"), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def write_json(path: str, data: dict) -> None:
-    """Write `data` as JSON at `path` atomically (concurrent processes share the cache)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)  # atomic: concurrent subservers never read half a plan
+def _lock_path(cache_path: str | None) -> str | None:
+    """The one lock of the folder of cached plans (None without a path): one process measures
+    at a time, whatever model it loads, so two subservers starting together neither time their
+    kernels against each other's load nor measure the same model twice (the second reads what
+    the first wrote)."""
+    return os.path.join(os.path.dirname(cache_path), ".measuring.lock") if cache_path else None

@@ -22,7 +22,7 @@ and its output back; the residual stream, norms, attention and KV cache stay in 
 engine's dtype. With float32 activations the product equals the dequantised matmul to
 rounding (the exactness test). The kernel takes N % 16 == 0 and K % 32 == 0.
 
-Which kernel runs a matrix is chosen per shape by measurement on the host (`kernels.py`),
+Which kernel runs a matrix is chosen per shape by measurement on the host (`plan.py`),
 one kernel for every row count: the int4 kernel holds its scales and zeros in `act_dtype`
 and rounds its input and output to it, so it does not compute the float kernels' numbers,
 and a plan that switched kernels with the batch size would change a request's tokens.
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenrouter.runtime.kernels.ckernels import int4dp_mm
-from tokenrouter.runtime.kernels.ckernels import int4dp_problem as host_int4dp_problem
+from tokenrouter.runtime.kernels.bindings import int4dp_mm
+from tokenrouter.runtime.kernels.bindings import int4dp_problem as host_int4dp_problem
 
 QUANTS = ("none", "native", "int4", "int8")
 GROUP = 32  # GGUF's block length, and the int4 group used on load

@@ -1,149 +1,27 @@
-"""C kernels compiled on the host that runs them, called through ctypes.
+"""The C kernels as Python functions on torch tensors (the library: `build.py`).
 
 torch's CPU kernels leave a decode step's attention to several generic ops per layer (a
 gather of the request's whole blocks, two batched products around a softmax, a permute),
-and each costs its dispatch and a pass over the context. `csrc/paged_attention.c` does a
-decode or short-extend token's attention in one pass that reads K/V where they lie in the
-paged cache (`benchmarks/README.md`, "Engine", has the figures). `csrc/decode_ops.c` does
-the element-wise stretches between a quantised layer's matrix products (residual add, RMSNorm,
+and each costs its dispatch and a pass over the context. `paged_attention`
+(`csrc/paged_attention.c`) does a decode or short-extend token's attention in one pass that
+reads K/V where they lie in the paged cache (`benchmarks/README.md`, "Engine", has the
+figures). `add_rmsnorm`, `silu_mul` and `rope_write` (`csrc/decode_ops.c`) do the
+element-wise stretches between a quantised layer's matrix products (residual add, RMSNorm,
 casts, RoPE, the K/V write, SwiGLU) in one pass each, where torch runs about 25 ops a layer.
-`csrc/int4_matmul.c` multiplies by 4-bit weights on AVX-512 bfloat16 dot products, unpacking
-each block of codes once for up to 8 rows (a kernel candidate, `kernels.py`).
+`int4dp_mm` (`csrc/int4_matmul.c`) multiplies by 4-bit weights on AVX-512 bfloat16 dot
+products or AMX tiles, unpacking each block of codes once for up to 8 rows (a kernel
+candidate of `linear.PlannedLinear`).
 
-It is plain C, no torch headers: built at first use with the host's C compiler
-(`cc -O3 -march=native -ffp-contract=fast -fopenmp`, `$CC` to choose another; without
-OpenMP where the compiler lacks it) into the model cache (`ckernels/`),
-keyed by the source, the compiler and the CPU, so a build is never carried to a host it
-was not made for; built in about a second. Where no compiler works, `load` says why and
-the engine keeps torch's path (`attention="auto"`), or refuses (`attention="native"`).
+Each wrapper checks what would make the C code read or write out of bounds (dtypes,
+shapes, strides); the indices it is given (block tables, slots) are the caller's to keep in
+range.
 """
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
-
 import torch
 
-log = logging.getLogger(__name__)
-
-_CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-SOURCES = tuple(os.path.join(_CSRC, n) for n in ("paged_attention.c", "decode_ops.c", "int4_matmul.c"))
-HEADERS = tuple(os.path.join(_CSRC, n) for n in ("vexp.h",))
-LIB_PREFIX = "tokenrouter-kernels-"
-FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c11", "-shared", "-fPIC")
-OPENMP = ("-fopenmp",)
-
-
-class NativeKernelError(RuntimeError):
-    """The C kernels could not be built or loaded on this host."""
-
-
-def _compiler() -> str:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if not cc:
-        raise NativeKernelError("no C compiler found (install gcc, or set CC)")
-    return cc
-
-
-def _build(cc: str) -> str:
-    """The library's path, built if missing: with OpenMP where the compiler has it (loaded
-    after torch, it shares torch's libgomp, the same soname, so one thread pool serves both),
-    else one thread."""
-    try:
-        return _build_with(cc, OPENMP)
-    except NativeKernelError as first:
-        try:
-            return _build_with(cc, ())
-        except NativeKernelError:
-            raise first from None
-
-
-def _build_with(cc: str, extra: tuple[str, ...]) -> str:
-    from tokenrouter.runtime.host import cpu_flags, cpu_model
-    from tokenrouter.runtime.cache import cache_root
-    try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        raise NativeKernelError(f"C compiler {cc!r} does not run: {e}") from e
-    src = b"".join(_read(p) for p in (*SOURCES, *HEADERS))
-    flags = (*FLAGS, *extra)
-    key = hashlib.sha256(b"\0".join([src, cc.encode(), version.encode(), " ".join(flags).encode(),
-                                     cpu_model().encode(), cpu_flags().encode()])).hexdigest()[:20]
-    out_dir = os.path.join(cache_root(), "ckernels")
-    lib = os.path.join(out_dir, f"{LIB_PREFIX}{key}.so")
-    if os.path.isfile(lib):
-        return lib
-    os.makedirs(out_dir, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-    os.close(fd)
-    try:
-        r = subprocess.run([cc, *flags, *SOURCES, "-o", tmp, "-lm"], capture_output=True, text=True, timeout=300)
-        if r.returncode:
-            raise NativeKernelError(f"{cc} failed to build the C kernels: {r.stderr.strip()[-2000:]}")
-        os.replace(tmp, lib)  # atomic: concurrent subservers never load half a library
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    for old in os.listdir(out_dir):  # builds of older sources or other flags (a loaded one stays mapped)
-        if old.endswith(".so") and old != os.path.basename(lib):
-            try:
-                os.unlink(os.path.join(out_dir, old))
-            except OSError:
-                pass
-    return lib
-
-
-_lib = None
-_error: str | None = None
-
-
-def load():
-    """The loaded library (built first if needed); raises NativeKernelError, once per process
-    with the same message afterwards."""
-    global _lib, _error
-    if _lib is not None:
-        return _lib
-    if _error is not None:
-        raise NativeKernelError(_error)
-    try:
-        lib = ctypes.CDLL(_build(_compiler()))
-    except (NativeKernelError, OSError) as e:
-        _error = str(e)
-        raise NativeKernelError(_error) from e
-    i64 = ctypes.c_int64
-    fn = lib.tr_paged_attention_f32
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, i64, ctypes.c_void_p, i64, i64, i64, i64, i64, ctypes.c_void_p, i64,
-                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, i64, ctypes.c_float, ctypes.c_void_p, i64, i64]
-    p, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    for name, args in (("tr_add_rmsnorm", [p, i64, p, i32, i64, p, f32, p, i32, i64, i64, i64, i64]),
-                       ("tr_silu_mul", [p, i32, i64, p, i32, i64, i64, i64, i64]),
-                       ("tr_rope_write", [p, i32, i64, i64, i64, i64, i64, p, p, p, f32, p, i64, p, p, i64, i64])):
-        getattr(lib, name).restype = None
-        getattr(lib, name).argtypes = args
-    lib.tr_int4dp_supported.restype = ctypes.c_int
-    lib.tr_int4dp_supported.argtypes = []
-    lib.tr_int4dp_mm.restype = ctypes.c_int
-    lib.tr_int4dp_mm.argtypes = [p, i32, i64, i64, i64, p, p, i64, p, i64, i32, i32]
-    lib.tr_int4amx_supported.restype = ctypes.c_int
-    lib.tr_int4amx_supported.argtypes = []
-    _lib = lib
-    return lib
-
-
-def available() -> str | None:
-    """None if the kernels load here, else why not."""
-    try:
-        load()
-        return None
-    except NativeKernelError as e:
-        return str(e)
+from tokenrouter.runtime.kernels.build import NativeKernelError, available, load
 
 
 def paged_attention(q: torch.Tensor, kv_layer: torch.Tensor, tables: torch.Tensor, rows: torch.Tensor,
@@ -305,7 +183,7 @@ def int4dp_mm(x: torch.Tensor, codes: torch.Tensor, sm: torch.Tensor, n: int, am
     the C code read out of bounds; `checked=True` skips the packed weights' checks for a
     caller that made them once (the engine calls this 121 times a SmolLM2 step, and the
     checks cost more than a small product)."""
-    lib = _lib or load()
+    lib = load()
     t, k = x.shape
     if x.dtype not in (_BF16, _F32) or x.stride(1) != 1 or x.device.type != "cpu":
         raise ValueError(f"x must be a CPU bf16/float32 tensor with contiguous rows, not {x.dtype} {x.stride()}")
@@ -328,13 +206,3 @@ def _check_int4dp_packing(codes: torch.Tensor, sm: torch.Tensor, n: int, k: int)
     if k % 32 or n % 16 or codes.shape != (n // 16, k // 32, 4, 16) or sm.shape != (n // 16, k // 32, 2, 16) \
             or codes.dtype != torch.int32 or sm.dtype != torch.float16 or not (codes.is_contiguous() and sm.is_contiguous()):
         raise ValueError(f"packed int4 weights do not match a [{n}, {k}] matrix")
-
-
-def source_hash() -> str:
-    """A short hash of the kernels' sources (a measured choice is kept per source)."""
-    return hashlib.sha256(b"".join(_read(p) for p in (*SOURCES, *HEADERS))).hexdigest()[:12]
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()

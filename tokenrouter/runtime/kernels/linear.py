@@ -1,0 +1,177 @@
+"""A matrix of a CPU model and the kernels that can run it: `PlannedLinear` holds a matrix's
+source values (float or `quant.QuantTensor`), builds the kernels that compute its exact
+values, and runs each product on the kernel its plan (`plan.choose`) gives the row count.
+
+Kernels:
+- `int4`: torch's int4 kernel on packed codes (q4 formats);
+- `int4dp`: the C kernel on AVX-512 bfloat16 dot products (`csrc/int4_matmul.c`; q4 formats
+  on CPUs that have them), which unpacks each block of codes once for up to 8 rows and keeps
+  the scales, mins and output in float16/float32 where torch's kernel rounds them to bfloat16;
+- `int4amx`: the same on AMX tiles (one `tdpbf16ps` per block and group for up to 16 rows),
+  where the CPU has them; its sums run in another order, so it is a kernel of its own;
+- `int8`: `_weight_int8pack_mm` (per-row q8);
+- `onednn`: float32 weights reordered once for oneDNN (`onednn_linear`, rows padded to
+  `onednn_rows`);
+- `mkl`: float32 `W @ x.T` (one row padded to two real rows: MKL's one-row path is slower);
+- `linear`: float32 `F.linear(x, W)`, what `transformers` runs.
+After the choice (`finalize`), only what the chosen kernels need is kept: a matrix that int4
+runs holds no float copy at all, and `mkl` and `linear` share one plain weight.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+
+from tokenrouter.runtime.kernels.bindings import int4dp_problem as host_int4dp_problem
+from tokenrouter.runtime.kernels.quant import (Int4DotWeight, Int4Weight, Int8Weight, QuantTensor, int4_shape_problem,
+                                               int4dp_problem)
+
+INT_KERNELS = ("int4", "int4dp", "int4amx", "int8")  # kernels that hold no float copy of the matrix
+PLAIN_KERNELS = ("linear", "mkl")  # float kernels on the plain [out, in] weight (one copy for both)
+
+
+# Row counts oneDNN runs, rounded up to: multiples of 4 to 64, of 16 to 512, then of 64.
+# oneDNN keeps memory for every row count it has seen (measured: 0.5 MB each for one
+# [1536, 576] weight, 558 MB after 1,200 row counts), and a serving process sees every row
+# count its batches make; padded, it sees at most 16 + 28 + 24 per weight shape (37 MB over
+# the same 1,200), at a cost of at most 3 rows, 15 rows, 63 rows.
+_ROW_STEPS = ((4, 64), (16, 512), (64, None))
+
+
+def onednn_rows(t: int) -> int:
+    """The row count a t-row product runs as on oneDNN (`_ROW_STEPS`)."""
+    for step, upto in _ROW_STEPS:
+        if upto is None or t <= upto:
+            return -(-t // step) * step
+    raise AssertionError("unreachable")
+
+
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w.T (+ b) on a oneDNN-packed weight, the rows padded to `onednn_rows`."""
+    t = x.shape[0]
+    m = onednn_rows(t)
+    if m != t:
+        x = torch.cat([x, x.new_zeros(m - t, x.shape[1])])
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, b, "none", [], "")[:t]
+
+
+def _mkl(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    if x.shape[0] == 1:
+        return (w @ x.repeat(2, 1).T)[:, 0].contiguous().unsqueeze(0)
+    return (w @ x.contiguous().T).T.contiguous()
+
+
+class PlannedLinear:
+    """One matrix of a CPU model (float32 or quantised): its source values, the kernels built
+    for it, and the plan [(up to rows, kernel), ...] that picks one per call."""
+
+    __slots__ = ("source", "act_dtype", "impl", "plan", "_float", "shape", "key")
+
+    def __init__(self, source: QuantTensor | torch.Tensor, act_dtype: torch.dtype):
+        self.source = source
+        self.act_dtype = act_dtype
+        self.impl: dict[str, object] = {}
+        self.plan: list[tuple[int, str]] = []
+        self._float = None
+        self.shape = tuple(source.shape)
+        fmt = f"{source.fmt}g{source.group}" if isinstance(source, QuantTensor) else "f32"
+        self.key = f"{self.shape[0]}x{self.shape[1]}:{fmt}"  # what the plan is chosen by
+
+    def candidates(self) -> list[str]:
+        s = self.source
+        out = []
+        if isinstance(s, QuantTensor) and s.fmt == "q4" and int4_shape_problem(*s.shape, s.group) is None:
+            out.append("int4")
+            if self.act_dtype == torch.bfloat16 and int4dp_problem(s) is None:  # these round x to bf16
+                out += ["int4dp"] + (["int4amx"] if host_int4dp_problem(amx=True) is None else [])
+        if isinstance(s, QuantTensor) and s.fmt == "q8" and s.group == s.shape[1]:
+            out.append("int8")
+        if torch.backends.mkldnn.is_available():
+            out.append("onednn")
+        out += PLAIN_KERNELS
+        return out
+
+    def float_weight(self) -> torch.Tensor:
+        if self._float is None:
+            s = self.source
+            self._float = s.dequantize() if isinstance(s, QuantTensor) else s.to(torch.float32).contiguous()
+        return self._float
+
+    def build(self, kernels: Iterable[str]) -> None:
+        for k in kernels:
+            if k in self.impl:
+                continue
+            if k == "int4":
+                self.impl[k] = Int4Weight(self.source, self.act_dtype)
+            elif k in ("int4dp", "int4amx"):
+                twin = self.impl.get("int4amx" if k == "int4dp" else "int4dp")  # the same packing
+                amx = k == "int4amx"
+                self.impl[k] = twin.variant(amx) if twin is not None else Int4DotWeight(self.source, amx)
+            elif k == "int8":
+                self.impl[k] = Int8Weight(self.source, self.act_dtype)
+            elif k == "onednn":
+                self.impl[k] = torch.ops.mkldnn._reorder_linear_weight(self.float_weight(), 16)
+            elif k in PLAIN_KERNELS:
+                self.impl[k] = self.float_weight()
+            else:
+                raise ValueError(f"unknown kernel {k!r}")
+
+    def finalize(self, plan: list[tuple[int, str]]) -> None:
+        """Keep only the kernels `plan` uses; drop the source and any float copy no kernel needs."""
+        used = {k for _, k in plan}
+        self.build(used)
+        self.impl = {k: v for k, v in self.impl.items() if k in used}
+        self.plan = sorted(plan)
+        self._float = None
+        self.source = None
+
+    def kernel_for(self, rows: int) -> str:
+        for upto, k in self.plan:
+            if rows <= upto:
+                return k
+        return self.plan[-1][1]
+
+    def run(self, kernel: str, x: torch.Tensor) -> torch.Tensor:
+        impl = self.impl[kernel]
+        if kernel in INT_KERNELS:
+            return impl(x)
+        if kernel == "onednn":
+            return onednn_linear(x, impl)
+        if kernel == "linear":
+            return F.linear(x, impl)
+        return _mkl(impl, x)
+
+    def __call__(self, x: torch.Tensor, b: torch.Tensor | None = None,
+                 residual: torch.Tensor | None = None) -> torch.Tensor:
+        k = self.kernel_for(x.shape[0])
+        if k == "onednn" and residual is not None and x.dtype == torch.float32 and onednn_rows(x.shape[0]) == x.shape[0]:
+            return torch.ops.mkldnn._linear_pointwise.binary(x.contiguous(), residual, self.impl[k], b, "add")
+        y = self.run(k, x)
+        if b is not None:
+            y = y + b
+        return y if residual is None else residual + y
+
+    def nbytes(self) -> int:
+        total = 0
+        for k, v in self.impl.items():
+            if k == "int4":
+                total += v.packed.numel() * v.packed.element_size() + v.sz.numel() * v.sz.element_size()
+            elif k in ("int4dp", "int4amx"):
+                total += v.codes.numel() * 4 + v.sm.numel() * 2
+            elif k == "int8":
+                total += v.codes.numel() + v.scale.numel() * v.scale.element_size()
+            elif k == "onednn":
+                total += _onednn_bytes(v)
+            elif k == next(p for p in PLAIN_KERNELS if p in self.impl):  # one plain copy for both
+                total += v.numel() * v.element_size()
+        return total
+
+
+def _onednn_bytes(t: torch.Tensor) -> int:
+    try:
+        return t.numel() * t.element_size()
+    except RuntimeError:  # an opaque mkldnn tensor
+        return 0
