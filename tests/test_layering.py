@@ -228,3 +228,96 @@ def test_the_checks_see_what_they_are_for(tmp_path):
     assert private_attribute_reads(mods) == ["tokenrouter/fit/c.py:5: b._helper",
                                              "tokenrouter/runtime/host.py:9: self._check",
                                              "tokenrouter/runtime/mixin.py:6: self._reqs"]
+
+
+# ------------------------------------------------------------------ inside the runtime
+
+# The runtime's parts (its sub-packages and top-level modules) in the order they import each
+# other, read from the code: a part imports only the parts of lower rank, at the top of a
+# module or inside a function, so no two of them form a cycle. host, cache and metrics import
+# nothing of the runtime; the kernels (C library, bindings, weight formats, measured plans)
+# only those; the engine runs the kernels; the loader builds engines' inputs (and derives
+# models with an engine); the transport moves messages and knows no model; subservers load
+# writers and step engines; the frontend launches subservers; http serves the frontend; the
+# offline API, the single-request reference and the baselines sit on top, side by side.
+RUNTIME_ORDER = (("host", "cache", "metrics"), ("kernels",), ("engine",), ("loader",), ("transport",),
+                 ("subserver",), ("frontend",), ("http",), ("offline", "reference", "baselines"))
+RUNTIME_RANK = {part: rank for rank, parts in enumerate(RUNTIME_ORDER) for part in parts}
+
+
+def runtime_part(module: str) -> str | None:
+    """tokenrouter.runtime.<part>.x -> <part> (a sub-package or a top-level module)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["tokenrouter", "runtime"] else None
+
+
+def runtime_violations(mods) -> list[str]:
+    """Every import between two parts of the runtime that goes against `RUNTIME_ORDER`
+    (upward, or sideways between parts of one rank), and every part the order does not place."""
+    order = " -> ".join("(" + ", ".join(parts) + ")" if len(parts) > 1 else parts[0] for parts in RUNTIME_ORDER)
+    out = []
+    for module, (path, tree) in mods.items():
+        mine = runtime_part(module)
+        if mine is None:
+            continue
+        if mine not in RUNTIME_RANK:
+            out.append(f"{path}: runtime/{mine} has no place in the runtime's order ({order}): "
+                       f"add it to RUNTIME_ORDER in tests/test_layering.py")
+            continue
+        for line, target, names in imports(module, path, tree):
+            targets = [target] if names is None else [target] + [f"{target}.{n}" for n in names]
+            theirs = next((runtime_part(t) for t in targets if runtime_part(t) not in (None, mine)), None)
+            if theirs is None:
+                continue
+            if theirs not in RUNTIME_RANK or RUNTIME_RANK[theirs] >= RUNTIME_RANK[mine]:
+                out.append(f"{path}:{line}: runtime/{mine} imports {target} (runtime/{theirs}): the runtime's "
+                           f"parts import only the parts before them ({order})")
+    return out
+
+
+def test_the_runtimes_parts_import_each_other_in_one_direction():
+    found = runtime_violations(modules())
+    assert not found, "\n".join(found)
+
+
+def test_the_runtime_order_places_every_part_of_the_runtime():
+    parts = {p.stem for p in (PACKAGE / "runtime").iterdir()
+             if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.stem != "__init__")}
+    assert parts == set(RUNTIME_RANK), (sorted(parts - set(RUNTIME_RANK)), sorted(set(RUNTIME_RANK) - parts))
+
+
+def test_the_runtime_check_sees_what_it_is_for(tmp_path):
+    """Each way of breaking the runtime's order, once in a throwaway package, is reported: an
+    upward import inside a function, a sideways one between parts of one rank (absolute and
+    relative), a plain `import`, an import of a part the order does not place, and a part
+    the order does not place; downward imports, top-level or local, are not."""
+    files = {
+        "__init__.py": "",
+        "runtime/__init__.py": "",
+        "runtime/host.py": "from tokenrouter.runtime.cache import cache_root\n",
+        "runtime/cache.py": "import os\n",
+        "runtime/kernels/__init__.py": "",
+        "runtime/kernels/plan.py": "def f():\n    from tokenrouter.runtime.engine.layers import onednn_rows\n",
+        "runtime/engine/__init__.py": "",
+        "runtime/engine/model.py": "from tokenrouter.runtime.kernels import plan\nfrom tokenrouter.runtime import cache\n",
+        "runtime/engine/sampler.py": "from tokenrouter.runtime.gadgets import thing\n",
+        "runtime/loader/__init__.py": "def g():\n    from ..engine.model import Model\n",
+        "runtime/transport/__init__.py": "",
+        "runtime/transport/wire.py": "import tokenrouter.runtime.subserver.step\n",
+        "runtime/offline.py": "from .reference import Reference\n",
+        "runtime/reference.py": "from tokenrouter.runtime.loader import load_model\n",
+        "runtime/gadgets/__init__.py": "",
+    }
+    for rel, text in files.items():
+        path = tmp_path / "tokenrouter" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    found = runtime_violations(modules(tmp_path / "tokenrouter"))
+    for what in ("tokenrouter/runtime/host.py:1: runtime/host imports tokenrouter.runtime.cache",
+                 "tokenrouter/runtime/kernels/plan.py:2: runtime/kernels imports tokenrouter.runtime.engine.layers",
+                 "tokenrouter/runtime/engine/sampler.py:1: runtime/engine imports tokenrouter.runtime.gadgets",
+                 "tokenrouter/runtime/transport/wire.py:1: runtime/transport imports tokenrouter.runtime.subserver.step",
+                 "tokenrouter/runtime/offline.py:1: runtime/offline imports tokenrouter.runtime.reference",
+                 "tokenrouter/runtime/gadgets/__init__.py: runtime/gadgets has no place"):
+        assert any(f.startswith(what) for f in found), (what, found)
+    assert len(found) == 6, found
