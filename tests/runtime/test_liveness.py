@@ -94,7 +94,7 @@ def _netns_available() -> bool:
 
 @pytest.mark.skipif("_netns_available()", reason="test_netns.py runs this across a real network namespace")
 def test_kill_9_of_a_remote_subserver_over_curve_tcp(pair, tmp_path):
-    from tokenrouter.runtime.transport.sockets import generate_keys
+    from tokenrouter.runtime.transport.security import generate_keys
     keys = str(tmp_path / "keys")
     generate_keys(keys)
     program = tiny.example_program("demo", str(tmp_path), pair)

@@ -23,6 +23,8 @@ from tests.helpers import tiny
 from tests.helpers.liveness import check_against_reference, kill_under_load
 from tests.helpers.serving import ServerThread
 from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.transport.security import Security, generate_keys
+from tokenrouter.runtime.transport.sockets import Sender
 
 
 def _ip(*args, check=True):
@@ -78,7 +80,6 @@ def _port():
 
 
 def test_remote_subserver_in_a_network_namespace_over_curve(pair, tmp_path, netns):
-    from tokenrouter.runtime.transport.sockets import Security, Sender, generate_keys
     ns, host_ip, ns_ip = netns
     keys = str(tmp_path / "keys")
     generate_keys(keys)

@@ -7,6 +7,7 @@ import pytest
 import zmq
 
 from tokenrouter.runtime.transport import wire
+from tokenrouter.runtime.transport.security import Security, SecurityError, generate_keys, stop_authenticator
 from tokenrouter.runtime.transport.sockets import AddressError, Receiver, Sender, cleanup_ipc, make_addresses
 
 
@@ -68,7 +69,6 @@ def test_bad_addresses():
 
 
 def test_curve_tcp_admits_only_holders_of_the_keys(tmp_path):
-    from tokenrouter.runtime.transport.sockets import Security, generate_keys
     generate_keys(str(tmp_path / "ours"))
     generate_keys(str(tmp_path / "theirs"))
     ours, theirs = Security.load(str(tmp_path / "ours")), Security.load(str(tmp_path / "theirs"))
@@ -86,14 +86,12 @@ def test_curve_tcp_admits_only_holders_of_the_keys(tmp_path):
     for s in (plain, wrong, right):
         s.close()
     rx.stop()
-    from tokenrouter.runtime.transport.sockets import stop_authenticator
     stop_authenticator(rx_ctx)
     rx_ctx.term()
     tx_ctx.term()
 
 
 def test_plain_tcp_binds_only_to_loopback_unless_told(tmp_path):
-    from tokenrouter.runtime.transport.sockets import Security, SecurityError, generate_keys
     ctx = zmq.Context()
     port = _free_port()
     for addr in (f"tcp://0.0.0.0:{port}", f"tcp://*:{port}"):

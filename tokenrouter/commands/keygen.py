@@ -19,7 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tokenrouter.runtime.transport.sockets import SecurityError, generate_keys
+    from tokenrouter.runtime.transport.security import SecurityError, generate_keys
     try:
         public, secret = generate_keys(args.dir)
     except (SecurityError, OSError) as exc:

@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"{w!r} is not a writer of {args.file} ({', '.join(program.writers())})")
         if opts.batch and min(opts.batch.values()) < 1:
             raise ValueError("batch thresholds must be at least 1")
-        from tokenrouter.runtime.transport.sockets import Security, check_bind
+        from tokenrouter.runtime.transport.security import Security, check_bind
         sec = Security.load(opts.curve_keys, opts.insecure_tcp)  # SecurityError is a ValueError
         if opts.addresses:
             for w, addr in opts.addresses.items():  # what this process will bind

@@ -97,7 +97,7 @@ class Frontend:
 
     async def start(self, timeout: float = 120.0) -> None:
         """Bind, connect, and wait until every subserver reported ready."""
-        from tokenrouter.runtime.transport.sockets import secure_bind, secure_connect
+        from tokenrouter.runtime.transport.security import secure_bind, secure_connect
         self._pull = self._ctx.socket(zmq.PULL)
         bound_receive(self._pull)
         self._pull.setsockopt(zmq.LINGER, 0)
@@ -140,7 +140,7 @@ class Frontend:
         for s in self._push.values():
             s.close(linger=1000)
         self._pull.close(linger=0)
-        from tokenrouter.runtime.transport.sockets import stop_authenticator
+        from tokenrouter.runtime.transport.security import stop_authenticator
         stop_authenticator(self._ctx)
         self._closed = True
 

@@ -136,7 +136,7 @@ class Launcher:
     """Owns the subservers started on this host."""
 
     def __init__(self, program: ir.Program, opts: LaunchOptions | None = None):
-        from tokenrouter.runtime.transport.sockets import Security
+        from tokenrouter.runtime.transport.security import Security
         self.program = program
         self.opts = opts or LaunchOptions()
         self.security = Security.load(self.opts.curve_keys, self.opts.insecure_tcp)
@@ -212,7 +212,7 @@ class Launcher:
         if self.opts.addresses is None:
             cleanup_ipc(self.addresses)
         if self.ctx is not None and not any(t.is_alive() for t in self._threads.values()):
-            from tokenrouter.runtime.transport.sockets import stop_authenticator
+            from tokenrouter.runtime.transport.security import stop_authenticator
             stop_authenticator(self.ctx)
             self.ctx.term()
             self.ctx = None

@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tokenrouter.runtime.transport import wire
-from tokenrouter.runtime.transport.sockets import Security, Sender
+from tokenrouter.runtime.transport.security import Security
+from tokenrouter.runtime.transport.sockets import Sender
 
 log = logging.getLogger(__name__)
 

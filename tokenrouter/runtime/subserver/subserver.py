@@ -38,7 +38,8 @@ from tokenrouter.runtime.subserver.request import Request
 from tokenrouter.runtime.subserver.scheduler import Scheduler
 from tokenrouter.runtime.subserver.step import LOOP_ERROR, StepRunner
 from tokenrouter.runtime.subserver.setup import SubserverSpec, load_writer, report_startup_failure
-from tokenrouter.runtime.transport.sockets import Receiver, Security, Sender, check_bind, stop_authenticator
+from tokenrouter.runtime.transport.security import Security, check_bind, stop_authenticator
+from tokenrouter.runtime.transport.sockets import Receiver, Sender
 from tokenrouter.runtime.transport.wire import FRONTEND
 
 __all__ = ["Subserver", "SubserverSpec", "run_process", "run_thread"]
