@@ -32,6 +32,7 @@ import time
 import torch
 
 from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.engine.options import EngineOptions
 from tokenrouter.runtime.host import host_info
 from tokenrouter.runtime.loader import load_model
 
@@ -90,7 +91,7 @@ def hf_decode(model, batch: int, ctx: int, steps: int, vocab: int) -> float:
 def bench_vs_transformers(name: str, batches: list[int], steps: int, rounds: int, threads: int) -> list[dict]:
     torch.set_num_threads(threads)
     m = load_model(name)
-    eng = Engine(m.config, m.weights, max_model_len=1024)
+    eng = Engine(m.config, m.weights, EngineOptions(max_model_len=1024))
     ref = hf_model(m)
     rows = []
     for b in batches:
@@ -111,7 +112,7 @@ def bench_prefill_vs_transformers(name: str, shapes: list[tuple[int, int]], roun
     alternating, best round."""
     torch.set_num_threads(threads)
     m = load_model(name)
-    eng = Engine(m.config, m.weights, max_model_len=max(n for _, n in shapes) + 8)
+    eng = Engine(m.config, m.weights, EngineOptions(max_model_len=max(n for _, n in shapes) + 8))
     ref = hf_model(m)
     rows = []
     for b, n in shapes:
@@ -141,7 +142,7 @@ def bench_batch_and_context(names: list[str], batches: list[int], contexts: list
     for n in names:
         m = load_model(n)
         need = max(max(batches) * -(-(64 + steps + 8) // 16), 16 * -(-(max(contexts) + steps + 8) // 16))
-        engines[n] = Engine(m.config, m.weights, max_model_len=max(contexts) + 64, num_blocks=need + 16)
+        engines[n] = Engine(m.config, m.weights, EngineOptions(max_model_len=max(contexts) + 64, num_blocks=need + 16))
     by_batch, by_ctx = [], []
     for b in batches:  # interleave the models within each size so noise hits all alike
         best = {n: min(ours_decode(engines[n], b, 64, steps) for _ in range(rounds)) for n in names}
@@ -162,7 +163,7 @@ def bench_compile(name: str, buckets: list[tuple[int, int]], steps: int) -> list
     """Eager vs inductor-compiled decode forward at fixed (batch, context) shapes."""
     from tokenrouter.runtime.engine.attention import AttnGroup, AttnMeta, build_meta
     m = load_model(name)
-    eng = Engine(m.config, m.weights, max_model_len=1024)
+    eng = Engine(m.config, m.weights, EngineOptions(max_model_len=1024))
     model = eng.model
 
     def fwd(ids, pos, slot_mapping, rows, kv_blocks, kv_rows, mask, last):

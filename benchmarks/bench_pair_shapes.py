@@ -19,6 +19,7 @@ import time
 import torch
 
 from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.engine.options import EngineOptions
 from tokenrouter.runtime.loader.builtin.bench_pair import SHAPES, bench_config, random_weights
 from tokenrouter.runtime.loader.hf import parse_config
 
@@ -39,8 +40,9 @@ def measure(shapes: dict[str, dict], batch: int, rounds: int, steps: int, ctx: i
     engines = {}
     for name, shape in shapes.items():
         raw = {**bench_config("small"), **shape}
-        eng = Engine(parse_config(raw, name), random_weights(raw, seed=1), max_model_len=ctx + rounds * (steps + 1) + 16,
-                     num_blocks=batch * ((ctx + rounds * (steps + 1) + 16) // 16 + 1))
+        eng = Engine(parse_config(raw, name), random_weights(raw, seed=1),
+                     EngineOptions(max_model_len=ctx + rounds * (steps + 1) + 16,
+                                   num_blocks=batch * ((ctx + rounds * (steps + 1) + 16) // 16 + 1)))
         eng.step([(i, list(range(100, 100 + ctx))) for i in range(batch)])
         engines[name] = eng
     samples: dict[str, list[float]] = {n: [] for n in shapes}

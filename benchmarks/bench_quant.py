@@ -74,10 +74,9 @@ def build_engine(quant: str, head_quant: str | None = None):
     variant = VARIANTS.get(quant, {})
     quant = "native" if variant else quant
     m = load_model("smollm2-135m", quant="native" if quant == "native" else "none")
-    kw = m.engine_kwargs(quant)
-    if head_quant and quant != "none":
-        kw["head_quant"] = head_quant
-    eng = Engine(m.config, m.weights, max_model_len=PROMPT + NEW + 16, num_blocks=16 * 12 + 8, **variant, **kw)
+    kw = {"head_quant": head_quant} if head_quant and quant != "none" else {}
+    eng = Engine(m.config, m.weights, m.engine_options(quant, max_model_len=PROMPT + NEW + 16, num_blocks=16 * 12 + 8,
+                                                       **variant, **kw))
     return m, eng
 
 

@@ -97,6 +97,7 @@ def main() -> int:
     rounds = 3 if args.quick else 7
 
     from tokenrouter.runtime.engine.engine import Engine
+    from tokenrouter.runtime.engine.options import EngineOptions
     small = load_small()
     cfg = small.config
     tmp = tempfile.mkdtemp()
@@ -105,7 +106,8 @@ def main() -> int:
     interps = {n: Interpreter(p) for n, p in programs.items()}
     needs_all = routers["r2r"].needs
 
-    eng = Engine(cfg, small.weights, num_blocks=max(BATCHES) * (CONTEXT // 16 + 4), max_model_len=CONTEXT + 64)
+    eng = Engine(cfg, small.weights,
+                 EngineOptions(num_blocks=max(BATCHES) * (CONTEXT // 16 + 4), max_model_len=CONTEXT + 64))
     rng = np.random.default_rng(0)
     inputs = {}
     for b in BATCHES:

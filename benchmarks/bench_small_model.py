@@ -31,6 +31,7 @@ import time
 import torch
 
 from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.engine.options import EngineOptions
 from tokenrouter.runtime.loader import load_model
 from tokenrouter.runtime.loader.builtin.derive import (SMALL_RECIPE, apply_lens, collect_hidden, fit_lens, fit_prompts,
                                                subset_layers)
@@ -61,7 +62,7 @@ CANDIDATES = {
 
 def greedy_continuations(large, prompts: list[list[int]], n: int) -> list[list[int]]:
     """The large model's greedy tokens for every prompt, batched in our engine."""
-    eng = Engine(large.config, large.weights, num_blocks=len(prompts) * 16, max_model_len=256)
+    eng = Engine(large.config, large.weights, EngineOptions(num_blocks=len(prompts) * 16, max_model_len=256))
     outs: list[list[int]] = [[] for _ in prompts]
     batch = [(i, p) for i, p in enumerate(prompts)]
     for _ in range(n):
@@ -114,8 +115,8 @@ def step_times(models: dict[str, tuple], batch: int, rounds: int, steps: int, pr
     """Median decode step time (ms) of each model, measured in interleaved rounds."""
     engines = {}
     for name, (cfg, w) in models.items():
-        eng = Engine(cfg, w, num_blocks=batch * (len(prompt) + rounds * steps + 32) // 16 + batch,
-                     max_model_len=len(prompt) + rounds * steps + 32)
+        eng = Engine(cfg, w, EngineOptions(num_blocks=batch * (len(prompt) + rounds * steps + 32) // 16 + batch,
+                                           max_model_len=len(prompt) + rounds * steps + 32))
         eng.step([(i, prompt) for i in range(batch)])
         engines[name] = eng
     samples: dict[str, list[float]] = {n: [] for n in models}

@@ -18,6 +18,7 @@ from tokenrouter.bench import workload  # noqa: E402
 from tokenrouter.bench.llamacpp import LlamaCppLarge, LlamaCppServer, LlamaCppStandard, logits_row  # noqa: E402
 from tokenrouter.bench.official import CiterOfficial  # noqa: E402
 from tokenrouter.runtime.engine.engine import Engine  # noqa: E402
+from tokenrouter.runtime.engine.options import EngineOptions  # noqa: E402
 from tokenrouter.runtime.engine.sampler import SamplingParams  # noqa: E402
 from tokenrouter.runtime.loader import UnsupportedArchitecture, load_model  # noqa: E402
 from tokenrouter.runtime.loader.builtin.bench_pair import random_weights  # noqa: E402
@@ -37,7 +38,7 @@ STEPS = 12
 @functools.lru_cache(maxsize=8)
 def _engine(folder: str):
     m = load_model(folder)
-    return Engine(m.config, m.weights, max_model_len=64, num_blocks=8)
+    return Engine(m.config, m.weights, EngineOptions(max_model_len=64, num_blocks=8))
 
 
 def greedy_ours(folder: str, prompt: list[int], steps: int) -> list[int]:

@@ -15,6 +15,7 @@ import zmq
 from tests.helpers import tiny
 from tokenrouter.runtime.transport import wire
 from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.engine.options import EngineOptions
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.frontend.launch import LaunchOptions, plan
 from tokenrouter.runtime.loader import load_model
@@ -103,7 +104,7 @@ def test_pending_handoffs_send_suffixes_and_keep_kv_exact(pair, make):
         for w, sub in subs.items():
             eng = sub.engines[w]
             m = load_model(program.model(w).path, dtype=torch.float64)
-            fresh = Engine(m.config, m.weights, dtype=torch.float64, num_blocks=16)
+            fresh = Engine(m.config, m.weights, EngineOptions(dtype=torch.float64, num_blocks=16))
             for rid, r in sub.reqs.items():
                 n = eng.seq_len(r.seq)
                 assert len(r.state.tokens) - 1 <= n <= len(r.state.tokens)

@@ -83,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
         if len(prompt) >= model.config.max_position_embeddings:
             raise LoadError(f"the prompt has {len(prompt)} tokens; the model takes at most "
                             f"{model.config.max_position_embeddings - 1}")
-        engine = Engine(model.config, model.weights, dtype=dtype, max_model_len=max_len,
-                        num_blocks=-(-max_len // 16), block_size=16, **model.engine_kwargs())
+        engine = Engine(model.config, model.weights, model.engine_options(
+            dtype=dtype, max_model_len=max_len, num_blocks=-(-max_len // 16), block_size=16))
         detok = Detokenizer(tok)
         for token in stream_tokens(engine, prompt, params, tok.eos_token_ids):
             sys.stdout.write(detok.push([token]))  # nothing until a multi-byte character is whole

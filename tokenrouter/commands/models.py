@@ -71,16 +71,16 @@ def _measure(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     try:
         m = load_model(args.measure_kernels, quant="native" if args.quant == "native" else "none")
-        kw = m.engine_kwargs(args.quant)
-        if os.path.exists(kw["plan_cache"]):
-            os.remove(kw["plan_cache"])
+        kw = m.engine_options(args.quant, max_model_len=64, num_blocks=8)
+        if os.path.exists(kw.plan_cache):
+            os.remove(kw.plan_cache)
         print(f"measuring {args.measure_kernels} (quant={args.quant}, {torch.get_num_threads()} threads) ...",
               file=sys.stderr)
-        eng = Engine(m.config, m.weights, max_model_len=64, num_blocks=8, **kw)
+        eng = Engine(m.config, m.weights, kw)
     except (LoadError, QuantError, ValueError) as exc:
         print(f"tokenrouter models: error: {exc}", file=sys.stderr)
         return 1
     for key, plan in eng.kernel_plans.items():
         print(f"{key:>22}: " + ", ".join(f"<={rows} rows {k}" for rows, k in plan))
-    print(f"cached in {kw['plan_cache']}")
+    print(f"cached in {kw.plan_cache}")
     return 0

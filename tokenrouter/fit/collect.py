@@ -92,8 +92,8 @@ def assemble(inputs: tuple, logits: torch.Tensor, hidden: dict, emb: torch.Tenso
 def make_engine(model: ir.Model, max_len: int, batch: int):
     lm = load_model(model.path, dtype=getattr(torch, model.dtype))
     blocks = batch * (-(-max_len // 16) + 1) + 4
-    return Engine(lm.config, lm.weights, dtype=getattr(torch, model.dtype), max_model_len=max_len,
-                  num_blocks=blocks, cuda_graphs=False, **lm.engine_kwargs())  # the plan serving runs
+    return Engine(lm.config, lm.weights, lm.engine_options(  # the plan serving runs
+        dtype=getattr(torch, model.dtype), max_model_len=max_len, num_blocks=blocks, cuda_graphs=False))
 
 
 def lockstep(small, large, prompts: list[list[int]], inputs: tuple, max_tokens: int, batch: int,

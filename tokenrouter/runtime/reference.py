@@ -26,7 +26,7 @@ from tokenrouter.compiler.needs import writer_needs
 from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.engine.sampler import SamplingParams, sample
-from tokenrouter.runtime.loader import load_model, quant_kwargs
+from tokenrouter.runtime.loader import load_model, quant_options
 
 
 @dataclass
@@ -53,8 +53,8 @@ class Reference:
             length = max_model_len or lm.config.max_position_embeddings
             # one sequence at a time: room for one full-length sequence is enough
             kw = {"device": "cpu", "dtype": dtype, "block_size": block_size, "max_model_len": length,
-                  "num_blocks": -(-length // block_size) + 1, **quant_kwargs(lm, m.quant)}
-            self.engines[m.name] = Engine(lm.config, lm.weights, **kw)
+                  "num_blocks": -(-length // block_size) + 1}
+            self.engines[m.name] = Engine(lm.config, lm.weights, quant_options(lm, m.quant, **kw))
         self.ensembles = {e.name: e for e in program.ensembles}
         self._seq = 0
 

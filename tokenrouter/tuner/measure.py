@@ -28,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from tokenrouter.runtime.engine.engine import Engine
-from tokenrouter.runtime.loader import load_model, quant_kwargs
+from tokenrouter.runtime.loader import load_model, quant_options
 
 from tokenrouter.tuner.profile import Curve, ModelProfile, Profile, machine_info, timestamp
 
@@ -43,8 +43,8 @@ def served_engine(path: str, dtype_name: str, threads: int, max_len: int, quant:
         torch.set_num_threads(threads)
     dtype = getattr(torch, dtype_name)
     m = load_model(path, dtype=dtype, quant=quant)
-    return (Engine(m.config, m.weights, dtype=dtype, max_model_len=max_len, num_blocks=None,
-                   **quant_kwargs(m, quant)), m.config.vocab_size)
+    return (Engine(m.config, m.weights, quant_options(m, quant, dtype=dtype, max_model_len=max_len, num_blocks=None)),
+            m.config.vocab_size)
 
 
 def _time_steps(engine, vocab: int, batch: int, tokens: int, warmup: int, repeats: int, tag: str) -> float:

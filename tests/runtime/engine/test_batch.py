@@ -9,12 +9,13 @@ import torch
 
 from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.engine.options import EngineOptions
 
 from tests.helpers.hf_parity import hf_logits
 
 
 def _engine(cfg, sd, **kw):
-    return Engine(cfg, sd, dtype=torch.float64, block_size=4, num_blocks=128, **kw)
+    return Engine(cfg, sd, EngineOptions(dtype=torch.float64, block_size=4, num_blocks=128, **kw))
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])

@@ -18,6 +18,7 @@ from tokenrouter.runtime.kernels import build
 from tokenrouter.runtime.engine.attention import SHORT_Q, CacheGeometry, build_meta, paged_attention
 from tokenrouter.runtime.engine.config import ModelConfig
 from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.engine.options import EngineOptions
 from tokenrouter.runtime.engine.kv_cache import KVCache
 
 from tests.helpers.hf_parity import hf_logits
@@ -83,8 +84,8 @@ def test_the_c_kernel_gives_each_request_the_same_bits_in_any_batch():
 
 def test_an_engine_on_the_c_kernel_matches_transformers_in_float32(tiny):
     model, cfg, sd = tiny("qwen2")
-    eng = Engine(cfg, {k: v.float() for k, v in sd.items()}, dtype=torch.float32, block_size=4, num_blocks=64,
-                 attention="native")
+    eng = Engine(cfg, {k: v.float() for k, v in sd.items()},
+                 EngineOptions(dtype=torch.float32, block_size=4, num_blocks=64, attention="native"))
     assert eng.native_attention
     prompts = {"a": list(range(3, 15)), "b": [5, 6], "c": list(range(40, 61))}
     toks = {s: list(p) for s, p in prompts.items()}
@@ -106,14 +107,14 @@ def test_without_a_compiler_native_attention_says_why_and_auto_keeps_torchs_path
     monkeypatch.setattr(build, "_error", None)
     f32 = {k: v.float() for k, v in sd.items()}
     with pytest.raises(build.NativeKernelError, match="no-such-cc"):
-        Engine(cfg, f32, dtype=torch.float32, block_size=4, num_blocks=16, attention="native")
-    eng = Engine(cfg, f32, dtype=torch.float32, block_size=4, num_blocks=16)
+        Engine(cfg, f32, EngineOptions(dtype=torch.float32, block_size=4, num_blocks=16, attention="native"))
+    eng = Engine(cfg, f32, EngineOptions(dtype=torch.float32, block_size=4, num_blocks=16))
     assert not eng.native_attention
     assert eng.step([("a", [1, 2, 3])]).logits.shape == (1, cfg.vocab_size)
     with pytest.raises(ValueError, match="float32"):
-        Engine(cfg, sd, dtype=torch.float64, block_size=4, num_blocks=16, attention="native")
+        Engine(cfg, sd, EngineOptions(dtype=torch.float64, block_size=4, num_blocks=16, attention="native"))
     with pytest.raises(ValueError, match="auto, native or torch"):
-        Engine(cfg, f32, dtype=torch.float32, block_size=4, num_blocks=16, attention="fast")
+        Engine(cfg, f32, EngineOptions(dtype=torch.float32, block_size=4, num_blocks=16, attention="fast"))
 
 
 def test_the_measured_choice_is_timed_once_and_then_read_from_its_cache(tmp_path):

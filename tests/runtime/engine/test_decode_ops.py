@@ -20,6 +20,7 @@ from tests.helpers.checkpoints import hf_config, transformers_model, write_gguf
 from tokenrouter.runtime.kernels import bindings, build
 from tokenrouter.runtime.engine.config import ModelConfig
 from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.engine.options import EngineOptions
 from tokenrouter.runtime.engine.kv_cache import KVCache
 from tokenrouter.runtime.engine.layers import Rotary
 from tokenrouter.runtime.loader import load_model
@@ -144,7 +145,8 @@ def _model(tmp_path, family):
 
 def _engine(m, **kw):
     kw.setdefault("kernel_plan", "int4")
-    return Engine(m.config, m.weights, block_size=4, num_blocks=64, max_model_len=128, quant="native", **kw)
+    return Engine(m.config, m.weights,
+                  EngineOptions(block_size=4, num_blocks=64, max_model_len=128, quant="native", **kw))
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
@@ -192,7 +194,7 @@ def test_fused_ops_on_demand_says_why_it_cannot_run(tmp_path):
     m = _model(tmp_path, "llama")
     floats = load_model(str(tmp_path / "llama.gguf"))
     with pytest.raises(ValueError, match="fused_ops=True: the model is not quantised"):
-        Engine(floats.config, floats.weights, num_blocks=16, max_model_len=64, fused_ops=True)
+        Engine(floats.config, floats.weights, EngineOptions(num_blocks=16, max_model_len=64, fused_ops=True))
     with pytest.raises(ValueError, match="fused_ops=True: matrices .* run a float kernel"):
         _engine(m, fused_ops=True, kernel_plan="onednn")
-    assert not Engine(floats.config, floats.weights, num_blocks=16, max_model_len=64).model.fused
+    assert not Engine(floats.config, floats.weights, EngineOptions(num_blocks=16, max_model_len=64)).model.fused

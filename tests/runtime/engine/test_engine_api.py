@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.runtime.engine.engine import BadBatch, Engine, OutOfBlocks
+from tokenrouter.runtime.engine.options import EngineOptions
 
 
 @pytest.fixture
@@ -16,7 +19,7 @@ def llama(tiny):
 
 def test_bad_batches_raise_clear_errors_and_change_nothing(llama):
     _, cfg, sd = llama
-    eng = Engine(cfg, sd, dtype=torch.float64, block_size=4, num_blocks=8, max_model_len=24)
+    eng = Engine(cfg, sd, EngineOptions(dtype=torch.float64, block_size=4, num_blocks=8, max_model_len=24))
     cases = [
         ([], "empty batch"),
         ([("a", [1]), ("a", [2])], "twice"),
@@ -35,7 +38,7 @@ def test_bad_batches_raise_clear_errors_and_change_nothing(llama):
 
 def test_out_of_blocks_is_refused_before_any_change(llama):
     _, cfg, sd = llama
-    eng = Engine(cfg, sd, dtype=torch.float64, block_size=4, num_blocks=5)
+    eng = Engine(cfg, sd, EngineOptions(dtype=torch.float64, block_size=4, num_blocks=5))
     eng.step([("a", [1] * 12)])  # 3 blocks
     assert eng.blocks_used == 3
     assert eng.can_append([("a", [2] * 8)])  # exactly 2 more
@@ -53,7 +56,7 @@ def test_a_pending_sequence_keeps_its_blocks_under_pressure(llama):
     """A sequence holds its blocks until it is freed (how a request pending at a peer keeps
     its KV): others get only free blocks, or OutOfBlocks, and its cache stays intact."""
     _, cfg, sd = llama
-    eng = Engine(cfg, sd, dtype=torch.float64, block_size=4, num_blocks=6)
+    eng = Engine(cfg, sd, EngineOptions(dtype=torch.float64, block_size=4, num_blocks=6))
     eng.step([("p", [4, 5, 6, 7, 8])])
     before = eng.step([("p", [9])]).logits  # p is now pending at a peer
     table = eng.alloc.block_table("p")
@@ -78,8 +81,8 @@ def test_a_pending_sequence_keeps_its_blocks_under_pressure(llama):
 def test_prefix_reuse_shares_blocks_and_changes_no_logits(llama):
     _, cfg, sd = llama
     shared = list(range(1, 14))  # 13 tokens: 3 full blocks of 4
-    plain = Engine(cfg, sd, dtype=torch.float64, block_size=4, num_blocks=32)
-    reuse = Engine(cfg, sd, dtype=torch.float64, block_size=4, num_blocks=32, prefix_reuse=True)
+    plain = Engine(cfg, sd, EngineOptions(dtype=torch.float64, block_size=4, num_blocks=32))
+    reuse = Engine(cfg, sd, EngineOptions(dtype=torch.float64, block_size=4, num_blocks=32, prefix_reuse=True))
     for eng in (plain, reuse):
         eng.step([("a", shared + [20, 21])])
     used = reuse.blocks_used
@@ -100,8 +103,8 @@ def test_prefix_reuse_shares_blocks_and_changes_no_logits(llama):
 def test_chunked_long_prefill_equals_one_forward(llama):
     _, cfg, sd = llama
     toks = [(7 * i) % cfg.vocab_size for i in range(50)]
-    a = Engine(cfg, sd, dtype=torch.float64, block_size=4, num_blocks=32, max_batched_tokens=7)
-    b = Engine(cfg, sd, dtype=torch.float64, block_size=4, num_blocks=32)
+    a = Engine(cfg, sd, EngineOptions(dtype=torch.float64, block_size=4, num_blocks=32, max_batched_tokens=7))
+    b = Engine(cfg, sd, EngineOptions(dtype=torch.float64, block_size=4, num_blocks=32))
     needs = FeatureNeeds(hidden_layers=(0, 2, -1))
     oa, ob = a.step([("x", toks), ("y", toks[:9])], needs), b.step([("x", toks), ("y", toks[:9])], needs)
     torch.testing.assert_close(oa.logits, ob.logits, rtol=0, atol=1e-10)
@@ -111,6 +114,22 @@ def test_chunked_long_prefill_equals_one_forward(llama):
 
 def test_default_cache_size_holds_a_full_sequence(llama):
     _, cfg, sd = llama
-    eng = Engine(cfg, sd, block_size=16, max_model_len=200)
+    eng = Engine(cfg, sd, EngineOptions(block_size=16, max_model_len=200))
     assert eng.blocks_total * 16 >= 200
     assert eng.max_model_len == 200
+
+
+def test_options_default_to_what_an_engine_without_them_runs(llama):
+    """`EngineOptions()` is the engine's defaults; they are frozen, and the engine keeps them."""
+    o = EngineOptions()
+    assert (o.device, o.dtype, o.block_size, o.num_blocks, o.max_model_len, o.prefix_reuse, o.max_batched_tokens,
+            o.cuda_graphs, o.quant, o.act_dtype, o.head_quant, o.kernel_plan, o.plan_cache, o.attention,
+            o.fused_ops) == ("cpu", torch.float32, 16, None, None, False, 2048, True, "none", torch.bfloat16, "auto",
+                             None, None, None, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        o.block_size = 4
+    _, cfg, sd = llama
+    eng = Engine(cfg, {k: v.float() for k, v in sd.items()})
+    assert eng.options == o and eng.block_size == 16 and eng.dtype == torch.float32 and eng.quant == "none"
+    assert eng.max_model_len == cfg.max_position_embeddings and eng.graphs is None
+

@@ -17,6 +17,7 @@ import torch
 from tests.helpers.tiny import write_model
 from tokenrouter.runtime.kernels import plan as kernels
 from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.engine.options import EngineOptions
 from tokenrouter.runtime.kernels.linear import PlannedLinear
 from tokenrouter.runtime.kernels.plan import choose, per_rows_plan
 from tokenrouter.runtime.loader import load_model
@@ -65,29 +66,29 @@ def _model(tmp_path, hidden=64):
 
 
 def _engine(m, **kw):
-    return Engine(m.config, m.weights, block_size=4, num_blocks=64, max_model_len=128, **kw)
+    return Engine(m.config, m.weights, EngineOptions(block_size=4, num_blocks=64, max_model_len=128, **kw))
 
 
 def test_tiny_matrices_run_f_linear_unmeasured(tmp_path, tmp_cache):
     m = _model(tmp_path)
-    kw = m.engine_kwargs()
-    eng = _engine(m, **kw)
+    plan_cache = m.engine_options().plan_cache
+    eng = _engine(m, plan_cache=plan_cache)
     assert eng.kernel_plans and all(plan == [(64, "linear")] for plan in eng.kernel_plans.values())
-    with open(kw["plan_cache"]) as f:
+    with open(plan_cache) as f:
         assert json.load(f)["timings_ms"] == {}  # nothing was timed
 
 
 def test_a_measured_float_plan_is_cached_runs_and_matches_a_single_kernel(tmp_path, tmp_cache, monkeypatch):
     monkeypatch.setattr(kernels, "MEASURE_MIN_BYTES", 0)
     m = _model(tmp_path)
-    kw = m.engine_kwargs()
-    measured = _engine(m, **kw)
-    assert os.path.exists(kw["plan_cache"])
+    plan_cache = m.engine_options().plan_cache
+    measured = _engine(m, plan_cache=plan_cache)
+    assert os.path.exists(plan_cache)
     for key, plan in measured.kernel_plans.items():
         rows = [r for r, _ in plan]
         assert rows == sorted(rows) and rows[-1] == kernels.ROW_BUCKETS[-1], plan
         assert {k for _, k in plan} <= {"linear", "mkl", "onednn"}
-    again = _engine(m, **kw)
+    again = _engine(m, plan_cache=plan_cache)
     assert again.kernel_plans == measured.kernel_plans  # read back, not measured again
     # whatever kernels the plan mixes, each computes x @ W.T: a batch of every size agrees
     # with one kernel throughout to float32 rounding
@@ -133,7 +134,7 @@ def test_processes_starting_together_measure_once_and_share_the_plan(tmp_path):
 
 def test_float64_and_unmeasured_devices_keep_f_linear(tmp_path, tmp_cache):
     m = load_model(_model(tmp_path).folder, dtype=torch.float64)
-    eng = Engine(m.config, m.weights, dtype=torch.float64, block_size=4, num_blocks=16, max_model_len=64)
+    eng = Engine(m.config, m.weights, EngineOptions(dtype=torch.float64, block_size=4, num_blocks=16, max_model_len=64))
     assert eng.kernel_plans == {} and eng.model.linears() == []
 
 

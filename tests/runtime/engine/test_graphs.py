@@ -11,6 +11,7 @@ import torch
 
 from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.engine.options import EngineOptions
 
 CUDA = [pytest.param("cuda", True, marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                             reason="CUDA graphs need a GPU"))]
@@ -22,7 +23,8 @@ def test_graph_steps_equal_eager_steps(tiny, family, device, mode):
     _, cfg, sd = tiny(family)
     sd32 = {k: v.float() for k, v in sd.items()}
     kw = dict(device=device, dtype=torch.float32, block_size=4, num_blocks=256, max_model_len=256)
-    g, e = Engine(cfg, sd32, cuda_graphs=mode, **kw), Engine(cfg, sd32, cuda_graphs=False, **kw)
+    g = Engine(cfg, sd32, EngineOptions(cuda_graphs=mode, **kw))
+    e = Engine(cfg, sd32, EngineOptions(cuda_graphs=False, **kw))
     assert g.graphs is not None and e.graphs is None
     needs = FeatureNeeds(hidden_layers=(0, 1, -1))
     prompts = {i: list(range(1 + i, 9 + 3 * i)) for i in range(5)}

@@ -9,6 +9,7 @@ import torch
 
 from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.engine.options import EngineOptions
 
 from tests.helpers.hf_parity import FAMILIES, hf_logits
 
@@ -29,7 +30,7 @@ def test_any_split_matches_one_full_prefill_float64(tiny, family):
     rng = random.Random(family)
     tokens = [rng.randrange(cfg.vocab_size) for _ in range(70)]
     ref = hf_logits(model, tokens)
-    eng = Engine(cfg, sd, dtype=torch.float64, block_size=4, num_blocks=64)
+    eng = Engine(cfg, sd, EngineOptions(dtype=torch.float64, block_size=4, num_blocks=64))
     for trial in range(3):
         sid = f"s{trial}"
         pos = 0
@@ -46,7 +47,8 @@ def test_any_split_matches_one_full_prefill_float64(tiny, family):
 def test_decode_after_prefill_float32_greedy_matches(tiny, family):
     """float32 engine vs the float64 reference: tight tolerance and identical greedy tokens."""
     model, cfg, sd = tiny(family)
-    eng = Engine(cfg, {k: v.float() for k, v in sd.items()}, dtype=torch.float32, block_size=8, num_blocks=32)
+    eng = Engine(cfg, {k: v.float() for k, v in sd.items()},
+                 EngineOptions(dtype=torch.float32, block_size=8, num_blocks=32))
     tokens = list(range(3, 15))
     out = eng.step([("a", tokens)])
     for _ in range(20):
@@ -69,7 +71,7 @@ def test_hidden_states_match_transformers(tiny, family):
     with torch.no_grad():
         hf = model(torch.tensor([tokens]), output_hidden_states=True)
     hook.remove()
-    eng = Engine(cfg, sd, dtype=torch.float64, block_size=4, num_blocks=16)
+    eng = Engine(cfg, sd, EngineOptions(dtype=torch.float64, block_size=4, num_blocks=16))
     needs = FeatureNeeds(hidden_layers=tuple(range(n + 1)) + (-1,))
     eng.step([("a", tokens[:4])], needs)
     out = eng.step([("a", tokens[4:])], needs)

@@ -23,6 +23,7 @@ import torch
 
 from tokenrouter.runtime.kernels import bindings, build
 from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.engine.options import EngineOptions
 
 pytestmark = pytest.mark.real_weights
 
@@ -55,7 +56,7 @@ def reference():
     from tokenrouter.runtime.loader import load_model
     m = load_model("smollm2-135m")
     prompts = [m.tokenizer.encode(p) for p in PROMPTS]
-    eng = Engine(m.config, m.weights, num_blocks=80, max_model_len=160, attention=ATTENTION)
+    eng = Engine(m.config, m.weights, EngineOptions(num_blocks=80, max_model_len=160, attention=ATTENTION))
     logits, toks = _run(eng, prompts)
     return m, prompts, logits, toks
 
@@ -77,8 +78,8 @@ def test_quantised_formats_agree_with_float32_on_greedy_tokens(reference, quant,
         pytest.skip(why)
     m, prompts, ref, toks = reference
     src = load_model("smollm2-135m", quant="native") if quant == "native" else m
-    eng = Engine(src.config, src.weights, num_blocks=80, max_model_len=160, quant=quant,
-                 kernel_plan=kernel, attention=ATTENTION)
+    eng = Engine(src.config, src.weights, EngineOptions(num_blocks=80, max_model_len=160, quant=quant,
+                                                         kernel_plan=kernel, attention=ATTENTION))
     assert {k for lin in eng.model.decoder_linears() for _, k in lin.plan} == {kernel}  # the head: its own format
     got, _ = _run(eng, prompts, forced=toks)
     agree = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()

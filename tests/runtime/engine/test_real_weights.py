@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.engine.options import EngineOptions
 
 from tests.helpers.hf_parity import rms_norm_f64
 
@@ -38,8 +39,8 @@ def test_float64_pieces_match_one_full_forward(smollm):
     toks = ids + [504, 3575, 282, 4649, 314, 7042, 30]
     with torch.no_grad():
         ref = hf(torch.tensor([toks])).logits[0]
-    eng = Engine(m.config, {k: v.double() for k, v in m.weights.items()}, dtype=torch.float64,
-                 num_blocks=16, max_model_len=256)
+    eng = Engine(m.config, {k: v.double() for k, v in m.weights.items()},
+                 EngineOptions(dtype=torch.float64, num_blocks=16, max_model_len=256))
     n = len(ids)
     pos = 0
     for k in (n - 3, 3, 1, 2, 1, 1, 1, 1):  # prefill, extend, decode, extend, decodes
@@ -51,7 +52,7 @@ def test_float64_pieces_match_one_full_forward(smollm):
 
 def test_float32_greedy_generation_matches(smollm):
     m, hf, ids = smollm
-    eng = Engine(m.config, m.weights, dtype=torch.float32, num_blocks=16, max_model_len=256)
+    eng = Engine(m.config, m.weights, EngineOptions(dtype=torch.float32, num_blocks=16, max_model_len=256))
     out = eng.step([("a", ids), ("b", ids[:-4])])  # two requests in one batch
     gen = {"a": [], "b": []}
     for _ in range(12):

@@ -6,16 +6,18 @@ from __future__ import annotations
 import json
 import os
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from tests.helpers.checkpoints import hf_config, transformers_model, write_gguf
 from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.engine.options import EngineOptions
 from tokenrouter.runtime.kernels.bindings import int4dp_problem
 from tokenrouter.runtime.kernels.plan import row_invariant
 from tokenrouter.runtime.kernels.quant import QuantError, QuantTensor, quantize_int4, quantize_int8
-from tokenrouter.runtime.loader import LoadError, UnsupportedQuantization, load_model
+from tokenrouter.runtime.loader import LoadError, UnsupportedQuantization, load_model, quant_options
 
 VOCAB = 272  # a multiple of 16, so the tied head is int4-runnable too
 
@@ -29,7 +31,7 @@ def _gguf(tmp_path, family="llama", qtype="Q4_1", seed=5, **cfg):
 
 
 def _engine(m, **kw):
-    return Engine(m.config, m.weights, block_size=4, num_blocks=64, max_model_len=128, **kw)
+    return Engine(m.config, m.weights, EngineOptions(block_size=4, num_blocks=64, max_model_len=128, **kw))
 
 
 def _prompts(n, length, seed=0):
@@ -214,16 +216,16 @@ def test_native_needs_a_gguf_file(tmp_path, tmp_cache):
 
 def test_a_measured_plan_is_cached_and_reused(tmp_path, tmp_cache):
     m = load_model(_gguf(tmp_path), quant="native")
-    kw = m.engine_kwargs()
-    assert kw["quant"] == "native" and kw["plan_cache"].startswith(str(tmp_cache))
-    first = _engine(m, **kw)
-    with open(kw["plan_cache"]) as f:
+    opts = m.engine_options()
+    assert opts.quant == "native" and opts.plan_cache.startswith(str(tmp_cache))
+    first = _engine(m, quant=opts.quant, plan_cache=opts.plan_cache)
+    with open(opts.plan_cache) as f:
         saved = json.load(f)
     assert saved["host"]["torch"] == torch.__version__ and saved["plans"]
-    mtime = os.stat(kw["plan_cache"]).st_mtime_ns
-    second = _engine(m, **kw)
+    mtime = os.stat(opts.plan_cache).st_mtime_ns
+    second = _engine(m, quant=opts.quant, plan_cache=opts.plan_cache)
     assert second.kernel_plans == first.kernel_plans
-    assert os.stat(kw["plan_cache"]).st_mtime_ns == mtime  # read, not measured again
+    assert os.stat(opts.plan_cache).st_mtime_ns == mtime  # read, not measured again
 
 
 def test_a_second_head_format_adds_its_shape_to_the_cached_plan(tmp_path, tmp_cache):
@@ -231,19 +233,19 @@ def test_a_second_head_format_adds_its_shape_to_the_cached_plan(tmp_path, tmp_ca
     only the new head shape and keeps the decoder's entries, so alternating formats never
     re-measures (nor rewrites) the whole plan."""
     m = load_model(_gguf(tmp_path, qtype="Q8_0"), quant="native")
-    kw = m.engine_kwargs()
-    first = _engine(m, head_quant="int4", **kw)
-    second = _engine(m, head_quant="int8", **kw)
-    with open(kw["plan_cache"]) as f:
+    opts = m.engine_options()
+    first = _engine(m, head_quant="int4", quant=opts.quant, plan_cache=opts.plan_cache)
+    second = _engine(m, head_quant="int8", quant=opts.quant, plan_cache=opts.plan_cache)
+    with open(opts.plan_cache) as f:
         saved = json.load(f)["plans"]
     head4 = next(k for k in first.kernel_plans if k.endswith("q4g32") and k.startswith(f"{m.config.vocab_size}x"))
     head8 = next(k for k in second.kernel_plans if k.startswith(f"{m.config.vocab_size}x"))
     assert head4 != head8 and {head4, head8} <= set(saved)
     assert set(saved) == set(first.kernel_plans) | set(second.kernel_plans)
-    mtime = os.stat(kw["plan_cache"]).st_mtime_ns
-    third = _engine(m, head_quant="int4", **kw)
+    mtime = os.stat(opts.plan_cache).st_mtime_ns
+    third = _engine(m, head_quant="int4", quant=opts.quant, plan_cache=opts.plan_cache)
     assert third.kernel_plans == first.kernel_plans
-    assert os.stat(kw["plan_cache"]).st_mtime_ns == mtime
+    assert os.stat(opts.plan_cache).st_mtime_ns == mtime
 
 
 def test_a_requantised_head_rescores_its_top_candidates_from_the_files_codes(tmp_path, tmp_cache):
@@ -263,3 +265,16 @@ def test_a_requantised_head_rescores_its_top_candidates_from_the_files_codes(tmp
     assert (a.gather(1, top) - b.gather(1, top)).abs().max() < 1e-5
     assert torch.equal(a.argmax(-1), b.argmax(-1))
     assert (a - b).abs().max() > 1e-5  # the rest is the coarse head's own
+
+
+def test_quant_options_hold_a_model_in_a_format_with_the_options_given(tmp_path, tmp_cache):
+    """A loaded model's options carry its format and where its plan is cached; any other object
+    with config and weights gets the format alone."""
+    m = load_model(_gguf(tmp_path), quant="native")
+    opts = quant_options(m, "native", block_size=4, num_blocks=64)
+    assert opts == m.engine_options(block_size=4, num_blocks=64)
+    assert (opts.quant, opts.block_size, opts.num_blocks) == ("native", 4, 64)
+    assert opts.plan_cache.startswith(str(tmp_cache))
+    assert m.engine_options("int8").plan_cache != opts.plan_cache  # one plan per format
+    bare = SimpleNamespace(config=m.config, weights=m.weights)
+    assert quant_options(bare, "int8", block_size=4) == EngineOptions(quant="int8", block_size=4)

@@ -5,7 +5,12 @@ derived small model loads and runs."""
 import pytest
 import torch
 
+from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.engine.options import EngineOptions
 from tokenrouter.runtime.loader import BUILTIN_MODELS, load_model
+from tokenrouter.runtime.loader.builtin.bench_pair import SHAPES
+from tokenrouter.runtime.loader.builtin.derive import SMALL_RECIPE, subset_layers
+from tokenrouter.runtime.loader.hf import parse_config
 
 pytestmark = pytest.mark.real_weights
 
@@ -25,13 +30,12 @@ def _hf_model(m):
 
 
 def test_engine_matches_transformers_on_smollm2(smollm):
-    from tokenrouter.runtime.engine.engine import Engine
     ids = smollm.tokenizer.encode(smollm.tokenizer.apply_chat_template(
         [{"role": "user", "content": "Name three colours."}]), add_special_tokens=False)
     ref = _hf_model(smollm)
     with torch.no_grad():
         ref_logits = ref(torch.tensor([ids + [330, 2887]])).logits[0]
-    eng = Engine(smollm.config, smollm.weights, num_blocks=16, max_model_len=256)
+    eng = Engine(smollm.config, smollm.weights, EngineOptions(num_blocks=16, max_model_len=256))
     prefill = eng.step([("a", ids)]).logits[0]
     dec1 = eng.step([("a", [330])]).logits[0]
     dec2 = eng.step([("a", [2887])]).logits[0]
@@ -42,7 +46,6 @@ def test_engine_matches_transformers_on_smollm2(smollm):
 
 
 def test_builtin_small_model_is_the_chosen_layer_subset(smollm):
-    from tokenrouter.runtime.loader.builtin.derive import SMALL_RECIPE
     small = load_model("smollm2-135m-small")
     keep = SMALL_RECIPE["keep_layers"]
     assert small.config.num_hidden_layers == len(keep) < smollm.config.num_hidden_layers
@@ -59,17 +62,15 @@ def test_builtin_small_model_is_the_chosen_layer_subset(smollm):
     assert not torch.allclose(head, embed, atol=1e-3)
     # the lens is what makes it a model: teacher-forced on the large model's greedy answers it
     # picks the large model's token more often than the same 6 layers read by the plain head
-    from tokenrouter.runtime.engine.engine import Engine
-    from tokenrouter.runtime.loader.builtin.derive import subset_layers
     tok = smollm.tokenizer
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]), add_special_tokens=False)
                for q in ("What is the capital of France?", "Name a fruit that is yellow.",
                          "How many days are in a week?", "What colour is the sky on a clear day?")]
-    large_eng = Engine(smollm.config, smollm.weights, num_blocks=64, max_model_len=128)
+    large_eng = Engine(smollm.config, smollm.weights, EngineOptions(num_blocks=64, max_model_len=128))
     plain_cfg, plain_w = subset_layers(smollm.raw_config, smollm.weights, keep)
-    from tokenrouter.runtime.loader.hf import parse_config
-    engines = {"lens": Engine(small.config, small.weights, num_blocks=64, max_model_len=128),
-               "plain": Engine(parse_config(plain_cfg, "plain"), plain_w, num_blocks=64, max_model_len=128)}
+    engines = {"lens": Engine(small.config, small.weights, EngineOptions(num_blocks=64, max_model_len=128)),
+               "plain": Engine(parse_config(plain_cfg, "plain"), plain_w,
+                               EngineOptions(num_blocks=64, max_model_len=128))}
     hits = {"lens": 0, "plain": 0}
     batch = [(i, p) for i, p in enumerate(prompts)]
     for _ in range(16):
@@ -81,7 +82,6 @@ def test_builtin_small_model_is_the_chosen_layer_subset(smollm):
 
 
 def test_bench_small_builds_with_the_smollm2_tokenizer(smollm):
-    from tokenrouter.runtime.loader.builtin.bench_pair import SHAPES
     m = load_model("bench-small")
     assert m.config.architecture == "qwen3" and m.config.hidden_size == SHAPES["small"]["hidden_size"]
     assert m.tokenizer.fingerprint == smollm.tokenizer.fingerprint

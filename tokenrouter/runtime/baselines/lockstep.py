@@ -39,7 +39,7 @@ class Lockstep:
 
         from tokenrouter.compiler.backend.compiled import load_routers
         from tokenrouter.runtime.engine.engine import Engine
-        from tokenrouter.runtime.loader import load_model, quant_kwargs
+        from tokenrouter.runtime.loader import load_model, quant_options
 
         if threads:
             torch.set_num_threads(threads)
@@ -52,12 +52,12 @@ class Lockstep:
         for m in program.models:
             md = getattr(torch, m.dtype)
             lm = (models or {}).get(m.name) or load_model(m.path, dtype=md, quant=m.quant)
-            kw = {"dtype": md, "block_size": block_size, **quant_kwargs(lm, m.quant)}
+            kw = {"dtype": md, "block_size": block_size}
             if num_blocks:
                 kw["num_blocks"] = num_blocks
             if max_model_len:
                 kw["max_model_len"] = max_model_len
-            self.engines[m.name] = Engine(lm.config, lm.weights, **kw)
+            self.engines[m.name] = Engine(lm.config, lm.weights, quant_options(lm, m.quant, **kw))
         self.phase_s = {p: 0.0 for p in PHASES}
         self.runners = {w: StepRunner(w, self.writers, members.get(w, (w,)), self.engines, routers[w], self.phase_s)
                         for w in self.writers}

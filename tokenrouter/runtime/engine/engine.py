@@ -3,8 +3,8 @@
 API (what the runtime and the loader call)::
 
     from tokenrouter.runtime.engine.engine import Engine, StepOutput
-    eng = Engine(config, weights, device="cpu", dtype=torch.float32,
-                 block_size=16, num_blocks=None, max_model_len=None)
+    from tokenrouter.runtime.engine.options import EngineOptions
+    eng = Engine(config, weights, EngineOptions(dtype=torch.float32, block_size=16, num_blocks=None))
     out = eng.step([(seq_id, new_tokens), ...], needs=FeatureNeeds())
     out.logits          # [B, V] at each request's last new position
     out.hidden          # {layer: [B, H]} for needs.hidden_layers (ir.InputHidden numbering:
@@ -16,11 +16,14 @@ API (what the runtime and the loader call)::
     eng.free(seq_id)    # release seq_id's blocks (unknown id: no-op)
     eng.blocks_used, eng.blocks_total
 
+The options (`EngineOptions`, `options.py`) are named below by their fields.
+
 `step` appends each entry's new tokens to its sequence (a new seq_id starts empty, so a
 prefill is an extend from 0 and a decode an extend of one token) and runs the whole batch
 as one forward. A sequence holds its blocks until it is freed: appends only ever take free
-blocks, so a request pending at a peer keeps its KV without anything more. Long work is split internally so memory stays bounded: a step computes at
-most `max_batched_tokens` tokens per forward; a longer prefill runs its leading chunks
+blocks, so a request pending at a peer keeps its KV without anything more. Long work is
+split internally so memory stays bounded: a step computes at most `max_batched_tokens`
+tokens per forward; a longer prefill runs its leading chunks
 first, and a batch with more tokens runs as several forwards. Results are the same either
 way (requests never interact). With `prefix_reuse=True`, a *new* sequence whose prompt
 starts with full blocks another sequence computed shares them instead of recomputing.
@@ -31,22 +34,23 @@ CUDA graphs (`graphs.py`, unverified without a GPU; `cuda_graphs=False` turns th
 device, which is how their padding is tested on CPU).
 
 Errors: `BadBatch` (malformed step), `OutOfBlocks` (check `can_append` first), and
-`model.WeightError` (missing or misshapen weights), all with a message for the user.
+`weights.WeightError` (missing or misshapen weights), all with a message for the user.
 Threads are the caller's choice (`torch.set_num_threads`); measured on the shared 2-core
 machine, two threads per engine collapse when the cores are oversubscribed (two subservers,
 or other work), so one thread per engine is the robust setting there.
 
 Matrix kernels: on CPU in float32 every matrix runs the kernels measured fastest on this
-host per shape and row count (`kernels.py`; `kernel_plan` forces a kernel name or a plan,
-`plan_cache` is where a measured plan is kept, otherwise it is measured at construction).
-Quantised weights (`quant="native" | "int4" | "int8"`, see `quant.py`): the decoder's
+host per shape and row count (`kernels/plan.py`; `kernel_plan` forces a kernel name or a
+plan, `plan_cache` is where a measured plan is kept, otherwise it is measured at
+construction). Quantised weights (`quant="native" | "int4" | "int8"`, see
+`kernels/quant.py`): the decoder's
 matrices run on int4/int8 kernels with `act_dtype` activations (bfloat16 by default) where
 that is faster, float32 where not, one row-invariant kernel per shape. `head_quant` is the
 LM head's format in those modes ("auto": int4 where its kernel takes the shape, else int8;
 see `Model`).
 
 Attention (`attention`): on CPU in float32, decodes and short extends run a C kernel built
-on this host at first use (`ckernels.py`), which reads each request's K/V where it lies in
+on this host at first use (`kernels/bindings.py`), which reads each request's K/V where it lies in
 the cache; prefill chunks, other devices and dtypes run torch's path (`attention.py`).
 "torch" forces torch's path everywhere, "native" refuses to run without the C kernel; the
 default is `$TOKENROUTER_ATTENTION`, else "auto" (measured on this host, `_native_attention`).
@@ -75,6 +79,7 @@ from tokenrouter.runtime.engine.config import ModelConfig
 from tokenrouter.runtime.engine.graphs import GraphRunner
 from tokenrouter.runtime.engine.kv_cache import KVCache, default_num_blocks
 from tokenrouter.runtime.engine.model import Model
+from tokenrouter.runtime.engine.options import EngineOptions
 from tokenrouter.runtime.kernels.build import NativeKernelError, available
 from tokenrouter.runtime.kernels.plan import choose
 
@@ -105,49 +110,46 @@ class _Work:
 
 
 class Engine:
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], *, device="cpu",
-                 dtype: torch.dtype = torch.float32, block_size: int = 16, num_blocks: int | None = None,
-                 max_model_len: int | None = None, prefix_reuse: bool = False,
-                 max_batched_tokens: int = 2048, cuda_graphs: bool | str = True, quant: str = "none",
-                 act_dtype: torch.dtype = torch.bfloat16, head_quant: str = "auto",
-                 kernel_plan: dict | str | None = None, plan_cache: str | None = None,
-                 attention: str | None = None, fused_ops: bool | None = None):
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
+                 options: EngineOptions = EngineOptions()):
+        o = self.options = options
         self.config = config
-        self.device = torch.device(device)
-        self.dtype = dtype
-        self.block_size = block_size
-        self.max_model_len = max_model_len or config.max_position_embeddings
-        self.max_batched_tokens = max_batched_tokens
+        self.device = torch.device(o.device)
+        self.dtype = dtype = o.dtype
+        self.block_size = block_size = o.block_size
+        self.max_model_len = o.max_model_len or config.max_position_embeddings
+        self.max_batched_tokens = o.max_batched_tokens
+        num_blocks = o.num_blocks
         if num_blocks is None:
             num_blocks = default_num_blocks(config, block_size, dtype, self.max_model_len)
         self.model = Model(config, weights, device=self.device, dtype=dtype, max_len=self.max_model_len,
-                           quant=quant, act_dtype=act_dtype, head_quant=head_quant)
-        self.quant = quant
+                           quant=o.quant, act_dtype=o.act_dtype, head_quant=o.head_quant)
+        self.quant = o.quant
         self.kernel_plans: dict = {}
         if self.model.linears():
             # a float32 model takes the fastest kernel per row count; a quantised one, one
-            # row-invariant kernel per shape (kernels.py)
-            self.kernel_plans = choose(self.model.linears(), kernel_plan, plan_cache, per_rows=quant == "none")
-        self.model.fused = self._fused_ops(fused_ops)
+            # row-invariant kernel per shape (kernels/plan.py)
+            self.kernel_plans = choose(self.model.linears(), o.kernel_plan, o.plan_cache, per_rows=o.quant == "none")
+        self.model.fused = self._fused_ops(o.fused_ops)
         # "eager": the graphs' padded static-shape steps without capturing, on any device (tests)
-        use_graphs = cuda_graphs == "eager" or (cuda_graphs is True and self.device.type == "cuda")
+        use_graphs = o.cuda_graphs == "eager" or (o.cuda_graphs is True and self.device.type == "cuda")
         # with graphs, one extra block past the allocator's range is the padding rows' scratch
         cache_blocks = num_blocks + use_graphs
         self.kv = KVCache(config, cache_blocks, block_size, self.device, dtype)
-        self.alloc = BlockAllocator(num_blocks, block_size, prefix_reuse=prefix_reuse)
+        self.alloc = BlockAllocator(num_blocks, block_size, prefix_reuse=o.prefix_reuse)
         self.q_per_kv = config.num_attention_heads // config.num_key_value_heads
         self.geometry = CacheGeometry(block_size, cache_blocks, config.num_key_value_heads, self.q_per_kv)
-        self.native_attention = self._native_attention(attention)
+        self.native_attention = self._native_attention(o.attention)
         self.graphs = None
         if use_graphs:
             self.graphs = GraphRunner(self.model, self.kv, self.geometry, pad_block=num_blocks,
-                                      max_len=self.max_model_len, capture=cuda_graphs is True)
+                                      max_len=self.max_model_len, capture=o.cuda_graphs is True)
 
     def _native_attention(self, attention: str) -> bool:
-        """Whether decodes and short extends go to the C kernel (`ckernels`): "native" demands
-        it, "torch" refuses it, "auto" (the default) takes it on CPU in float32 where it builds
-        and, measured on this host at this thread count and cache geometry (cached), is the
-        faster. One choice per engine, so every step of a request runs the same arithmetic."""
+        """Whether decodes and short extends go to the C kernel (`bindings.paged_attention`):
+        "native" demands it, "torch" refuses it, "auto" (the default) takes it on CPU in float32
+        where it builds and, measured on this host at this thread count and cache geometry
+        (cached), is the faster. One choice per engine, so every step of a request runs the same arithmetic."""
         if attention is None:
             attention = os.environ.get("TOKENROUTER_ATTENTION", "auto")
         if attention not in ("auto", "native", "torch"):

@@ -3,7 +3,7 @@
     from tokenrouter.runtime.loader import load_model, Tokenizer, BUILTIN_MODELS, LoadError
     m = load_model("smollm2-135m")          # or a folder, or a .gguf file; dtype=torch.float32
     m = load_model("smollm2-135m", quant="native")   # a GGUF's own Q4_0/Q4_1/Q8_0 blocks
-    Engine(m.config, m.weights, **m.engine_kwargs())  # the format and its cached kernel plan
+    Engine(m.config, m.weights, m.engine_options(max_model_len=256))  # its format and cached kernel plan
     m.name, m.config (ModelConfig), m.weights (dict[str, Tensor], Hugging Face names), m.tokenizer
     tok = m.tokenizer
     tok.encode(text) -> list[int]; tok.decode(ids) -> str
@@ -41,9 +41,9 @@ from tokenrouter.runtime.loader.builtin.registry import BUILTIN_MODELS, BuiltinM
 from tokenrouter.runtime.loader.resolve import native_gguf, resolve_folder
 from tokenrouter.runtime.loader.tokenizer import Tokenizer
 
-__all__ = ["load_model", "quant_kwargs", "resolve_folder", "model_facts", "LoadedModel", "Tokenizer", "BUILTIN_MODELS", "BuiltinModel",
-           "LoadError", "MissingFile", "ShapeMismatch", "UnsupportedArchitecture", "UnsupportedQuantization",
-           "program_tokenizer"]
+__all__ = ["load_model", "quant_options", "resolve_folder", "model_facts", "LoadedModel", "Tokenizer", "BUILTIN_MODELS",
+           "BuiltinModel", "LoadError", "MissingFile", "ShapeMismatch", "UnsupportedArchitecture",
+           "UnsupportedQuantization", "program_tokenizer"]
 
 
 @dataclass
@@ -62,15 +62,17 @@ class LoadedModel:
         return json.dumps(file_key(self.source) if self.source else {"folder": os.path.realpath(self.folder)},
                           sort_keys=True)
 
-    def engine_kwargs(self, quant: str | None = None, threads: int | None = None) -> dict[str, Any]:
-        """Engine keyword arguments for this model's format: `quant` and where its measured
-        kernel plan is cached."""
+    def engine_options(self, quant: str | None = None, threads: int | None = None, **options: Any):
+        """The `EngineOptions` that hold this model in its format (`quant`, else the one it was
+        loaded for) with its measured kernel plan cached (for `threads`, else torch's), and
+        the other `options` given."""
         quant = quant or self.quant
         import torch
 
+        from tokenrouter.runtime.engine.options import EngineOptions
         from tokenrouter.runtime.kernels.plan import plan_path
         act = torch.float32 if quant == "none" else torch.bfloat16
-        return {"quant": quant, "plan_cache": plan_path(self.model_id(), quant, act, threads)}
+        return EngineOptions(quant=quant, plan_cache=plan_path(self.model_id(), quant, act, threads), **options)
 
 
 def load_model(path_or_name: str, dtype=None, quant: str = "none") -> LoadedModel:
@@ -98,12 +100,14 @@ def load_model(path_or_name: str, dtype=None, quant: str = "none") -> LoadedMode
                        folder=folder, raw_config=raw, quant=quant)
 
 
-def quant_kwargs(model: Any, quant: str) -> dict[str, Any]:
-    """Engine keyword arguments that hold `model` (a `LoadedModel`, or any object with config and
-    weights) in format `quant`, with its kernel plan cached when the model has a known source."""
+def quant_options(model: Any, quant: str, **options: Any):
+    """The `EngineOptions` that hold `model` (a `LoadedModel`, or any object with config and
+    weights) in format `quant`, with its kernel plan cached when the model has a known source,
+    and the other `options` given."""
     if isinstance(model, LoadedModel):
-        return model.engine_kwargs(quant)
-    return {"quant": quant}
+        return model.engine_options(quant, **options)
+    from tokenrouter.runtime.engine.options import EngineOptions
+    return EngineOptions(quant=quant, **options)
 
 
 def program_tokenizer(program: Any) -> Tokenizer:

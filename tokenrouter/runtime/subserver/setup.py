@@ -1,7 +1,7 @@
 """What a subserver is given, what it loads before serving, and how a failed start is reported.
 
 `SubserverSpec` is JSON-safe because it crosses the spawn boundary of a subserver process
-(`launcher.py` makes one per writer). `load_writer` reads the program and loads the
+(`frontend/launch.py` makes one per writer). `load_writer` reads the program and loads the
 writer's compiled router and one engine per model it steps (the model, or an ensemble's
 members). When that fails, `report_startup_failure` sends the frontend a `ready` message
 carrying the error, so `tokenrouter serve` says why instead of waiting.
@@ -15,6 +15,13 @@ import traceback
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import torch
+import zmq
+
+from tokenrouter.compiler import ir
+from tokenrouter.compiler.backend.compiled import load_routers
+from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.loader import load_model, quant_options
 from tokenrouter.runtime.transport import wire
 from tokenrouter.runtime.transport.security import Security
 from tokenrouter.runtime.transport.sockets import Sender
@@ -59,13 +66,6 @@ class LoadedWriter:
 
 def load_writer(spec: SubserverSpec, models: dict[str, Any] | None = None) -> LoadedWriter:
     """The writer's program, router and engines (`models`: preloaded weights, by model name)."""
-    import torch
-
-    from tokenrouter.compiler import ir
-    from tokenrouter.compiler.backend.compiled import load_routers
-    from tokenrouter.runtime.engine.engine import Engine
-    from tokenrouter.runtime.loader import load_model, quant_kwargs
-
     program = ir.Program.from_json(spec.program_json)
     ens = next((e for e in program.ensembles if e.name == spec.writer), None)
     members = ens.members if ens else (spec.writer,)
@@ -76,18 +76,14 @@ def load_writer(spec: SubserverSpec, models: dict[str, Any] | None = None) -> Lo
         pm = program.model(name)
         mdt = getattr(torch, pm.dtype)
         m = (models or {}).get(name) or load_model(pm.path, dtype=mdt, quant=pm.quant)
-        kw = {"device": spec.device, "dtype": mdt, "block_size": spec.block_size, **quant_kwargs(m, pm.quant)}
-        if spec.num_blocks is not None:
-            kw["num_blocks"] = spec.num_blocks
-        if spec.max_model_len is not None:
-            kw["max_model_len"] = spec.max_model_len
-        engines[name] = Engine(m.config, m.weights, **kw)
+        engines[name] = Engine(m.config, m.weights, quant_options(
+            m, pm.quant, device=spec.device, dtype=mdt, block_size=spec.block_size, num_blocks=spec.num_blocks,
+            max_model_len=spec.max_model_len))
     return LoadedWriter(program, tuple(members), router, engines)
 
 
 def report_startup_failure(spec: SubserverSpec, exc: BaseException, ctx=None) -> None:
     """Tell the frontend this subserver could not start, and why."""
-    import zmq
     log.error("%s: start-up failed:\n%s", spec.writer, traceback.format_exc())
     c = ctx or zmq.Context()
     try:

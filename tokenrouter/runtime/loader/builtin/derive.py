@@ -29,6 +29,7 @@ import torch
 from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.compiler.weights.files import DERIVED_IDENTITY, folder_fingerprint
 from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.engine.options import EngineOptions
 from tokenrouter.runtime.engine.sampler import SamplingParams, sample
 from tokenrouter.runtime import cache
 from tokenrouter.runtime.loader.errors import LoadError
@@ -90,8 +91,8 @@ def collect_hidden(model_config, weights: dict[str, torch.Tensor], prompts: list
     max_len = max(map(len, prompts)) + steps + 1
     # one fixed kernel (F.linear), not this host's measured plan: a derivation is not timed, and
     # its hidden states should not depend on which kernel won a timing here
-    eng = Engine(model_config, weights, max_model_len=max_len, num_blocks=len(prompts) * (max_len // 16 + 2),
-                 kernel_plan="linear")
+    eng = Engine(model_config, weights, EngineOptions(
+        max_model_len=max_len, num_blocks=len(prompts) * (max_len // 16 + 2), kernel_plan="linear"))
     needs = FeatureNeeds(hidden_layers=(*layers, -1))
     params = [SamplingParams(temperature=temperature, top_p=0.95, seed=seed * 100003 + i) for i in range(len(prompts))]
     xs: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
