@@ -10,6 +10,7 @@ import torch
 from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.runtime.engine.engine import BadBatch, Engine, OutOfBlocks
 from tokenrouter.runtime.engine.options import EngineOptions
+from tokenrouter.runtime.kernels.quant import QuantError
 
 
 @pytest.fixture
@@ -133,3 +134,8 @@ def test_options_default_to_what_an_engine_without_them_runs(llama):
     assert eng.options == o and eng.block_size == 16 and eng.dtype == torch.float32 and eng.quant == "none"
     assert eng.max_model_len == cfg.max_position_embeddings and eng.graphs is None
 
+
+def test_a_quantised_model_off_the_cpu_is_refused_naming_the_device(llama):
+    _, cfg, sd = llama
+    with pytest.raises(QuantError, match=r"use quant=none on cuda$"):
+        Engine(cfg, sd, EngineOptions(device="cuda", quant="int4"))

@@ -2,11 +2,11 @@
 
 One class covers the three architectures: they differ only in flags of `ModelConfig`
 (Qwen2: q/k/v biases; Qwen3: per-head RMSNorm on q and k; tied embeddings anywhere).
-Weights come as a Hugging Face-named state dict; q/k/v and gate/up are fused into one
-matrix each so a layer costs four matrix multiplies, and each q/k head's rows are stored
-interleaved so rotary embedding is one in-place complex multiply (`layers.Rotary`). The
-forward takes the batch and the KV cache explicitly, so several models can live in one
-process.
+Weights come as a Hugging Face-named state dict, held in the model's format (`weights.py`);
+q/k/v and gate/up are fused into one matrix each so a layer costs four matrix multiplies,
+and each q/k head's rows are stored interleaved so rotary embedding is one in-place complex
+multiply (`layers.Rotary`). The forward takes the batch and the KV cache explicitly, so
+several models can live in one process.
 """
 
 from __future__ import annotations
@@ -21,13 +21,10 @@ from tokenrouter.runtime.engine.kv_cache import KVCache
 from tokenrouter.runtime.engine.layers import LinearWeight, Rotary, interleave, linear, rms_norm, silu_mul
 from tokenrouter.runtime.kernels import bindings
 from tokenrouter.runtime.kernels.build import available
+from tokenrouter.runtime.engine.weights import (WeightError, check_formats, embedding_codes, fuse, map_rows,
+                                                matrix_format, quantised_head, reader)
 from tokenrouter.runtime.kernels.linear import INT_KERNELS, PlannedLinear
-from tokenrouter.runtime.kernels.quant import (QUANTS, QuantError, QuantTensor, int4_shape_problem, quantize_int4, quantize_int8,
-                    quantize_q8_0)
-
-
-class WeightError(ValueError):
-    """A weight is missing or has the wrong shape for the model's config."""
+from tokenrouter.runtime.kernels.quant import QuantTensor
 
 
 @dataclass
@@ -43,138 +40,80 @@ class _Layer:
     down: LinearWeight
 
 
-def _fuse(parts: list, rows_fn=None):
-    """torch.cat of float matrices, `QuantTensor.cat` of quantised ones; a fused matrix of mixed
-    formats is held as float."""
-    if all(isinstance(p, QuantTensor) for p in parts):
-        try:
-            return QuantTensor.cat(parts)
-        except QuantError:
-            pass
-    return torch.cat([p.dequantize() if isinstance(p, QuantTensor) else p for p in parts])
-
-
-def _rows(w, fn):
-    return w.map_rows(fn) if isinstance(w, QuantTensor) else fn(w)
-
-
 class Model:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], *,
                  device: torch.device | str, dtype: torch.dtype, max_len: int, quant: str = "none",
                  act_dtype: torch.dtype = torch.bfloat16, head_quant: str = "auto"):
-        """`quant` (see quant.py): "none" holds float weights (any `QuantTensor` dequantised);
-        "native" keeps `QuantTensor`s as they come (float tensors stay float); "int4"/"int8"
-        quantise the decoder's matrices on load. In the quantised formats the LM head is held
-        as `head_quant`: "int4" (min/max per group of 32), "int8" (per row), "none" (float32),
-        or "auto" (the default: int4 where the int4 kernel takes the shape, else int8), unless
-        it comes as int4-runnable codes, which it keeps. int4 is preferred because the head is
-        the largest matrix a step reads: measured on SmolLM2, it takes the batch-1 step from
-        14.1 to 11.1 ms with the same greedy agreement (its top candidates are rescored from
-        the file's codes, `logits`). An explicit "int4" on a shape the kernel cannot take is
-        an error, as for the decoder's matrices."""
+        """The weights held in format `quant`, the LM head in `head_quant` (`weights.py` says
+        what each format holds)."""
         c = config
-        if quant not in QUANTS:
-            raise ValueError(f"quant must be one of {', '.join(QUANTS)}, not {quant!r}")
-        if head_quant not in ("auto", "none", "int4", "int8"):
-            raise ValueError(f"head_quant must be auto, none, int4 or int8, not {head_quant!r}")
-        if quant != "none" and torch.device(device).type != "cpu":
-            raise QuantError(f"quant={quant} runs on CPU only (torch's int4/int8 weight kernels used here are "
-                             "CPU kernels); use quant=none on {device}")
+        check_formats(quant, head_quant, device)
         self.config = c
         self.quant = quant
         self.dtype = dtype
         self.nh, self.kvh, self.hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         if self.nh % self.kvh:
             raise WeightError(f"{self.nh} attention heads do not divide into {self.kvh} KV heads")
-        h, inter = c.hidden_size, c.intermediate_size
-        q_out, kv_out = self.nh * self.hd, self.kvh * self.hd
-
-        def get(name: str, shape: tuple[int, ...], optional: bool = False) -> torch.Tensor | None:
-            w = weights.get(name)
-            if w is None:
-                if optional:
-                    return None
-                raise WeightError(f"missing weight {name!r}")
-            if tuple(w.shape) != shape:
-                raise WeightError(f"weight {name!r} has shape {tuple(w.shape)}, expected {shape}")
-            if isinstance(w, QuantTensor):
-                return w if quant == "native" or (len(shape) == 2 and quant != "none") else \
-                    w.dequantize(dtype=dtype).to(device)
-            return w.to(device=device, dtype=dtype)
-
-        # float32 on CPU: each matrix on the kernels measured fastest here per row count (kernels.py)
-        planned_floats = torch.device(device).type == "cpu" and dtype == torch.float32
-
-        def mat(w, name: str):
-            """A decoder matrix in this model's format."""
-            if quant == "none":
-                return PlannedLinear(w, dtype) if planned_floats else LinearWeight(w)
-            if quant == "int4" and not (isinstance(w, QuantTensor) and w.fmt == "q4"):
-                w = quantize_int4(w.dequantize() if isinstance(w, QuantTensor) else w, name)
-            elif quant == "int8" and not (isinstance(w, QuantTensor) and w.fmt == "q8" and w.group == w.shape[1]):
-                w = quantize_int8(w.dequantize() if isinstance(w, QuantTensor) else w, name)
-            return PlannedLinear(w, act_dtype)
-
-        embed = get("model.embed_tokens.weight", (c.vocab_size, h))
-        self.norm = get("model.norm.weight", (h,))
-        head = get("lm_head.weight", (c.vocab_size, h), optional=c.tie_word_embeddings)
-        self.embed_q: QuantTensor | None = None  # the embedding as codes (rows dequantised on lookup)
-        self.head_exact: QuantTensor | None = None
-        if quant == "none":
-            self.embed_tokens = embed
-            self.lm_head = mat(embed if head is None else head, "lm_head.weight")
-        else:
-            src = embed if head is None else head
-            if isinstance(src, QuantTensor) and src.fmt == "q4" and int4_shape_problem(*src.shape, src.group) is None:
-                head_w = src  # int4-runnable codes: run them as they are
-            elif head_quant == "int4" or (head_quant == "auto" and int4_shape_problem(*src.shape) is None):
-                head_w = quantize_int4(src.dequantize() if isinstance(src, QuantTensor) else src, "lm_head.weight")
-            elif head_quant in ("auto", "int8"):
-                head_w = quantize_int8(src.dequantize() if isinstance(src, QuantTensor) else src)
-            else:
-                head_w = src.dequantize() if isinstance(src, QuantTensor) else src
-            self.lm_head = PlannedLinear(head_w, act_dtype)
-            if isinstance(embed, QuantTensor):
-                self.embed_q = embed
-            elif head is None and isinstance(head_w, QuantTensor):
-                # tied, from float: the embedding as Q8_0-style codes (a quarter of the bytes),
-                # which also rescore the coarser head's top candidates
-                self.embed_q = quantize_q8_0(embed) if embed.shape[1] % 32 == 0 else head_w
-            self.embed_tokens = None if self.embed_q is not None else embed
-            # tied, with the embedding's own codes at hand and a coarser head: rescore the head's
-            # top candidates exactly from those codes (`logits`)
-            if head is None and self.embed_q is not None and self.embed_q is not head_w:
-                self.head_exact = self.embed_q
-        self.layers: list[_Layer] = []
-        for i in range(c.num_hidden_layers):
-            p = f"model.layers.{i}."
-            a = p + "self_attn."
-            qb = get(a + "q_proj.bias", (q_out,), optional=not c.attention_bias)
-            kb = get(a + "k_proj.bias", (kv_out,), optional=qb is None)
-            vb = get(a + "v_proj.bias", (kv_out,), optional=qb is None)
-            if qb is not None:
-                qb, kb = interleave(qb, self.nh), interleave(kb, self.kvh)
-            nh, kvh = self.nh, self.kvh
-            self.layers.append(_Layer(
-                ln1=get(p + "input_layernorm.weight", (h,)),
-                qkv=mat(_fuse([_rows(get(a + "q_proj.weight", (q_out, h)), lambda t: interleave(t, nh)),
-                               _rows(get(a + "k_proj.weight", (kv_out, h)), lambda t: interleave(t, kvh)),
-                               get(a + "v_proj.weight", (kv_out, h))]), a + "q_proj+k_proj+v_proj.weight"),
-                qkv_bias=None if qb is None else torch.cat([qb, kb, vb]),
-                qk_norm=self._qk_norm(get(a + "q_norm.weight", (self.hd,), optional=not c.qk_norm),
-                                      get(a + "k_norm.weight", (self.hd,), optional=not c.qk_norm)),
-                o=mat(get(a + "o_proj.weight", (h, q_out)), a + "o_proj.weight"),
-                o_bias=get(a + "o_proj.bias", (h,), optional=True),
-                ln2=get(p + "post_attention_layernorm.weight", (h,)),
-                gate_up=mat(_fuse([get(p + "mlp.gate_proj.weight", (inter, h)),
-                                   get(p + "mlp.up_proj.weight", (inter, h))]), p + "mlp.gate_proj+up_proj.weight"),
-                down=mat(get(p + "mlp.down_proj.weight", (h, inter)), p + "mlp.down_proj.weight"),
-            ))
+        get = reader(weights, quant, dtype, device)
+        matrix = matrix_format(quant, dtype, act_dtype, device)
+        self._init_head(get, matrix, head_quant, act_dtype)
+        self.layers: list[_Layer] = [self._layer(get, matrix, i) for i in range(c.num_hidden_layers)]
         scaling = dict(c.rope_scaling) if c.rope_scaling else None
         self.rotary = Rotary(self.hd, c.rope_theta, scaling, max_len, device, dtype)
         self.scale = self.hd ** -0.5
         self.fused = False  # the C element-wise path (`fused_problem`, `_fused_layers`); the engine sets it
         self.act_dtype = act_dtype
+
+    def _init_head(self, get, matrix, head_quant: str, act_dtype: torch.dtype) -> None:
+        """The embedding, the final norm and the LM head: in a float model as the checkpoint
+        gives them; in a quantised one the head in `head_quant` and the embedding as codes
+        where it can be (`weights.embedding_codes`)."""
+        c, h = self.config, self.config.hidden_size
+        embed = get("model.embed_tokens.weight", (c.vocab_size, h))
+        self.norm = get("model.norm.weight", (h,))
+        head = get("lm_head.weight", (c.vocab_size, h), optional=c.tie_word_embeddings)
+        self.embed_q: QuantTensor | None = None  # the embedding as codes (rows dequantised on lookup)
+        self.head_exact: QuantTensor | None = None
+        if self.quant == "none":
+            self.embed_tokens = embed
+            self.lm_head = matrix(embed if head is None else head, "lm_head.weight")
+            return
+        head_w = quantised_head(embed if head is None else head, head_quant)
+        self.lm_head = PlannedLinear(head_w, act_dtype)
+        self.embed_q = embedding_codes(embed, head, head_w)
+        self.embed_tokens = None if self.embed_q is not None else embed
+        # tied, with the embedding's own codes at hand and a coarser head: rescore the head's
+        # top candidates exactly from those codes (`logits`)
+        if head is None and self.embed_q is not None and self.embed_q is not head_w:
+            self.head_exact = self.embed_q
+
+    def _layer(self, get, matrix, i: int) -> _Layer:
+        """Decoder layer `i`: q/k/v and gate/up fused, q and k rows interleaved per head."""
+        c, nh, kvh = self.config, self.nh, self.kvh
+        h, inter = c.hidden_size, c.intermediate_size
+        q_out, kv_out = nh * self.hd, kvh * self.hd
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        qb = get(a + "q_proj.bias", (q_out,), optional=not c.attention_bias)
+        kb = get(a + "k_proj.bias", (kv_out,), optional=qb is None)
+        vb = get(a + "v_proj.bias", (kv_out,), optional=qb is None)
+        if qb is not None:
+            qb, kb = interleave(qb, nh), interleave(kb, kvh)
+        return _Layer(
+            ln1=get(p + "input_layernorm.weight", (h,)),
+            qkv=matrix(fuse([map_rows(get(a + "q_proj.weight", (q_out, h)), lambda t: interleave(t, nh)),
+                             map_rows(get(a + "k_proj.weight", (kv_out, h)), lambda t: interleave(t, kvh)),
+                             get(a + "v_proj.weight", (kv_out, h))]), a + "q_proj+k_proj+v_proj.weight"),
+            qkv_bias=None if qb is None else torch.cat([qb, kb, vb]),
+            qk_norm=self._qk_norm(get(a + "q_norm.weight", (self.hd,), optional=not c.qk_norm),
+                                  get(a + "k_norm.weight", (self.hd,), optional=not c.qk_norm)),
+            o=matrix(get(a + "o_proj.weight", (h, q_out)), a + "o_proj.weight"),
+            o_bias=get(a + "o_proj.bias", (h,), optional=True),
+            ln2=get(p + "post_attention_layernorm.weight", (h,)),
+            gate_up=matrix(fuse([get(p + "mlp.gate_proj.weight", (inter, h)),
+                                 get(p + "mlp.up_proj.weight", (inter, h))]), p + "mlp.gate_proj+up_proj.weight"),
+            down=matrix(get(p + "mlp.down_proj.weight", (h, inter)), p + "mlp.down_proj.weight"),
+        )
 
     def _qk_norm(self, qn: torch.Tensor | None, kn: torch.Tensor | None) -> torch.Tensor | None:
         if qn is None or kn is None:
@@ -182,7 +121,7 @@ class Model:
         return torch.cat([interleave(qn, 1).expand(self.nh, -1), interleave(kn, 1).expand(self.kvh, -1)])
 
     def linears(self) -> list:
-        """The matrices whose kernels are chosen by measurement (`kernels.PlannedLinear`): a
+        """The matrices whose kernels are chosen by measurement (`PlannedLinear`): a
         quantised model's, and a float32 model's on CPU; none in float64 or on other devices."""
         return [m for m in (self.lm_head, *self.decoder_linears()) if not isinstance(m, LinearWeight)]
 
