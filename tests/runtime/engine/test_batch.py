@@ -8,7 +8,10 @@ import pytest
 import torch
 
 from tokenrouter.protocol.step import FeatureNeeds
+from tokenrouter.runtime.engine.attention import CacheGeometry, build_meta, paged_attention
+from tokenrouter.runtime.engine.config import ModelConfig
 from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.engine.kv_cache import KVCache
 from tokenrouter.runtime.engine.options import EngineOptions
 
 from tests.helpers.hf_parity import hf_logits
@@ -73,9 +76,6 @@ def test_paged_attention_gives_each_request_the_same_bits_in_any_batch():
     on the lengths of the requests sharing its step. Padding it to a neighbour's context or
     new-token count changes the rounding of the products (by ~1e-7), which a bfloat16
     quantised layer after it turns into one-ulp flips and, on SmolLM2, different tokens."""
-    from tokenrouter.runtime.engine.attention import CacheGeometry, build_meta, paged_attention
-    from tokenrouter.runtime.engine.config import ModelConfig
-    from tokenrouter.runtime.engine.kv_cache import KVCache
 
     cfg = ModelConfig(architecture="llama", vocab_size=32, hidden_size=64 * 6, intermediate_size=64,
                       num_hidden_layers=1, num_attention_heads=6, num_key_value_heads=2, head_dim=64,

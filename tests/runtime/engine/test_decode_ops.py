@@ -17,12 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.checkpoints import hf_config, transformers_model, write_gguf
-from tokenrouter.runtime.kernels import bindings, build
+from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.runtime.engine.config import ModelConfig
 from tokenrouter.runtime.engine.engine import Engine
-from tokenrouter.runtime.engine.options import EngineOptions
 from tokenrouter.runtime.engine.kv_cache import KVCache
 from tokenrouter.runtime.engine.layers import Rotary
+from tokenrouter.runtime.engine.options import EngineOptions
+from tokenrouter.runtime.kernels import bindings, build
 from tokenrouter.runtime.loader import load_model
 
 pytestmark = pytest.mark.skipif(build.available() is not None,
@@ -153,7 +154,6 @@ def _engine(m, **kw):
 def test_the_fused_forward_follows_the_unfused_one(tmp_path, family):
     """Prefill then decode, bf16 activations: logits and a router's hidden states stay within
     1% of the largest logit (measured: at most 0.16%; the difference is rounding, amplified by later layers)."""
-    from tokenrouter.protocol.step import FeatureNeeds
     m = _model(tmp_path, family)
     fused, plain = _engine(m), _engine(m, fused_ops=False)
     assert fused.model.fused and not plain.model.fused

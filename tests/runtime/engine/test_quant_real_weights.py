@@ -21,9 +21,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenrouter.runtime.kernels import bindings, build
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.engine.options import EngineOptions
+from tokenrouter.runtime.kernels import bindings, build
+from tokenrouter.runtime.loader import load_model
 
 pytestmark = pytest.mark.real_weights
 
@@ -53,7 +54,6 @@ ATTENTION = "native" if build.available() is None else "torch"
 
 @pytest.fixture(scope="module")
 def reference():
-    from tokenrouter.runtime.loader import load_model
     m = load_model("smollm2-135m")
     prompts = [m.tokenizer.encode(p) for p in PROMPTS]
     eng = Engine(m.config, m.weights, EngineOptions(num_blocks=80, max_model_len=160, attention=ATTENTION))
@@ -72,7 +72,6 @@ CASES = [("native", "int4", 0.98), ("int4", "int4", 0.98), ("int8", "int8", 0.96
 @pytest.mark.parametrize("quant,kernel,least", CASES)
 def test_quantised_formats_agree_with_float32_on_greedy_tokens(reference, quant, kernel, least, capsys):
     """`kernel_plan` puts every matrix on the named integer kernel."""
-    from tokenrouter.runtime.loader import load_model
     why = bindings.int4dp_problem(amx=kernel == "int4amx") if kernel in ("int4dp", "int4amx") else None
     if why:
         pytest.skip(why)

@@ -8,6 +8,7 @@ import torch
 
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.engine.options import EngineOptions
+from tokenrouter.runtime.loader import load_model
 
 from tests.helpers.hf_parity import rms_norm_f64
 
@@ -16,7 +17,6 @@ pytestmark = pytest.mark.real_weights
 
 @pytest.fixture(scope="module")
 def smollm():
-    from tokenrouter.runtime.loader import load_model
     m = load_model("smollm2-135m")
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(**{k: v for k, v in m.raw_config.items() if k != "architectures"})

@@ -4,8 +4,8 @@ transformers' own hidden states), and the benchmark pair is deterministic and we
 import pytest
 import torch
 
-from tests.helpers.checkpoints import hf_config, transformers_model
-from tokenrouter.runtime.loader import LoadError
+from tests.helpers.checkpoints import hf_config, tiny_tokenizer_json, transformers_model
+from tokenrouter.runtime.loader import LoadError, Tokenizer
 from tokenrouter.runtime.loader.builtin.bench_pair import SHAPES, bench_config, random_weights
 from tokenrouter.runtime.loader.builtin.derive import apply_lens, derive_small, fit_lens, subset_layers
 from tokenrouter.runtime.loader.hf import check_weights, parse_config
@@ -55,8 +55,6 @@ def test_fit_lens_recovers_a_linear_map():
 
 
 def test_derive_small_end_to_end_is_deterministic(tmp_path):
-    from tests.helpers.checkpoints import tiny_tokenizer_json
-    from tokenrouter.runtime.loader import Tokenizer
     tiny_tokenizer_json(str(tmp_path))
     tok = Tokenizer.from_dir(str(tmp_path))
     config = hf_config("qwen2", layers=3)

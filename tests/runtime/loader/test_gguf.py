@@ -4,6 +4,8 @@ Hugging Face weights: exactly for F32, to the quantisation's own dequantisation 
 import numpy as np
 import pytest
 import torch
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize, quantize
 
 from tests.helpers.checkpoints import FAMILIES, engine_weights, hf_config, transformers_model, write_gguf
 from tokenrouter.runtime.loader import (LoadError, MissingFile, UnsupportedArchitecture,
@@ -34,8 +36,6 @@ def test_f32_gguf_round_trips_exactly(family, tie, tmp_path, tmp_cache):
 
 
 def test_quantised_gguf_matches_its_dequantisation(tmp_path, tmp_cache):
-    from gguf import GGMLQuantizationType as Q
-    from gguf.quants import dequantize, quantize
     config = hf_config("llama")
     model = transformers_model(config, seed=2)
     path = str(tmp_path / "q.gguf")

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from tests.helpers.checkpoints import hf_config, transformers_model, write_gguf
+from tokenrouter.cli import main
 from tokenrouter.commands._args import with_quant
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.pipeline import check_source
@@ -61,8 +63,6 @@ def test_generate_native_says_paris():
 
 
 def test_models_measure_kernels_rewrites_the_cached_plan(tmp_path, tmp_cache, capsys):
-    from tests.helpers.checkpoints import hf_config, transformers_model, write_gguf
-    from tokenrouter.cli import main
     config = hf_config("llama", vocab=272)
     path = str(tmp_path / "m.gguf")
     write_gguf(path, transformers_model(config, seed=2), config, qtype="Q4_1")

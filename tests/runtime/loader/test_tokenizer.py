@@ -2,10 +2,16 @@
 pure-Python encoder following llama.cpp's "smollm" rules, and transformers' own GGUF tokenizer
 (which does not isolate digits, so it is compared on digit-free text only)."""
 
+import json
+
+import gguf
 import pytest
 
-from tests.helpers.checkpoints import CHATML, SPECIALS, reference_encode, tiny_tokenizer_json
+from tests.helpers.checkpoints import CHATML, SPECIALS, reference_encode, tiny_tokenizer_json, tiny_vocab
 from tokenrouter.runtime.loader import LoadError, Tokenizer
+from tokenrouter.runtime.loader.builtin.registry import embedded_gguf
+from tokenrouter.runtime.loader.gguf_loader import read_metadata
+from tokenrouter.runtime.loader.gguf_tokenizer import tokenizer_from_gguf
 
 STRINGS = [
     "Hello world",
@@ -27,10 +33,6 @@ STRINGS = [
 
 @pytest.fixture(scope="module")
 def smollm():
-    import gguf
-    from tokenrouter.runtime.loader.gguf_loader import read_metadata
-    from tokenrouter.runtime.loader.gguf_tokenizer import tokenizer_from_gguf
-    from tokenrouter.runtime.loader.builtin.registry import embedded_gguf
     meta = read_metadata(gguf.GGUFReader(embedded_gguf()))
     return tokenizer_from_gguf(meta), meta
 
@@ -49,7 +51,6 @@ def test_matches_reference_encoder(smollm, text):
 @pytest.mark.real_weights
 def test_matches_transformers_on_digit_free_text(smollm, tmp_path):
     from transformers import AutoTokenizer
-    from tokenrouter.runtime.loader.builtin.registry import embedded_gguf
     tok, _ = smollm
     path = embedded_gguf()
     ref = AutoTokenizer.from_pretrained(path.rsplit("/", 1)[0], gguf_file=path.rsplit("/", 1)[1])
@@ -108,7 +109,6 @@ def test_fingerprint_tells_vocabularies_apart(tmp_path):
     b = Tokenizer.from_dir(str(tmp_path))
     assert a.fingerprint == b.fingerprint
     # the same vocabulary with one token renamed is a different vocabulary
-    import json
     data = json.loads((tmp_path / "tokenizer.json").read_text())
     vocab = data["model"]["vocab"]
     tid = vocab.pop("Ġthe")
@@ -119,7 +119,6 @@ def test_fingerprint_tells_vocabularies_apart(tmp_path):
 
 
 def test_tiny_vocab_against_reference(tmp_path):
-    from tests.helpers.checkpoints import tiny_vocab
     tiny_tokenizer_json(str(tmp_path))
     tok = Tokenizer.from_dir(str(tmp_path))
     tokens, merges, _ = tiny_vocab()

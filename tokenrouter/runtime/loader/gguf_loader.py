@@ -7,7 +7,7 @@ Two facts about llama.cpp's converter matter here:
   pairs are interleaved (GPT-J style) instead of split in halves (NeoX style, as Hugging Face
   does). `unpermute` undoes it; Qwen2/Qwen3 files are not permuted.
 Dequantising uses the `gguf` package. This is slow-ish (seconds), so `load_model` caches the
-result as a safetensors folder (see `cache.py`).
+result as a safetensors folder (see `runtime/cache.py`).
 """
 
 from __future__ import annotations

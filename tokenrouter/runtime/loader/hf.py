@@ -116,7 +116,7 @@ def read_folder(path: str, dtype: torch.dtype = torch.float32):
 
 def write_folder(path: str, config: dict[str, Any], weights: dict[str, torch.Tensor],
                  tokenizer: Tokenizer | None) -> None:
-    """Write a checkpoint folder (not atomic by itself: `cache.py` writes into a temp dir)."""
+    """Write a checkpoint folder (not atomic by itself: `runtime/cache.py` writes into a temp dir)."""
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=1)

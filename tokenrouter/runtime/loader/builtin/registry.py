@@ -6,7 +6,7 @@
 - `smollm2-135m-small`: the derived small model (`derive.py`), from the same file.
 - `bench-small`, `bench-large`: random-weight models with the SmolLM2 tokenizer whose step-time
   ratio on a 2-core CPU is close to the paper's pair (`bench_pair.py`).
-Each is a Hugging Face checkpoint folder in the cache (`cache.py`), built once.
+Each is a Hugging Face checkpoint folder in the cache (`runtime/cache.py`), built once.
 """
 
 from __future__ import annotations
