@@ -9,10 +9,10 @@ the model's matrices of that shape so the weights stream from memory as in a rea
 for each kernel that computes the matrix's exact values and each row bucket (1, 2, 4, ...
 64), kernels interleaved within each round so load hits all alike, best of the rounds.
 
-A quantised model's shapes then run on ONE kernel at every row count, and only on a kernel that passes
-`row_invariant`: kernels round differently, and with bfloat16 activations a one-ulp
-difference in a layer's input grows, measured on SmolLM2, into 0.25 in the logits, enough
-to change a greedy token or a routing decision. One kernel that computes each row
+A quantised model's shapes then run on ONE kernel at every row count, and only on a kernel
+that passes `row_invariant`: kernels round differently, and with bfloat16 activations a
+one-ulp difference in a layer's input grows, measured on SmolLM2, into 0.25 in the logits,
+enough to change a greedy token or a routing decision. One kernel that computes each row
 independently of its neighbours is what keeps a request's tokens the same at any
 concurrency (with `attention.short_shape` for attention). The kernel with the least mean
 slowdown over the decode row counts (1-16) wins.
@@ -27,10 +27,10 @@ ran them 2.8x slower there than on `F.linear` (`bench_linear.py`), which is why 
 is fixed in code. Matrices too small for timing to mean anything (`MEASURE_MIN_BYTES`
 per shape, the tests' tiny models) run `F.linear` unmeasured, the same in every process.
 
-The plan is cached under the cache root (`kernel-plans/`), keyed by the host (`host_key`: CPU
-model and flags, torch version, threads), the model, its format and the C kernels' sources,
-one entry per matrix shape and format (a new head format adds its shape; the others are not
-measured again); `tokenrouter models --measure-kernels` measures again. Processes that start
+The plan is cached under the cache root (`kernel-plans/`), keyed by the host (`host_key`:
+CPU model and flags, CPU count, torch version, threads), the model, its format and the C
+kernels' sources, one entry per matrix shape and format (a new head format adds its shape;
+the others are not measured again); `tokenrouter models --measure-kernels` measures again. Processes that start
 together (a server's subservers) take one lock to measure (`cache.locked`): one measures at a
 time, and a process whose plan another has just measured reads it, so they neither time each
 other's load nor end up with different plans. The kernels themselves, and what each computes,
