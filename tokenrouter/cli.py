@@ -9,6 +9,8 @@ import argparse
 import importlib
 import sys
 
+from tokenrouter.runtime import logs
+
 # Building the parser imports every command module, so each imports the layers it drives
 # (compiler, runtime, tuner, bench, eval, fit: torch, zmq, uvicorn) inside `run` and its
 # helpers, not at the top. Measured on a 2-core host: `tokenrouter --help` takes 0.06-0.19 s
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help(sys.stderr)
         return 2
+    logs.configure("tokenrouter")  # progress lines of long steps, warnings: one line each on stderr
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:

@@ -1,18 +1,24 @@
 """The terminal view of who wrote which token (scripts/demo.sh)."""
 
-from tokenrouter.eval.show import coloured
+from tokenrouter.eval.show import coloured, legend
 from tokenrouter.eval.tables import markdown
 
 
-def test_plain_output_brackets_each_token_with_its_writer():
-    assert coloured(["The", " answer", "", "\n"], ["slm", "llm", "llm", "slm"], ["slm", "llm"], tty=False) == \
-        "[slm:The][llm: answer][slm:\n]"
+def test_plain_output_brackets_each_writers_stretch_of_tokens():
+    assert coloured(["The", " capital", " answer", "", "\n", " is"], ["slm", "slm", "llm", "llm", "slm", "slm"],
+                    ["slm", "llm"], tty=False) == "[slm:The capital][llm: answer][slm:\n is]"
 
 
 def test_a_terminal_gets_one_background_per_writer_and_never_across_a_newline():
     out = coloured(["a", "b\nc"], ["slm", "llm"], ["slm", "llm"], tty=True)
     small, large = "\x1b[48;5;153m", "\x1b[48;5;216m"
     assert out == f"{small}\x1b[30ma\x1b[0m{large}\x1b[30mb\x1b[0m\n{large}\x1b[30mc\x1b[0m"
+
+
+def test_the_legend_off_a_terminal_shows_the_bracket_form_and_what_each_writer_is():
+    assert legend(["slm", "llm"], tty=False, what={"slm": "the small model", "llm": "the large model"}) == \
+        "[slm:...] the small model,  [llm:...] the large model"
+    assert "\x1b[48;5;216m\x1b[30m llm \x1b[0m" in legend(["slm", "llm"], tty=True)
 
 
 def test_the_markdown_tables_carry_the_summary_figures():

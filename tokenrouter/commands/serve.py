@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import logging
 import os
 import sys
 from contextlib import asynccontextmanager
@@ -58,7 +57,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="a writer whose subserver runs elsewhere (started with --subserver)")
     parser.add_argument("--subserver", metavar="WRITER", default=None,
                         help="run only this writer's subserver (needs --bind for every endpoint)")
-    parser.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"),
+                        help="info (default, or $TOKENROUTER_LOG): a line per long start-up step and per subserver "
+                             "ready; warning: problems only. The HTTP server's own log stays at warning unless given")
     parser.add_argument("--quant", action="append", metavar="Q|NAME=Q",
                         help="override the models' weight format (all, or one model): " + QUANT_HELP)
     net = parser.add_argument_group("liveness and hosts")
@@ -109,7 +110,10 @@ def _tune(program, opts, profile) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    from tokenrouter.runtime import logs
+    level = (args.log_level or logs.level()).upper()
+    logs.configure("tokenrouter", level)
+    os.environ[logs.LEVEL_ENV] = level  # the subserver processes log at the same level
     from tokenrouter.compiler.pipeline import RouteError, load_program
     from tokenrouter.runtime.loader import model_facts
     try:
@@ -225,7 +229,7 @@ def _run_http(args, program, opts, limits) -> int:
             await close_runtime(launcher, fe)
 
     app = build_app(runtime, name, tokenizer, args.max_tokens_limit, args.default_max_tokens, limits)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level or "warning", lifespan="on")
     server = uvicorn.Server(config)
     server.run()
     if fatal:

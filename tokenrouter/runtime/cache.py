@@ -19,12 +19,16 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
+import time
 from typing import Any, Callable, Iterator
 
 FORMAT_VERSION = 1
+
+log = logging.getLogger(__name__)
 
 
 def cache_root() -> str:
@@ -55,6 +59,8 @@ def get_or_build(slug: str, key: dict[str, Any], build: Callable[[str], None]) -
     os.makedirs(cache_root(), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{slug}-", dir=cache_root())
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is shared like ~/.cache
+    t0 = time.monotonic()
+    log.info("building %s into the cache (%s; once)", slug, final)
     try:
         build(tmp)
         with open(os.path.join(tmp, "cache_key.json"), "w") as f:
@@ -66,6 +72,7 @@ def get_or_build(slug: str, key: dict[str, Any], build: Callable[[str], None]) -
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    log.info("built %s in %.0f s", slug, time.monotonic() - t0)
     return final
 
 

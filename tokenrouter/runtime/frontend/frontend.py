@@ -71,6 +71,7 @@ class Frontend:
         self.finished: dict[str, int] = {}
         self.frames_dropped: dict[str, int] = {}
         self._started = False
+        self._started_at = time.monotonic()
         self._closed = False
         self.start_failure: str | None = None
         self._stats_ids = itertools.count(1)
@@ -112,7 +113,9 @@ class Frontend:
             s.connect(self.addresses[w])
             self._push[w] = s
         self._tasks.append(asyncio.create_task(self._recv_loop()))
-        deadline = time.monotonic() + timeout
+        self._started_at = time.monotonic()
+        deadline = self._started_at + timeout
+        log.info("waiting for subservers %s to load their models", ", ".join(self.writers))
         while not self._ready_event.is_set():
             exited = [w for w, ok in self.watch.processes_alive().items() if not ok and w not in self.ready]
             if exited:
@@ -342,6 +345,9 @@ class Frontend:
             return
         self.ready[msg.writer] = msg
         self.watch.reported_ready(msg.writer, msg.pid)
+        if not self._started:
+            log.info("subserver %s ready after %.1f s (%d of %d)", msg.writer, time.monotonic() - self._started_at,
+                     len(self.ready), len(self.writers))
         if not self._started and set(self.ready) >= set(self.writers):
             self._ready_event.set()
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -26,6 +27,8 @@ import torch  # noqa: F401
 
 from tokenrouter.runtime.cache import cache_root
 from tokenrouter.runtime.host import cpu_flags, cpu_model
+
+log = logging.getLogger(__name__)
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 SOURCES = tuple(os.path.join(_CSRC, n) for n in ("paged_attention.c", "decode_ops.c", "int4_matmul.c"))
@@ -89,6 +92,7 @@ def _build_with(cc: str, extra: tuple[str, ...]) -> str:
     os.makedirs(out_dir, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
+    log.info("building the C kernels with %s (once per host)", os.path.basename(cc))
     try:
         r = subprocess.run([cc, *flags, *SOURCES, "-o", tmp, "-lm"], capture_output=True, text=True, timeout=300)
         if r.returncode:

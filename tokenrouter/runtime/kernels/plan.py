@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
 
@@ -54,6 +55,8 @@ from tokenrouter.runtime.kernels.linear import INT_KERNELS, PLAIN_KERNELS, Plann
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 PLAN_VERSION = 4  # 2: one row-invariant kernel per shape; 3: `linear`, float32 models' plans; 4: int4dp/amx
 MEASURE_MIN_BYTES = 4 << 20  # a float shape whose matrices hold less runs `linear` unmeasured
+
+log = logging.getLogger(__name__)
 
 
 def fixed_plan(kernel: str) -> list[tuple[int, str]]:
@@ -89,6 +92,7 @@ def measure(linears: list[PlannedLinear], rounds: int = 2, buckets=ROW_BUCKETS,
     the fastest kernel per bucket (`per_rows_plan`), and shapes under `MEASURE_MIN_BYTES`
     on `linear` untimed. Timings are kept in `last_timings`."""
     groups = _by_shape(linears)
+    progress = progress or log.info  # one line a shape: a first load measures for seconds to minutes
     plans: dict[str, list[tuple[int, str]]] = {}
     timings: dict[str, dict[str, dict[int, float]]] = {}
     for gi, (key, group) in enumerate(groups.items()):
@@ -223,6 +227,8 @@ def choose(linears: list[PlannedLinear], plan: dict | str | None = None, cache_p
                 plans, timings = _read_plans(cache_path)  # another process may have measured meanwhile
                 todo = [lin for lin in linears if lin.key not in plans]
                 if todo:
+                    log.info("measuring this host's kernel plan for %d matrices (once per host, model and format)",
+                             len(todo))
                     plans.update(measure(todo, progress=progress, per_rows=per_rows))
                     timings.update(measure.last_timings)
                     if cache_path:

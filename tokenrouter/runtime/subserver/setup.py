@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import traceback
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -75,10 +76,13 @@ def load_writer(spec: SubserverSpec, models: dict[str, Any] | None = None) -> Lo
     for name in members:
         pm = program.model(name)
         mdt = getattr(torch, pm.dtype)
+        t0 = time.monotonic()
+        log.info("loading %s (%s, quant %s)", pm.path, pm.dtype, pm.quant)
         m = (models or {}).get(name) or load_model(pm.path, dtype=mdt, quant=pm.quant)
         engines[name] = Engine(m.config, m.weights, quant_options(
             m, pm.quant, device=spec.device, dtype=mdt, block_size=spec.block_size, num_blocks=spec.num_blocks,
             max_model_len=spec.max_model_len))
+        log.info("%s (quant %s) loaded in %.1f s", pm.path, pm.quant, time.monotonic() - t0)
     return LoadedWriter(program, tuple(members), router, engines)
 
 

@@ -31,6 +31,7 @@ from typing import Any
 from tokenrouter.protocol.state import PeerMessage, RouteState
 from tokenrouter.runtime.transport import wire
 from tokenrouter.runtime.subserver.inbox import Inbox
+from tokenrouter.runtime import logs
 from tokenrouter.runtime.metrics import SubserverStats
 from tokenrouter.runtime.subserver.policies import retention_policy, transport_policy
 from tokenrouter.runtime.subserver.memory import bound_heap_growth
@@ -386,8 +387,7 @@ def run_thread(spec: SubserverSpec, ctx=None) -> None:
 
 def run_process(spec_dict: dict[str, Any]) -> None:
     """Entry point of a subserver process (multiprocessing target, spawn start method)."""
-    logging.basicConfig(level=os.environ.get("TOKENROUTER_LOG", "WARNING"),
-                        format=f"[{spec_dict.get('writer')}] %(levelname)s %(message)s")
+    logs.configure(f"tokenrouter [{spec_dict.get('writer')}]")  # progress lines, warnings: TOKENROUTER_LOG
     spec, parent = SubserverSpec(**spec_dict), os.getppid()
     bound_heap_growth()  # RSS flat over hours of changing batch sizes (memory.py)
 

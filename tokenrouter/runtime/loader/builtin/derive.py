@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 from typing import Any, Callable, Sequence
@@ -34,6 +35,8 @@ from tokenrouter.runtime.engine.sampler import SamplingParams, sample
 from tokenrouter.runtime import cache
 from tokenrouter.runtime.loader.errors import LoadError
 from tokenrouter.runtime.loader.hf import parse_config, read_folder, write_folder
+
+log = logging.getLogger(__name__)
 
 # Chosen by benchmarks/bench_small_model.py (see docs/models.md).
 SMALL_RECIPE: dict[str, Any] = {"keep_layers": [0, 1, 2, 3, 4, 5], "lens": "ridge", "ridge": 0.05,
@@ -99,6 +102,8 @@ def collect_hidden(model_config, weights: dict[str, torch.Tensor], prompts: list
     ys = []
     batch = [(i, p) for i, p in enumerate(prompts)]
     for pos in range(steps):
+        if pos % 8 == 0:
+            log.info("fitting the small model's lens: the large model's hidden states, step %d of %d", pos + 1, steps)
         out = eng.step(batch, needs=needs)
         for layer in layers:
             h = out.hidden[layer].double()
