@@ -16,15 +16,20 @@ from .conftest import EXAMPLES
 GOLDEN = EXAMPLES.parent / "tests" / "dsl" / "golden"
 
 
-def test_check_examples_exits_0(capsys):
-    assert main(["check", *map(str, sorted(EXAMPLES.glob("*.route")))]) == 0
+def test_check_examples_exits_0_and_says_ok_for_each_unless_quiet(capsys):
+    files = list(map(str, sorted(EXAMPLES.glob("*.route"))))
+    assert main(["check", *files]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [f"{f}: ok" for f in files] and captured.out == ""
+    assert main(["check", "-q", *files]) == 0
     captured = capsys.readouterr()
     assert captured.err == "" and captured.out == ""
 
 
 def test_check_exit_statuses(capsys):
     assert main(["check", str(GOLDEN / "w001_ping_pong.route")]) == 0  # warnings only
-    assert "warning[W001]" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "warning[W001]" in err and err.endswith("w001_ping_pong.route: ok, 1 warning\n")
     assert main(["check", str(EXAMPLES / "r2r.route"), str(GOLDEN / "e404_handoff_to_itself.route")]) == 1
     err = capsys.readouterr().err
     assert "error[E404]" in err and "1 error, 0 warnings" in err

@@ -178,7 +178,7 @@ def test_pairs_and_bindings():
 
 def test_check_command_set(capsys):
     assert main(["check", str(RSTITCH), "--set", "tau=0.3"]) == 0
-    assert capsys.readouterr().err == ""
+    assert capsys.readouterr().err == f"{RSTITCH}: ok\n"
     assert main(["check", str(RSTITCH), "--set", "tau=abc"]) == 1
     err = capsys.readouterr().err
     assert "rstitch.route:" in err and "error[E702]: --set tau=abc" in err and "parameter 'tau'" in err

@@ -1,7 +1,8 @@
 """`tokenrouter check FILE...`: parse and check .route files, print every diagnostic.
 
-`--format json` prints one JSON object per diagnostic on stdout instead (one per line; the
-schema is in docs/language.md), for editors and CI. Exit status: 0 when no file has an
+Each file that checks gets a line `FILE: ok` (with its warnings counted) on stderr, which
+`-q` leaves out. `--format json` prints one JSON object per diagnostic on stdout instead
+(one per line; the schema is in docs/language.md), for editors and CI. Exit status: 0 when no file has an
 error (warnings are printed), 1 when any has, 2 on usage errors (no file given, a path that
 is not a readable file, a malformed --set or --model)."""
 
@@ -22,6 +23,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=["text", "json"], default="text",
                         help="diagnostics as text with carets on stderr (default), or as JSON objects, "
                              "one per line, on stdout")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no `FILE: ok` line for a file that checks")
     add_binding_args(parser)
 
 
@@ -57,7 +59,10 @@ def run(args) -> int:
         if errors:
             status = 1
             print(f"{path}: {_count(errors, 'error')}, {_count(warnings, 'warning')}", file=sys.stderr)
-        elif args.emit == "ir" and program is not None:
+            continue
+        if not args.quiet:
+            print(f"{path}: ok" + (f", {_count(warnings, 'warning')}" if warnings else ""), file=sys.stderr)
+        if args.emit == "ir" and program is not None:
             print(program.to_json())
     return status
 

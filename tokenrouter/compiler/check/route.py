@@ -72,6 +72,29 @@ def _running(sym: Symbol) -> tuple[str, ...]:
     return (sym.name,) + tuple(sym.members) if sym.kind == "ensemble" else (sym.name,)
 
 
+def _written(value, n) -> str:
+    """A visit bound's number as the file writes it: a parameter's name, else the number."""
+    return value.param if getattr(value, "param", None) else str(n)
+
+
+def _described(value, n) -> str:
+    """A visit bound's number for a message: `burst (= 4)` where a parameter gave it."""
+    return f"{value.param} (= {n})" if getattr(value, "param", None) else str(n)
+
+
+def _names(e) -> set[str]:
+    """The names a condition mentions (a call's arguments, not the function it calls)."""
+    if isinstance(e, ast.Ref):
+        return {e.name.text}
+    if isinstance(e, ast.Call):
+        return set().union(*(_names(a.value) for a in e.args))
+    if isinstance(e, ast.Unary):
+        return _names(e.operand)
+    if isinstance(e, ast.Binary):
+        return _names(e.left) | _names(e.right)
+    return set()
+
+
 def _transition(state: CheckState, stmt: ast.Transition, exprs: ExprChecker, rules: Rules) -> None:
     """A transition's writers and condition; kept in `rules` even when it failed."""
     src = _writer(state, stmt.source, "the source of a rule")
@@ -81,6 +104,7 @@ def _transition(state: CheckState, stmt: ast.Transition, exprs: ExprChecker, rul
                   hint="a rule moves the request to another writer; to keep writing, just leave it out")
         return
     if src is None or not src.ok:
+        state.used |= _names(stmt.when)  # not checked, but what it names is used: no W002 for it
         return
     val = exprs.condition(stmt.when, _running(src), src.name)
     if dst is None or not dst.ok or val.type == "bad":
@@ -136,11 +160,13 @@ def _visit(state: CheckState, stmt: ast.Visit, visits: dict) -> None:
         else:
             then = tsym.name
     if ok and lo is not None and hi is not None and lo > hi:
-        state.err("E406", f"min {lo} is larger than max {hi}", found["min"].span)
+        state.err("E406", f"min {_described(found['min'].value, lo)} is larger than max "
+                  f"{_described(found['max'].value, hi)}", found["min"].span)
         ok = False
     if ok and "max" in found and "then" not in found:
-        state.err("E406", f"after max {hi} tokens, '{sym.name}' needs a writer to go to", found["max"].span,
-                  hint=f"add: then WRITER, e.g. visit {sym.name} max {hi} then OTHER")
+        state.err("E406", f"after max {_described(found['max'].value, hi)} tokens, '{sym.name}' needs a writer "
+                  "to go to", found["max"].span,
+                  hint=f"add: then WRITER, e.g. visit {sym.name} max {_written(found['max'].value, hi)} then OTHER")
         ok = False
     if ok and "then" in found and "max" not in found:
         state.err("E406", "'then' needs a 'max'", found["then"].span,
