@@ -121,3 +121,64 @@ def test_cached_passes_give_the_same_fit(pair, tmp_path, monkeypatch):
     b = _fit(citer, "citer", prompts, tmp_path / "b.safetensors")
     ta, tb = load_file(a.out), load_file(b.out)
     assert all(torch.equal(ta[k], tb[k]) for k in ta) and a.threshold == b.threshold
+
+
+BY_ROLE = """tokenrouter 1
+param tau: float = 0.5 in [0, 1]
+model slm {
+  role = small
+}
+model llm {
+  role = large
+}
+router conf on slm = "w/conf.safetensors" {
+  inputs = [hidden(-1)]
+}
+route {
+  start slm
+  slm -> llm when conf > tau rewrite
+  visit llm max 1 then slm
+}
+"""
+
+
+def test_fit_binds_models_and_parameters_like_every_command(pair, tmp_path, capsys):
+    """`tokenrouter fit my.route --model slm=A --model llm=B --set tau=...` on a program that
+    declares its models by role only; without the bindings, E706 and no false W002."""
+    route = tmp_path / "my.route"
+    route.write_text(BY_ROLE)
+    prompts = write_prompts(tmp_path / "p.jsonl", 8)
+    out = tmp_path / "w" / "conf.safetensors"
+    args = ["fit", str(route), "--router", "conf", "--prompts", prompts, "--out", str(out), "--epochs", "2",
+            "--max-tokens", "6", "--target-share", "0.3", "--quiet"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "E706" in err and "--model slm=PATH" in err and "W002" not in err and not out.exists()
+    assert main([*args, "--model", f"slm={pair['slm']}", "--model", f"llm={pair['llm']}", "--set", "tau=0.4"]) == 0
+    printed = capsys.readouterr().out
+    assert "slm -> llm when conf > 0.4 rewrite" in printed  # aligned to the bound parameter's value
+    with safe_open(str(out), "pt") as f:
+        prints = json.loads(f.metadata()[rn.META_MODELS])
+    assert prints["reads"]["fingerprint"] == rn.folder_fingerprint(pair["slm"])
+    assert prints["large"]["fingerprint"] == rn.folder_fingerprint(pair["llm"])
+    assert main([*args, "--model", "slm"]) == 2
+    assert "--model takes NAME=PATH" in capsys.readouterr().err
+
+
+def test_a_pair_that_never_disagrees_is_a_warning_or_an_error(pair, tmp_path, capsys):
+    """Both models the same checkpoint: every label is 'agree'. A share can still be chosen
+    (with a warning and no AUC); a recall of the divergent positions cannot (an error)."""
+    route = tmp_path / "my.route"
+    route.write_text(BY_ROLE)
+    prompts = write_prompts(tmp_path / "p.jsonl", 8)
+    out = tmp_path / "w" / "conf.safetensors"
+    args = ["fit", str(route), "--router", "conf", "--prompts", prompts, "--out", str(out), "--epochs", "1",
+            "--max-tokens", "4", "--quiet", "--model", f"slm={pair['llm']}", "--model", f"llm={pair['llm']}"]
+    assert main([*args, "--target-share", "0.3"]) == 0
+    captured = capsys.readouterr()
+    assert "warning: the small and large model agree on all" in captured.err and "training positions" in captured.err
+    assert "AUC n/a (one class)" in captured.out
+    os.unlink(out)
+    assert main([*args, "--min-recall", "0.9"]) == 1
+    err = capsys.readouterr().err
+    assert "no threshold routes 0.9 of the divergent held-out positions" in err and not out.exists()

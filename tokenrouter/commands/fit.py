@@ -1,13 +1,18 @@
 """`tokenrouter fit FILE.route --router NAME --prompts P.jsonl --out W.safetensors`: train one
 router network or head row of a program on its own model pair, choose its threshold on a
 held-out split, write the weights (with metadata), a JSON report and a PNG, and print the
-lines to put in the .route file. Exit status 0 on success, 1 on bad input (nothing is
-written then)."""
+lines to put in the .route file. `--model NAME=PATH` binds a model the program declares by
+role only, `--set NAME=VALUE` one of its parameters, as on every command that loads a
+program. A label set of one class (the models agree everywhere, or nowhere) is a warning; a
+threshold that cannot be chosen is an error. Exit status 0 on success, 1 on bad input
+(nothing is written then), 2 on a malformed --model or --set."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from tokenrouter.commands._args import add_binding_args, bindings
 
 HELP = "train a router network or head row of a program on its model pair"
 
@@ -18,6 +23,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", required=True, metavar="P.jsonl",
                         help='prompts, one JSON object a line with a "prompt" string')
     parser.add_argument("--out", required=True, metavar="W.safetensors", help="where to write the weights")
+    add_binding_args(parser)
     parser.add_argument("--epochs", type=int, default=30, help="training epochs (default 30)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the held-out split, init and shuffling")
     pick = parser.add_mutually_exclusive_group()
@@ -56,7 +62,12 @@ def run(args) -> int:
     from tokenrouter.fit.prompts import FitError
     from tokenrouter.fit.train import Hyper
 
-    opts = FitOptions(route=args.route, router=args.router, prompts=args.prompts, out=args.out,
+    try:
+        params, model_paths = bindings(args)
+    except ValueError as exc:
+        print(f"tokenrouter fit: error: {exc}", file=sys.stderr)
+        return 2
+    opts = FitOptions(route=args.route, params=params, model_paths=model_paths, router=args.router, prompts=args.prompts, out=args.out,
                       epochs=args.epochs, seed=args.seed, min_recall=args.min_recall,
                       target_share=args.target_share, holdout=args.holdout, max_tokens=args.max_tokens,
                       batch=args.batch, eval_prompts=args.eval_prompts, eval_max_tokens=args.eval_max_tokens,
@@ -68,12 +79,14 @@ def run(args) -> int:
     except FitError as exc:
         print(f"tokenrouter fit: error: {exc}", file=sys.stderr)
         return 1
+    for warning in res.report["warnings"]:
+        print(f"tokenrouter fit: warning: {warning}", file=sys.stderr)
     h = res.report["heldout"]
     e = res.report["entropy_rule_same_share"]
-    print(f"held-out ({h['rows']} positions, {h['divergent_rate']:.1%} divergent): AUC {h['auc']:.3f}, "
+    print(f"held-out ({h['rows']} positions, {h['divergent_rate']:.1%} divergent): AUC {_auc(h['auc'])}, "
           f"threshold {res.threshold:g}: recall {h['recall']:.3f}, precision {h['precision']:.3f}, "
           f"large-token share {h['large_share']:.3f}")
-    print(f"entropy rule at the same share (tau {e['tau']:.4f}): AUC {e['auc']:.3f}, recall {e['recall']:.3f}, "
+    print(f"entropy rule at the same share (tau {e['tau']:.4f}): AUC {_auc(e['auc'])}, recall {e['recall']:.3f}, "
           f"precision {e['precision']:.3f}")
     g = res.report.get("generation")
     if g:
@@ -87,3 +100,7 @@ def run(args) -> int:
     for line in res.route_lines:
         print(line)
     return 0
+
+
+def _auc(v: float) -> str:
+    return "n/a (one class)" if v != v else f"{v:.3f}"

@@ -80,6 +80,8 @@ class FitOptions:
     cache: bool = False  # remember the lockstep passes (labelled rows, baselines) under the cache root
     align: bool = True  # shift the output logit so that the program's own threshold is the chosen one
     hyper: train.Hyper = field(default_factory=train.Hyper)
+    params: dict[str, str] | None = None  # --set NAME=VALUE
+    model_paths: dict[str, str] | None = None  # --model NAME=PATH
 
 
 @dataclass
@@ -436,7 +438,8 @@ def _load_job(opts: FitOptions) -> _Job:
     rows = read_prompts(opts.prompts)
     eval_rows = read_prompts(opts.eval_prompts) if opts.eval_prompts else None
     try:
-        program = load_program(opts.route, check_weights=False, model_facts=model_facts)
+        program = load_program(opts.route, check_weights=False, model_facts=model_facts,
+                               params=opts.params, model_paths=opts.model_paths)
     except RouteError as exc:
         raise FitError(f"{opts.route} does not load:\n{exc}") from None
     target = find_target(program, opts.route, opts.router)
@@ -470,6 +473,20 @@ def _label(pair: _Pair, prompts: _Prompts, max_tokens: int) -> _Data:
     if len(tr.x) < 2 or len(ho.x) < 1:
         raise FitError("too few labelled positions to train on; give more prompts or --max-tokens")
     return _Data(tr, ho, seconds)
+
+
+def label_warnings(data: _Data) -> list[str]:
+    """What a label set of one class means for the fit: nothing to learn from (training), no
+    AUC and no recall (held-out)."""
+    out = []
+    for rows, what, why in ((data.train, "training", "the router has nothing to learn"),
+                            (data.held, "held-out", "its AUC and recall are undefined")):
+        rate = float(rows.divergent.mean())
+        if rate in (0.0, 1.0):
+            agree = "agree" if rate == 0.0 else "disagree"
+            out.append(f"the small and large model {agree} on all {len(rows.x)} {what} positions: {why} "
+                       "(give prompts where they differ, or more --max-tokens)")
+    return out
 
 
 def _labels(target: Target, tr: collect.Rows) -> torch.Tensor:
@@ -540,6 +557,10 @@ def _choose_threshold(job: _Job, hidden: int, tensors: dict[str, torch.Tensor], 
     target = job.target
     score_of = _scorer(target, probe.path, hidden)
     s_ho, s_tr = _scored(score_of, data)
+    if job.min_recall is not None and not float(data.held.divergent.sum()):
+        raise FitError(f"no threshold routes {job.min_recall:g} of the divergent held-out positions: the two models "
+                       f"agree on all {len(data.held.x)} of them (give prompts where they differ, more --max-tokens, "
+                       "or choose by --target-share)")
     chosen = train.choose(s_ho, data.held.divergent, target.op, job.min_recall, job.target_share)
     c = target.constant
     if not (align and 0 < c < 1 and 0 < chosen["threshold"] < 1):
@@ -565,8 +586,9 @@ def _heldout_figures(target: Target, scores: _Scores, data: _Data) -> tuple[dict
                **({"aligned_from_threshold": scores.aligned_from} if scores.aligned_from is not None else {}),
                "auc": train.auc(route_score, div), **figs,
                "train_auc": train.auc(scores.train if route_high else 1 - scores.train, data.train.divergent)}
-    at_recall = train.choose(scores.held, div, target.op, 0.95, None)
-    heldout["at_recall_0.95"] = {k: at_recall[k] for k in ("threshold", "recall", "precision", "large_share")}
+    if float(div.sum()):  # else no threshold reaches any recall (label_warnings says why)
+        at_recall = train.choose(scores.held, div, target.op, 0.95, None)
+        heldout["at_recall_0.95"] = {k: at_recall[k] for k in ("threshold", "recall", "precision", "large_share")}
     tau = train.entropy_threshold_for_share(ho.entropy, figs["large_share"])
     entropy_rule = {"rule": f"entropy({target.model}, normalized) > tau", "tau": tau,
                     "auc": train.auc(ho.entropy, div), **train.at(ho.entropy, div, ">", tau)}
@@ -589,6 +611,7 @@ def _report(opts: FitOptions, job: _Job, pair: _Pair, prompts: _Prompts, data: _
         "curve": train.curve(scores.held, data.held.divergent, target.op),
         "entropy_curve": train.curve(data.held.entropy, data.held.divergent, ">"),
         "host": host(),
+        "warnings": label_warnings(data),
     }
 
 
