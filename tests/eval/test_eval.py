@@ -153,6 +153,20 @@ def test_the_command_reports_bad_input_and_exits_1(tmp_path, pair):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
+def test_without_out_the_command_writes_a_new_dated_folder_and_shows_its_progress(tmp_path, pair):
+    prog = program_file(tmp_path, pair, "entropy(slm, normalized) > 0.3")
+    r = subprocess.run([sys.executable, "-m", "tokenrouter.cli", "eval", prog, "--prompts", task_file(tmp_path),
+                        "--limit", "2", "--max-tokens", "3", "--no-chat"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    (folder,) = (tmp_path / "out" / "eval").iterdir()
+    assert folder.name.startswith("p-20") and (folder / "summary.json").is_file()
+    assert f"the report goes to {os.path.join('out', 'eval', folder.name)}" in r.stderr
+    for step in ("small alone (slm): starting its subservers", "routed: warming up", "subserver llm ready after"):
+        assert step in r.stderr, r.stderr
+
+
 def test_sweep_specs():
     assert parse_sweep("tau=0.3:0.6:4") == ("tau", [0.3, 0.4, 0.5, 0.6])
     assert parse_sweep("k=2:2:1") == ("k", [2.0])

@@ -5,7 +5,9 @@ static report page. See docs/eval.md."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 
 from tokenrouter.commands._args import add_binding_args, bindings, positive_ints
 
@@ -14,7 +16,9 @@ HELP = "is routing worth it? score a program against its small and large model a
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="the .route program")
-    parser.add_argument("--out", required=True, help="folder for summary.json, report.html and frontier.png")
+    parser.add_argument("--out", default=None,
+                        help="folder for summary.json, report.html and frontier.png (default: a new dated folder, "
+                             "out/eval/NAME-YYYYMMDD-HHMMSS)")
     parser.add_argument("--prompts", action="append", default=None, metavar="P.jsonl",
                         help="task file (JSONL; repeatable); default: the shipped task set")
     add_binding_args(parser)
@@ -54,7 +58,9 @@ def run(args: argparse.Namespace) -> int:
         if args.threads:
             prog, _ = check_file(args.file, model_paths=model_paths, params=params, model_facts=model_facts)
             launch.threads = {w: args.threads for w in (prog.writers() if prog else ())}
-        summary = evaluate(args.file, args.out, prompts=args.prompts, params=params, model_paths=model_paths, sweep=args.sweep,
+        out = args.out or default_out(args.file)
+        print(f"tokenrouter eval: the report goes to {out}", file=sys.stderr)
+        summary = evaluate(args.file, out, prompts=args.prompts, params=params, model_paths=model_paths, sweep=args.sweep,
                  concurrency=concurrency, max_tokens=args.max_tokens, limit=args.limit,
                  small=args.small, large=args.large, chat=not args.no_chat, launch=launch, reuse=args.reuse,
                  log=lambda m: print(m, file=sys.stderr))
@@ -63,3 +69,9 @@ def run(args: argparse.Namespace) -> int:
     except (EvalError, LoadError, RuntimeUnavailable, ValueError) as exc:
         print(f"tokenrouter eval: error: {exc}", file=sys.stderr)
         return 1
+
+
+def default_out(program: str) -> str:
+    """out/eval/NAME-YYYYMMDD-HHMMSS: a new folder for each run, never over an earlier one."""
+    name = os.path.splitext(os.path.basename(program))[0]
+    return os.path.join("out", "eval", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.loader import resolve_folder
 from tokenrouter.runtime.offline import LLM
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -86,7 +89,9 @@ def run_program(program: ir.Program, label: str, ids: list[list[int]], tasks: li
     opts = dataclasses.replace(launch or LaunchOptions(), concurrency=max(concurrency))
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     runs = []
+    log.info("%s: starting its subservers", label)
     with LLM(program, launch=opts) as llm:
+        log.info("%s: warming up with one short request", label)
         llm.generate([ids[0]], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)  # warm-up
         for c in concurrency:
             t0 = time.perf_counter()
