@@ -4,6 +4,7 @@ appeared."""
 
 from __future__ import annotations
 
+import os
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -82,6 +83,7 @@ def test_explain_command_words_and_picture(tmp_path, capsys):
     words = captured.out
     for expected in ["slm  model smollm2-135m-small (small, float32)  <- start",
                      "1. slm -> llm when r2r >= threshold=0.6",
+                     "r2r on slm: r2r network, weights ", "inputs: hidden(-1)",
                      "rewrite: the token slm just wrote is dropped and llm writes that position",
                      "llm: writes at most 1 token, then hands over to slm (keep)",
                      "batch threshold: slm 1, llm auto", "max wait: slm 20ms, llm 20ms",
@@ -90,6 +92,51 @@ def test_explain_command_words_and_picture(tmp_path, capsys):
     ids, labels, _ = svg_content(out)
     assert {"node-slm", "node-llm", "edge-0-rule-slm-to-llm", "edge-1-max-llm-to-slm"} <= ids
     assert "r2r >= threshold=0.6" in " ".join(labels["label-0"])
+
+
+def test_explain_says_each_writers_format_engine_and_kernel_plan_and_numbers_every_handoff(tmp_path, capsys,
+                                                                                           monkeypatch):
+    monkeypatch.setenv("TOKENROUTER_CACHE", str(tmp_path / "empty-cache"))
+    assert main(["explain", str(EXAMPLES / "demo.route")]) == 0
+    words = capsys.readouterr().out
+    for expected in ["slm  model smollm2-135m (small, float32, quant native)  <- start",
+                     "weights: the GGUF file's own blocks (Q4_0/Q4_1/Q4_K as 4-bit codes, Q8_0 as int8)",
+                     "llm  model smollm2-135m (large, float32)", "weights: float32",
+                     "engine: tokenrouter's own, on cpu",
+                     "not measured on this host yet; the first load measures it",
+                     "measured at the first load, once the weights are converted into the cache",
+                     "1. slm -> llm when entropy(slm, normalized) > tau=0.3",
+                     "2. llm -> slm when entropy(llm, normalized) <= tau=0.3"]:
+        assert expected in words, expected
+    assert not (tmp_path / "empty-cache").exists()  # nothing converted or measured to say so
+
+
+def test_explain_names_a_routers_weights_file_and_inputs_and_a_measured_plan(tmp_path, pair, capsys, monkeypatch):
+    import json
+
+    from tests.helpers.fitting import write_program
+    from tokenrouter.commands.explain import kernel_plan_notes
+    from tokenrouter.compiler.pipeline import load_program
+    from tokenrouter.runtime.frontend.launch import LaunchOptions, plan
+    from tokenrouter.runtime.loader import load_model
+
+    monkeypatch.setenv("TOKENROUTER_CACHE", str(tmp_path / "cache"))
+
+    route = write_program(str(tmp_path), pair, "r2r")
+    assert main(["explain", route]) == 0
+    words = capsys.readouterr().out
+    assert "routers:\n  r2r on slm: r2r network, weights " in words and "w/r2r.safetensors" in words
+    assert "inputs: hidden(-1) (32 wide), token_embedding (32 wide), topk_logits(8) (8 wide)" in words
+    # a plan measured where `serve` would cache it is read back, shape by shape
+    program = load_program(route, model_facts=model_facts)
+    threads = plan(program, LaunchOptions(mode="thread"))["slm"].threads
+    where = load_model(pair["slm"]).engine_options(threads=threads).plan_cache
+    os.makedirs(os.path.dirname(where), exist_ok=True)
+    with open(where, "w") as f:
+        json.dump({"plans": {"64x32:f32": [[2, "linear"], [64, "onednn"]]}, "measured_at": "2026-12-02T00:00:00Z"}, f)
+    notes = kernel_plan_notes(program)["slm"]
+    assert notes[0].endswith("measured on this host 2026-12-02T00:00:00Z):")
+    assert notes[1] == "  64x32:f32: linear to 2 rows, onednn above"
 
 
 @pytest.mark.parametrize("argv, status, msg", [

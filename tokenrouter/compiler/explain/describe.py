@@ -1,9 +1,11 @@
-"""A checked program in words (`tokenrouter explain`): its writers, start, handoffs with
-their conditions and actions, visit bounds, serving schedule and bound parameters.
+"""A checked program in words (`tokenrouter explain`): its writers (each model's weight
+format and engine), start, routers and heads (weights file, inputs), handoffs with their
+conditions and actions, visit bounds, serving schedule and bound parameters.
 
-It reads only the IR, so it shows the program as it will run, with `--set` values in
-place; a number that came from a parameter is shown by the parameter's name and value
-(`tau=0.3`). `draw.py` draws the same facts as a state machine.
+It reads the IR, so it shows the program as it will run, with `--set` values in place; a
+number that came from a parameter is shown by the parameter's name and value (`tau=0.3`).
+What only the runtime knows (a writer's measured kernel plan on this host) the caller
+passes as extra lines per writer. `draw.py` draws the same facts as a state machine.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 from dataclasses import dataclass
 
 from tokenrouter.compiler import ir
+from tokenrouter.compiler.weights.files import layout_text
 
 _PREC = {"or": 1, "and": 2, "not": 3, "cmp": 4, "+": 5, "-": 5, "*": 6, "/": 6}
 _ATOM = 9
@@ -114,7 +117,44 @@ def writer_line(program: ir.Program, name: str) -> str:
         extra += f", seed {e.seed}" if e.mode == "mixture" else ""
         return f"ensemble ({e.mode} of {members}{extra})"
     m = program.model(name)
-    return f"model {m.path} ({m.role}, {m.dtype})"
+    fmt = m.dtype if m.quant == "none" else f"{m.dtype}, quant {m.quant}"
+    return f"model {m.path} ({m.role}, {fmt})"
+
+
+QUANT_WORDS = {"native": "the GGUF file's own blocks (Q4_0/Q4_1/Q4_K as 4-bit codes, Q8_0 as int8)",
+               "int4": "quantised to 4 bits on load (min/max per group of 32)",
+               "int8": "quantised to int8 on load (one scale per row)"}
+
+
+def model_lines(program: ir.Program, name: str) -> list[str]:
+    """A model writer's weight format and the engine that runs it."""
+    m = program.model(name)
+    place = dict(program.schedule.placement).get(name, "cpu")
+    weights = (f"weights: {m.dtype}" if m.quant == "none" else
+               f"weights: {QUANT_WORDS[m.quant]}; bfloat16 into each product, {m.dtype} between them")
+    return [weights, f"engine: tokenrouter's own, on {place}"]
+
+
+def shown_path(path: str) -> str:
+    """A file as a user finds it: relative to the working directory when under it."""
+    rel = os.path.relpath(path) if os.path.isabs(path) else path
+    return path if rel.startswith("..") else rel
+
+
+def network_lines(program: ir.Program) -> list[str]:
+    """Each router network and head row: whose step it reads, its weights file, its inputs."""
+    out = []
+    for r in program.routers:
+        parts = [p.rpartition(":") for p in layout_text(r).split(",")]
+        inputs = ", ".join(f"{name} ({width} wide)" if width not in ("", "0") else name for name, _, width in parts)
+        out.append(f"{r.name} on {r.model}: {r.arch} network, weights {shown_path(r.file)}")
+        out.append(f"   inputs: {inputs}")
+    heads = {(e.model, e.file, e.sigmoid) for t in program.transitions for e in ir.walk(t.when)
+             if isinstance(e, ir.HeadLogit)}
+    for model, file, sigmoid in sorted(heads):
+        out.append(f"head on {model}: an extra LM-head row, weights {shown_path(file)}")
+        out.append(f"   input: hidden(-1) of {model}; {'sigmoid of its logit' if sigmoid else 'its raw logit'}")
+    return out
 
 
 def _action_words(e: Edge) -> str:
@@ -160,26 +200,32 @@ def param_line(p: ir.Param) -> str:
     return f"{p.name} = {param_value(p)}  ({p.type}{rng}; {origin})"
 
 
-def describe(program: ir.Program) -> str:
-    """The program in words, one fact per line."""
+def describe(program: ir.Program, writer_notes: dict[str, list[str]] | None = None) -> str:
+    """The program in words, one fact per line; `writer_notes[w]`: more lines about writer w."""
     out = [f"{program.source}", ""]
     out.append("writers:")
     width = max(len(w) for w in program.writers())
     live = reachable(program)
     member_of = {m: e.name for e in program.ensembles for m in e.members}
+    models = {m.name for m in program.models}
     for w in program.writers():
         mark = "  <- start" if w == program.start else ""
         if w not in live:
             mark = f"  (a member of {member_of[w]} only)" if w in member_of else "  (never reached)"
         out.append(f"  {w:<{width}}  {writer_line(program, w)}{mark}")
+        more = (model_lines(program, w) if w in models else []) + list((writer_notes or {}).get(w, ()))
+        out += [f"  {'':<{width}}    {line}" for line in more]
     out.append(f"start: {program.start} writes every request's first token")
+    nets = network_lines(program)
+    if nets:
+        out += ["", "routers:"] + [f"  {line}" for line in nets]
     out.append("")
     es = edges(program)
     rules = [e for e in es if e.kind == "rule"]
-    out.append("handoffs (after each token, the rules out of its writer are tried in order; the first that "
-               "holds moves the request; none: it stays):" if rules else "handoffs: none")
-    for e in rules:
-        out.append(f"  {e.order}. {e.source} -> {e.dest} when {e.condition}")
+    out.append("handoffs (after each token, the rules out of its writer are tried in the order listed; the first "
+               "that holds moves the request; none: it stays):" if rules else "handoffs: none")
+    for i, e in enumerate(rules, 1):
+        out.append(f"  {i}. {e.source} -> {e.dest} when {e.condition}")
         out.append(f"     {_action_words(e)}")
     bounds = [b for b in program.bounds]
     out.append("")

@@ -43,7 +43,7 @@ from tokenrouter.runtime.loader.builtin.registry import BUILTIN_MODELS, BuiltinM
 from tokenrouter.runtime.loader.resolve import native_gguf, resolve_folder
 from tokenrouter.runtime.loader.tokenizer import Tokenizer
 
-__all__ = ["load_model", "quant_options", "resolve_folder", "model_facts", "LoadedModel", "Tokenizer", "BUILTIN_MODELS",
+__all__ = ["load_model", "quant_options", "cached_kernel_plan", "resolve_folder", "model_facts", "LoadedModel", "Tokenizer", "BUILTIN_MODELS",
            "BuiltinModel", "LoadError", "MissingFile", "ShapeMismatch", "UnsupportedArchitecture",
            "UnsupportedQuantization", "program_tokenizer"]
 
@@ -61,8 +61,7 @@ class LoadedModel:
 
     def model_id(self) -> str:
         """What identifies these weights for a cached kernel plan."""
-        return json.dumps(file_key(self.source) if self.source else {"folder": os.path.realpath(self.folder)},
-                          sort_keys=True)
+        return _model_id(self.source, self.folder)
 
     def engine_options(self, quant: str | None = None, threads: int | None = None, **options: Any):
         """The `EngineOptions` that hold this model in its format (`quant`, else the one it was
@@ -110,6 +109,42 @@ def quant_options(model: Any, quant: str, **options: Any):
         return model.engine_options(quant, **options)
     from tokenrouter.runtime.engine.options import EngineOptions
     return EngineOptions(quant=quant, **options)
+
+
+def _model_id(source: str, folder: str) -> str:
+    return json.dumps(file_key(source) if source else {"folder": os.path.realpath(folder)}, sort_keys=True)
+
+
+def cached_kernel_plan(path: str, quant: str, threads: int) -> tuple[str | None, dict | None]:
+    """(where the kernel plan of model `path` in format `quant` at `threads` threads is cached
+    on this host, the cached file's contents or None when it is not measured yet), without
+    loading or converting anything: (None, None) when the model is not in the cache yet."""
+    import torch
+
+    from tokenrouter.runtime import cache
+    from tokenrouter.runtime.kernels.plan import plan_path
+    if quant == "native":
+        source, folder = os.path.realpath(native_gguf(path)), ""
+    elif os.path.isdir(os.path.expanduser(path)):
+        source, folder = "", os.path.expanduser(path)
+    elif path in BUILTIN_MODELS:
+        entry = BUILTIN_MODELS[path]
+        source, folder = "", entry.folder() if entry.is_cached() else ""
+    elif os.path.isfile(os.path.expanduser(path)) and path.lower().endswith(".gguf"):
+        from tokenrouter.runtime.loader.builtin.registry import gguf_entry
+        slug, key, _ = gguf_entry(os.path.expanduser(path))
+        source, folder = "", cache.entry_path(slug, key) if cache.is_cached(slug, key) else ""
+    else:
+        return None, None
+    if not source and not folder:
+        return None, None
+    act = torch.float32 if quant == "none" else torch.bfloat16
+    where = plan_path(_model_id(source, folder), quant, act, threads)
+    try:
+        with open(where, encoding="utf-8") as f:
+            return where, json.load(f)
+    except (OSError, ValueError):
+        return where, None
 
 
 def program_tokenizer(program: Any) -> Tokenizer:
