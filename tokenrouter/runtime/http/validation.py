@@ -103,6 +103,10 @@ class Validator:
                     raise BadRequest("only text content parts are supported", "messages")
                 content = "".join(parts)
             messages.append({"role": m.role, "content": check_text(content or "", "messages")})
+        if not self.tok.chat_template:
+            raise BadRequest("the model has no chat template: add one to its folder (a \"chat_template\" in "
+                             "tokenizer_config.json, or a chat_template.jinja file; docs/models.md, \"Serving your "
+                             "own models\"), or send a plain prompt to /v1/completions", "messages")
         try:
             ids = await asyncio.to_thread(self.tok.apply_chat_template, messages, add_generation_prompt=True)
         except Exception as exc:

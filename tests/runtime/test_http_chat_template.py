@@ -1,0 +1,30 @@
+"""A model folder without a chat template, served: a chat request gets a 400 that says what
+to add to the folder, a plain completion is served, and so is the next request."""
+
+import shutil
+
+import httpx
+
+from tests.helpers import tiny
+from tests.helpers.serving import ServerThread
+from tokenrouter.runtime.frontend.launch import LaunchOptions
+
+
+def test_chat_without_a_template_names_what_to_add_to_the_model_folder(pair, tmp_path):
+    plain = {}
+    for name, folder in pair.items():  # the pair's folders without tokenizer_config.json
+        plain[name] = shutil.copytree(folder, tmp_path / name, ignore=shutil.ignore_patterns("tokenizer_config.json"))
+    srv = ServerThread(tiny.rstitch({k: str(v) for k, v in plain.items()}, 0.3), LaunchOptions(mode="thread"),
+                       name="plain")
+    try:
+        chat = {"model": "plain", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        r = httpx.post(srv.url + "/v1/chat/completions", json=chat, timeout=60)
+        assert r.status_code == 400
+        message = r.json()["error"]["message"]
+        assert "no chat template" in message and "tokenizer_config.json" in message
+        assert "chat_template.jinja" in message and "--chat" not in message
+        r = httpx.post(srv.url + "/v1/completions", json={"model": "plain", "prompt": "hi", "max_tokens": 3},
+                       timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        srv.close()
