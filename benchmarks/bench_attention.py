@@ -10,7 +10,8 @@ load hits all alike, and each configuration runs for at least `--seconds` (30) i
 median round and the spread (min-max) are reported in ms per step (all 30 layers).
 
     python benchmarks/bench_attention.py              # ~3 minutes: 1 and 2 threads, 30 s each
-Writes benchmarks/results/bench_attention.{json,png}.
+Writes bench_attention.{json,png} into --out (default bench-results/, a scratch folder git ignores;
+the committed figures are benchmarks/results/bench_attention.json).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from tokenrouter.runtime.engine.config import ModelConfig
 from tokenrouter.runtime.engine.kv_cache import KVCache
 from tokenrouter.runtime.host import host_info
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK, BLOCKS = 30, 9, 3, 64, 16, 1100
 SHAPES = [(1, 128), (1, 512), (1, 2048), (8, 128), (8, 512), (8, 2048), (16, 256)]
 PATHS = ("torch", "native")
@@ -70,7 +70,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--seconds", type=float, default=30.0, help="at least this long per configuration")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--out", default="bench-results")
     a = ap.parse_args()
     why = build.available()
     if why:

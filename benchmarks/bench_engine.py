@@ -17,8 +17,8 @@
     python benchmarks/bench_engine.py            # full (~10-20 min on 2 busy cores)
     python benchmarks/bench_engine.py --quick    # fewer sizes and steps (~3-5 min)
     python benchmarks/bench_engine.py --quant    # only section 5 (bench_quant.json/png)
-Writes benchmarks/results/bench_engine.json and bench_engine.png (and, unless
---no-compile, bench_engine_compile.json).
+Writes bench_engine.json and bench_engine.png (and, unless --no-compile,
+bench_engine_compile.json) into --out (default bench-results/, a scratch folder git ignores).
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def main() -> int:
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile comparison")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads for the step-time sections (the comparison runs at 1 and 2)")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--out", default="bench-results")
     ap.add_argument("--quant", action="store_true",
                     help="only the quantised formats against llama.cpp (bench_quant.py; takes its flags after --)")
     a, rest = ap.parse_known_args()

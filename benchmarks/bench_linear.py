@@ -17,19 +17,20 @@ in a real step. Methods, side by side in one run, at 2 threads (the comparison w
 The **hot** section repeats one matrix (cache-resident) at 1 thread, for reference only:
 it favours oneDNN at one or two rows, which the cold pass does not.
 
-    python benchmarks/bench_linear.py        # ~30 s; writes benchmarks/results/bench_linear.{json,png}
+    python benchmarks/bench_linear.py        # ~30 s; writes bench-results/bench_linear.{json,png} (--out PATH)
 """
 
 from __future__ import annotations
 
 import json
+import argparse
 import os
 import time
 
 import torch
 import torch.nn.functional as F
 
-OUT = os.path.join(os.path.dirname(__file__), "results", "bench_linear")
+OUT = os.path.join("bench-results", "bench_linear")  # a scratch folder git ignores; --out PATH elsewhere
 MODEL_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30 + [(49152, 576)]
 COLD_ROWS = (1, 2, 3, 4, 8, 16, 64)
 HOT_SHAPES = {"smollm2 gate_up": (3072, 576), "bench-large down": (1024, 3072)}
@@ -101,11 +102,14 @@ def hot() -> list[dict]:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=OUT, help="path of the .json and .png, without the extension")
+    out = ap.parse_args().out
     res = {"torch": torch.__version__, "load_avg": os.getloadavg(), "hot_threads": 1,
            "cold": {"2": cold(2), "1": cold(1)}, "hot": hot()}
     res["load_avg_end"] = os.getloadavg()
-    os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    with open(OUT + ".json", "w") as f:
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out + ".json", "w") as f:
         json.dump(res, f, indent=1)
     import matplotlib
     matplotlib.use("Agg")
@@ -130,8 +134,8 @@ def main() -> None:
         ax.set_xlabel("rows")
     axes[0].legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(OUT + ".png", dpi=110)
-    print(f"wrote {OUT}.json and .png")
+    fig.savefig(out + ".png", dpi=110)
+    print(f"wrote {out}.json and .png")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ batch 1 and 8 with ~64 tokens of context; the ratio closest to 4.6 at batch 1 is
 `bench_pair.SHAPES["large"]` should hold.
 
     python benchmarks/bench_pair_shapes.py          # ~2-4 minutes on 2 cores
-Writes benchmarks/results/bench_pair_shapes.json and .png.
+Writes bench_pair_shapes.json and .png at --out (default bench-results/bench_pair_shapes, a scratch
+folder git ignores).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_pair_shapes"))
+    ap.add_argument("--out", default="bench-results/bench_pair_shapes")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     result = {"paper_ratio": PAPER_RATIO, "threads": args.threads, "shapes": CANDIDATES, "batches": {}}

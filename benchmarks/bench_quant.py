@@ -26,7 +26,7 @@ measured per configuration in a fresh process after loading and one step.
 
     python benchmarks/bench_quant.py            # ~15-30 min on 2 busy cores
     python benchmarks/bench_quant.py --quick    # 1 round, batches 1 and 8
-Writes benchmarks/results/bench_quant.{json,png}.
+Writes bench_quant.{json,png} into --out (default bench-results/, a scratch folder git ignores).
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def main() -> int:
                          "without the C element-wise ops)")
     ap.add_argument("--head-quant", choices=("int4", "int8", "none"), default=None,
                     help="the LM head's format in the quantised configurations (default: the engine's)")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--out", default="bench-results")
     ap.add_argument("--server", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--rss-child", help=argparse.SUPPRESS)
     a = ap.parse_args()

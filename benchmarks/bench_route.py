@@ -10,8 +10,8 @@ machine noise hits every variant alike), medians of:
 - `forward`: one decode step of the small model (smollm2-135m-small when its weights are
   installed, else the random-weight bench-small) on B sequences of 64-token contexts,
   including the features the router needs (hidden state, token embedding).
-Ratios are printed and written with the raw figures to benchmarks/results/bench_route.json
-and .png.
+Ratios are printed and written with the raw figures to bench_route.json and .png in --out
+(default bench-results/, a scratch folder git ignores).
 
     python benchmarks/bench_route.py             # ~2-4 minutes on 2 cores
     python benchmarks/bench_route.py --quick     # fewer rounds
@@ -91,7 +91,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
+    ap.add_argument("--out", default="bench-results")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rounds = 3 if args.quick else 7

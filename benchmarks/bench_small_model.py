@@ -17,7 +17,8 @@ uses the int8-rounded weights.
 
     python benchmarks/bench_small_model.py            # ~3-5 minutes on 2 cores
     python benchmarks/bench_small_model.py --quick    # fewer prompts and rounds
-Writes benchmarks/results/bench_small_model.json and .png.
+Writes bench_small_model.json and .png at --out (default bench-results/bench_small_model, a scratch
+folder git ignores).
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_small_model"))
+    ap.add_argument("--out", default="bench-results/bench_small_model")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     n_prompts, n_gen, rounds, steps = (8, 24, 3, 4) if args.quick else (len(PROMPTS), 48, 5, 8)

@@ -40,7 +40,9 @@ def configure(parser) -> None:
                         help="size each configuration's measurement for at least this many seconds at its own "
                              "speed, calibrated on a short wave, in whole waves of N (--quick: 30; otherwise 0: "
                              "--requests for every configuration)")
-    parser.add_argument("--out", default="bench-out", help="folder for summary.json, details.json and plots")
+    parser.add_argument("--out", default="bench-results/bench",
+                        help="folder for summary.json, details.json and plots (default bench-results/bench, a "
+                             "scratch folder git ignores)")
     parser.add_argument("--requests", type=int, default=None,
                         help="requests per measurement, at least 2 x concurrency (default 64)")
     parser.add_argument("--max-tokens", type=int, default=None, help="tokens per request (default 256)")

@@ -19,7 +19,7 @@ def configure(parser) -> None:
     parser.add_argument("--batch", type=int, default=None, help="B of the large model (default: the launcher's)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--profile", default=None)
-    parser.add_argument("--out", default="bench-out/runlengths")
+    parser.add_argument("--out", default="bench-results/runlengths")
 
 
 def run(args) -> int:

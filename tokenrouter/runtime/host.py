@@ -56,8 +56,10 @@ def read_bandwidth_gb_s(mb: int = 256, repeats: int = 3) -> float:
 
 
 def host_info(bandwidth: bool = True) -> dict:
-    """{"cpu", "cores", "load_average", "read_gb_per_s"} (the last measured, about 0.3 s)."""
-    info = {"cpu": cpu_model(), "cores": os.cpu_count(), "load_average": load_average()}
+    """{"cpu", "cores", "load_average", "date" (UTC, ISO 8601), "read_gb_per_s"} (the last
+    measured, about 0.3 s)."""
+    info = {"cpu": cpu_model(), "cores": os.cpu_count(), "load_average": load_average(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if bandwidth:
         info["read_gb_per_s"] = read_bandwidth_gb_s()
     return info
