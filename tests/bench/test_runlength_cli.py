@@ -21,7 +21,7 @@ def test_runlength_check_is_a_bench_subcommand(monkeypatch, capsys):
     assert cli.main(["bench", "runlength-check", "x.route", "--concurrency", "4", "--batch", "2"]) == 0
     (opts,) = seen
     assert (opts.file, opts.concurrency, opts.batch, opts.requests, opts.out) == ("x.route", 4, 2, 16,
-                                                                                   "bench-out/runlengths")
+                                                                                   "bench-results/runlengths")
     out = capsys.readouterr().out
     assert "x.route, N = 4, B = {'slm': 1, 'llm': 2}; measured 100.0 tok/s" in out
     assert "geometric" in out and "-10.0% vs measured" in out

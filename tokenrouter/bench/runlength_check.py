@@ -43,7 +43,7 @@ class CheckOptions:
     batch: int | None = None  # B of the large model (default: the launcher's)
     rounds: int = 2
     profile: str | None = None
-    out: str = "bench-out/runlengths"
+    out: str = "bench-results/runlengths"
 
 
 def runlength_check(opts: CheckOptions) -> dict[str, Any]:
