@@ -336,7 +336,13 @@ def _rounds(n: int, names: list[str], deps: dict[str, Any], requests: dict[str, 
         k = r % len(names)
         for c in names[k:] + names[:k]:
             bar.set_postfix_str(f"N={n} round {r + 1} {c}")
-            raw[c].append(deps[c].measure(c, setup.ids[:requests[c]], setup.sampling, n, setup.batch_of(c, n)))
+            if opts.progress:  # a line as each measurement starts and ends: each runs for tens of seconds
+                tqdm.write(f"N={n}, round {r + 1} of {opts.rounds}: {c}, {requests[c]} requests ...", file=sys.stderr)
+            m = deps[c].measure(c, setup.ids[:requests[c]], setup.sampling, n, setup.batch_of(c, n))
+            raw[c].append(m)
+            if opts.progress:
+                tqdm.write(f"N={n}, round {r + 1} of {opts.rounds}: {c}: {m.tokens_per_s:.1f} tok/s in "
+                           f"{m.wall_s:.0f} s", file=sys.stderr)
             bar.update()
     return raw
 

@@ -10,7 +10,8 @@ from tokenrouter.commands._args import add_binding_args, bindings, positive_ints
 
 HELP = "benchmark this runtime against its ablations and baselines, side by side, on the same prompts"
 
-# --quick: concurrency 8, each configuration sized for >= 30 s a round, about 12-15 minutes
+# --quick: concurrency 8, each configuration sized for >= 30 s a round (570 s and 600 s in the two
+# committed runs on 2 cores, benchmarks/results/bench/quick*/details.json: elapsed_s)
 QUICK = {"concurrency": "8", "requests": 16, "max_tokens": 128, "rounds": 2, "configs": "quick", "steady_s": 30.0}
 # --long: the long-output workload (how each configuration's cost grows with context)
 # (`official` runs one wave of N there: its large model recomputes every prefix, and two waves
@@ -29,7 +30,7 @@ def configure(parser) -> None:
     parser.add_argument("file", nargs="?", default=None,
                         help="the .route program (default: examples/bench.route, the benchmark pair)")
     parser.add_argument("--concurrency", "-n", default=None,
-                        help="comma-separated concurrency levels (default 1,8,16,32; --quick: 1,8)")
+                        help="comma-separated concurrency levels (default 1,8,16,32; --quick and --long: 8)")
     parser.add_argument("--quick", action="store_true",
                         help="concurrency 8, 128-token requests, each configuration sized for >= 30 s a round "
                              "(whole waves of 8, at most 64 requests), 2 rounds, the peers and tokenrouter")
