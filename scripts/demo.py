@@ -13,6 +13,7 @@ kernels: a minute or more), its progress lines are shown as they come.
 from __future__ import annotations
 
 import argparse
+import codecs
 import os
 import re
 import subprocess
@@ -76,17 +77,21 @@ def handoffs(port: int) -> dict[tuple[str, str], int]:
 
 
 def large_alone(program, large: str, question: str, max_tokens: int) -> str:
-    """The large model's own greedy answer (`tokenrouter generate`; its progress lines shown)."""
+    """The large model's own greedy answer (`tokenrouter generate`), shown as it is written
+    (its progress lines go to stderr as they come)."""
     model = program.model(large)
     cmd = [sys.executable, "-m", "tokenrouter.cli", "generate", "--chat", question, "-m", model.path,
            "--max-tokens", str(max_tokens), "--dtype", model.dtype, "--quant", model.quant, "--threads", "1"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in proc.stderr:
-        print(f"  {line.rstrip()}", flush=True)
-    out = proc.stdout.read()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE)
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    text = []
+    while chunk := proc.stdout.read1(4096):
+        text.append(decoder.decode(chunk))
+        sys.stdout.write(text[-1])
+        sys.stdout.flush()
     if proc.wait():
         raise SystemExit(f"`tokenrouter generate` failed (status {proc.returncode})")
-    return out.strip()
+    return "".join(text).strip()
 
 
 def main() -> int:
@@ -119,11 +124,10 @@ def main() -> int:
     print(f"\nrouted answer   ({legend([small, large], tty, what)}):\n")
     print(coloured(pieces, choice["token_writers"], [small, large], tty) + "\n")
     print(summary_lines(reply.model_extra.get("tokens_by_model") or {}, counts, small, large))
-    print(f"\nthe large model alone ({large}, greedy), for comparison: loading it on its own", flush=True)
+    print(f"\nthe large model alone ({large}, greedy), for comparison (loading it on its own):\n", flush=True)
     alone = large_alone(program, large, args.question, args.max_tokens)
     routed = "".join(pieces).strip()
-    same = "the same text as the routed answer" if alone == routed else "not the routed answer's text"
-    print(f"\n{alone}\n\n({same})")
+    print("\n(" + ("the same text as the routed answer" if alone == routed else "not the routed answer's text") + ")")
     return 0
 
 

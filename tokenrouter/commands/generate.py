@@ -8,10 +8,14 @@ prompt, then decode one token per step with the engine's sampler until a stop to
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+import time
 from typing import Iterator
 
 from tokenrouter.commands._args import QUANT_HELP
+
+log = logging.getLogger(__name__)
 
 HELP = "generate a completion with one model (greedy by default)"
 
@@ -74,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                                 seed=args.seed, max_tokens=args.max_tokens)
         dtype = getattr(torch, args.dtype)
+        t0 = time.monotonic()
         model = load_model(args.model, dtype=dtype, quant=args.quant)
         tok = model.tokenizer
         prompt = _prompt_ids(tok, args)
@@ -85,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
                             f"{model.config.max_position_embeddings - 1}")
         engine = Engine(model.config, model.weights, model.engine_options(
             dtype=dtype, max_model_len=max_len, num_blocks=-(-max_len // 16), block_size=16))
+        log.info("%s loaded in %.1f s; generating", args.model, time.monotonic() - t0)
         detok = Detokenizer(tok)
         for token in stream_tokens(engine, prompt, params, tok.eos_token_ids):
             sys.stdout.write(detok.push([token]))  # nothing until a multi-byte character is whole
