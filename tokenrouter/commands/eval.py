@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         summary = evaluate(args.file, out, prompts=args.prompts, params=params, model_paths=model_paths, sweep=args.sweep,
                  concurrency=concurrency, max_tokens=args.max_tokens, limit=args.limit,
                  small=args.small, large=args.large, chat=not args.no_chat, launch=launch, reuse=args.reuse,
-                 log=lambda m: print(m, file=sys.stderr))
+                 log=lambda m: print(m, file=sys.stderr), command=shlex.join(["tokenrouter", *sys.argv[1:]]))
         print(markdown(summary))
         return 0
     except (EvalError, LoadError, RuntimeUnavailable, ValueError) as exc:

@@ -57,7 +57,7 @@ def evaluate(path: str, out: str, prompts: Sequence[str] | None = None, params: 
              limit: int | None = None,
              small: str | None = None, large: str | None = None, chat: bool = True, launch=None,
              model_paths: dict[str, str] | None = None, use_tqdm: bool = True, log=print,
-             reuse: str | None = None) -> dict[str, Any]:
+             reuse: str | None = None, command: str | None = None) -> dict[str, Any]:
     """Run the evaluation and write its report into `out`; returns the summary. With several
     concurrencies every configuration is timed at each (the first is the headline figure);
     `limit` keeps that many prompts spread evenly over the task files."""
@@ -104,7 +104,7 @@ def evaluate(path: str, out: str, prompts: Sequence[str] | None = None, params: 
         "param": sweep_name, "values": sweep_vals, "points": points,
         "small": summary["configs"]["small"], "large": summary["configs"]["large"]}
     summary["meta"] = {
-        "program": os.fspath(path), "small": names[0], "large": names[1], "writers": list(program.writers()),
+        "program": os.fspath(path), "command": command, "small": names[0], "large": names[1], "writers": list(program.writers()),
         "models": {m.name: declaration(m) for m in program.models}, "model_paths": model_paths or {},
         "reused": {k: os.path.abspath(reuse) for k in reused},
         "params": params, "bound_params": {p.name: {"value": p.value, "origin": p.origin} for p in program.params},
