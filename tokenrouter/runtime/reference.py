@@ -128,8 +128,6 @@ class Reference:
                 out.tokens.append(tok)
                 out.written_by[writer] = out.written_by.get(writer, 0) + 1
                 out.writers.append(writer)
-                if grammar is not None:
-                    grammar.advance(out.tokens)
                 visit += 1
                 seen_at_len = set()
                 if tok in stop:
@@ -138,6 +136,8 @@ class Reference:
                 if len(out.tokens) >= sampling.max_tokens or len(tokens) >= limit:
                     out.reason = "length"
                     return out
+                if grammar is not None:
+                    grammar.advance(out.tokens)
             if d.dest != writer:
                 out.handoffs += 1
                 writer, visit = d.dest, 0

@@ -37,11 +37,16 @@ def _llguidance():
     return llguidance
 
 
+#: JSON is written compactly (`", "` and `": "` between items, no other whitespace) unless a
+#: schema's `x-guidance` says otherwise: free whitespace lets a weak model pad forever.
+JSON_OPTIONS = {"whitespace_flexible": False}
+
+
 def grammar_text(spec: Structured) -> str:
     """llguidance's grammar for a spec (not yet checked against a tokenizer)."""
     llg = _llguidance()
     if spec.kind == "json":
-        return llg.LLMatcher.grammar_from_json_schema({"type": "object"})
+        return llg.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
     if spec.kind == "json_schema":
         try:
             schema = json.loads(spec.spec)
@@ -50,7 +55,7 @@ def grammar_text(spec: Structured) -> str:
         if not isinstance(schema, (dict, bool)):
             raise GrammarError("a JSON schema is an object")
         try:
-            return llg.LLMatcher.grammar_from_json_schema(schema)
+            return llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         except ValueError as exc:
             raise GrammarError(f"invalid JSON schema: {exc}") from None
     if spec.kind == "regex":

@@ -218,8 +218,9 @@ class Run:
             text = dec([tok])
             out["tokens"].append(text)
             out["token_logprobs"].append(lp[0])
-            top = {dec([i]): v for i, v in lp[1]}
-            top.setdefault(text, lp[0])
+            top: dict[str, float] = {}
+            for i, v in [*lp[1], (tok, lp[0])]:  # keyed by text: the most likely of tokens that decode alike
+                top.setdefault(dec([i]), v)
             out["top_logprobs"].append(top)
             out["text_offset"].append(offset)
             offset += len(text)

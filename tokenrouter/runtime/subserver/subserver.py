@@ -326,16 +326,16 @@ class Subserver:
         self.sched.stepped([r.rid for r in res.stayed], time.monotonic_ns())
         t1 = time.perf_counter()
         self.stats.phase_s["bookkeeping"] += t1 - t0
-        if res.committed:
-            events = [(r.rid, pos, tok) for r, pos, tok in res.committed]
-            self.out.send(FRONTEND, wire.encode(wire.Tokens(writer=self.writer, items=events,
-                                                            logprobs=res.logprobs)))
-        for r, reason in res.ended:
+        for r, reason in res.ended:  # before the tokens: the frontend then ends a request with its last tokens
             r.state.finished = True
             self.stats.requests_finished[reason] = self.stats.requests_finished.get(reason, 0) + 1
             self.out.send(FRONTEND, wire.encode(wire.Done(rid=r.rid, reason=reason, n_out=r.n_out,
                                                           written_by=dict(r.state.written_by))))
             self.sched.depart(r.rid)  # skipped until the frontend's release frees it everywhere
+        if res.committed:
+            events = [(r.rid, pos, tok) for r, pos, tok in res.committed]
+            self.out.send(FRONTEND, wire.encode(wire.Tokens(writer=self.writer, items=events,
+                                                            logprobs=res.logprobs)))
         for r, dest in res.departing:
             self._send(r, dest)
         self.stats.phase_s["messaging"] += time.perf_counter() - t1
