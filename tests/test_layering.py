@@ -25,7 +25,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tokenrouter"
 TESTS = Path(__file__).resolve().parent
 
 # the order of the layers; fit, eval and bench share a rank and must not import each other
-RANK = {"dsl": 0, "protocol": 0.5, "compiler": 1, "runtime": 2, "tuner": 3, "fit": 4, "eval": 4, "bench": 4,
+RANK = {"extras": 0, "dsl": 0, "protocol": 0.5, "compiler": 1, "runtime": 2, "tuner": 3, "fit": 4, "eval": 4, "bench": 4,
         "commands": 5}
 
 
