@@ -73,8 +73,8 @@ class TextStream:
         """The rest of the text once the request ended (nothing more after a match)."""
         if self.matched is not None:
             return ""
-        self._add(self.detok.finish())
-        return self._release(len(self.text))
+        out = self._add(self.detok.finish())
+        return out + (self._release(len(self.text)) if self.matched is None else "")
 
     def _add(self, piece: str) -> str:
         if not piece:
