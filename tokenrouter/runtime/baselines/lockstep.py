@@ -66,7 +66,7 @@ class Lockstep:
     def generate(self, prompts: list[list[int]], params: SamplingParams, stop_token_ids=(), concurrency: int = 8,
                  route_seeds: list[int] | None = None) -> list[LockstepOutput]:
         """Greedy/sampled generation for token-id prompts, at most `concurrency` at a time;
-        `route_seeds[i]` seeds prompt i's coin flips (default 0)."""
+        `route_seeds[i]` seeds prompt i's coin flips (default: i, as the offline API)."""
         params = params.replace(stop_token_ids=tuple(params.stop_token_ids) + tuple(stop_token_ids))
         todo = list(range(len(prompts)))[::-1]
         active: list[Request] = []
@@ -76,7 +76,7 @@ class Lockstep:
             while todo and len(active) < concurrency:
                 i = todo.pop()
                 st = RouteState(rid=str(i), tokens=list(prompts[i]), prompt_len=len(prompts[i]),
-                                writer=self.program.start, route_seed=route_seeds[i] if route_seeds else 0,
+                                writer=self.program.start, route_seed=route_seeds[i] if route_seeds else i,
                                 sampling=params)
                 active.append(Request(st, st.rid, params))
             self.iterations += 1
