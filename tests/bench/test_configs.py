@@ -26,6 +26,7 @@ def test_parse_configs():
         C.parse_configs("tokenrouter,fast")
 
 
+@pytest.mark.slow
 def test_single_model_program_has_one_writer_and_round_trips(bench_program):
     small, large = C.small_and_large(bench_program)
     assert (small, large) == ("small", "large")
