@@ -25,7 +25,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from tokenrouter.protocol.step import StepTensors
+from tokenrouter.runtime.engine.sampler import sample
 from tokenrouter.runtime.subserver.request import Request
 
 LOOP_ERROR = "request came back with no new token (two writers rewrite each other's token in a loop)"
@@ -53,10 +56,6 @@ class StepRunner:
 
     def __init__(self, writer: str, writers: list[str], members: tuple[str, ...], engines: dict,
                  router, phase_s: dict[str, float]):
-        import torch
-        self._torch = torch
-        from tokenrouter.runtime.engine.sampler import sample
-        self._sample = sample
         self.writer, self.writers, self.index = writer, list(writers), writers.index(writer)
         self.members = tuple(members)
         self.engines = {m: engines[m] for m in self.members}
@@ -89,7 +88,7 @@ class StepRunner:
 
     def _forward(self, res: StepResult):
         """Feed, forward, combine, sample and route: (sampled, dests, keeps) as lists."""
-        torch, reqs, ph = self._torch, res.stepped, self.phase_s
+        reqs, ph = res.stepped, self.phase_s
         if self.fail_next > 0:
             self.fail_next -= 1
             raise StepFailure(f"{self.writer}: injected step failure (debug_fail)")
@@ -116,7 +115,7 @@ class StepRunner:
         else:
             member_logits = ()
             logits = outs[0].logits
-        sampled = self._sample(logits, [r.params for r in reqs], positions.tolist())
+        sampled = sample(logits, [r.params for r in reqs], positions.tolist())
         t2 = time.perf_counter()
         ph["sample"] += t2 - t1
 
