@@ -63,6 +63,16 @@ def imports(module: str, path: Path, tree: ast.Module):
             yield node.lineno, _absolute(module, is_package, node), [a.name for a in node.names]
 
 
+def throwaway_package(tmp_path: Path, files: dict[str, str]) -> dict[str, tuple[Path, ast.Module]]:
+    """A `tokenrouter` package of the given files under tmp_path, read as `modules` reads ours
+    (the self-tests break each rule in one)."""
+    for rel, text in files.items():
+        path = tmp_path / "tokenrouter" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return modules(tmp_path / "tokenrouter")
+
+
 def layer(module: str) -> str | None:
     """tokenrouter.<layer>.x -> <layer>; cli.py belongs to the commands."""
     parts = module.split(".")
@@ -210,11 +220,7 @@ def test_the_checks_see_what_they_are_for(tmp_path):
                           "def f(a: A, args):\n    return a._n, args._run\n\n\n"
                           "def g(parser):\n    parser.set_defaults(_run=f)\n"),
     }
-    for rel, text in files.items():
-        path = tmp_path / "tokenrouter" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    mods = modules(tmp_path / "tokenrouter")
+    mods = throwaway_package(tmp_path, files)
     found = layering_violations(mods)
     for what in ("tokenrouter/dsl/ast.py:1: dsl imports tokenrouter.compiler.ir",
                  "tokenrouter/compiler/lower.py:2: compiler imports tokenrouter.runtime.loader",
@@ -310,11 +316,7 @@ def test_the_runtime_check_sees_what_it_is_for(tmp_path):
         "runtime/reference.py": "from tokenrouter.runtime.loader import load_model\n",
         "runtime/gadgets/__init__.py": "",
     }
-    for rel, text in files.items():
-        path = tmp_path / "tokenrouter" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    found = runtime_violations(modules(tmp_path / "tokenrouter"))
+    found = runtime_violations(throwaway_package(tmp_path, files))
     for what in ("tokenrouter/runtime/host.py:1: runtime/host imports tokenrouter.runtime.cache",
                  "tokenrouter/runtime/kernels/plan.py:2: runtime/kernels imports tokenrouter.runtime.engine.layers",
                  "tokenrouter/runtime/engine/sampler.py:1: runtime/engine imports tokenrouter.runtime.gadgets",
@@ -376,11 +378,7 @@ def test_the_import_position_check_sees_what_it_is_for(tmp_path):
         "commands/serve.py": "def run(args):\n    from tokenrouter.runtime import offline\n",
         "bench/peer.py": "class Peer:\n    def __init__(self):\n        import xllamacpp\n        import torch\n",
     }
-    for rel, text in files.items():
-        path = tmp_path / "tokenrouter" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    found = function_level_imports(modules(tmp_path / "tokenrouter"))
+    found = function_level_imports(throwaway_package(tmp_path, files))
     assert sorted(f.split(": ", 1)[1] for f in found) == [
         "tokenrouter.bench.peer imports torch inside __init__()",
         "tokenrouter.runtime.frontend imports tokenrouter.runtime inside start()",
