@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them
+
 REPO = Path(__file__).resolve().parents[2]
 
 

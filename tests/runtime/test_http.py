@@ -33,6 +33,7 @@ def _post(srv, path, body, **kw):
     return httpx.post(srv.url + path, json=body, timeout=60, **kw)
 
 
+@pytest.mark.slow
 def test_models_and_health(srv):
     r = httpx.get(srv.url + "/health")
     assert r.status_code == 200 and r.json()["status"] == "ok"
@@ -146,6 +147,7 @@ def test_a_body_over_the_limit_gets_413_before_it_is_parsed(srv):
     assert _post(srv, "/v1/completions", {"prompt": "fine", "max_tokens": 2}).status_code == 200
 
 
+@pytest.mark.slow
 def test_health_answers_fast_while_large_requests_are_handled(srv):
     """The largest prompt the body limit lets through, as text and as a chat message, sent
     over and over while /health is timed: tokenising never blocks the event loop."""
@@ -265,6 +267,7 @@ def test_a_failing_step_ends_its_requests_with_an_error_not_a_hang(srv):
     assert ok.status_code == 200
 
 
+@pytest.mark.slow
 def test_metrics_show_handoffs_both_ways_and_the_deployment(srv):
     asyncio.run(complete_many(srv.url, [f"m {i}" for i in range(8)], 8, max_tokens=16, temperature=0))
     r = httpx.get(srv.url + "/metrics")

@@ -42,6 +42,7 @@ from tokenrouter.runtime.frontend.streams import Delta, Final, RequestStream
 from tokenrouter.runtime.frontend.text import TextStream
 from tokenrouter.runtime.metrics import RequestMetrics
 from tokenrouter.runtime.transport import wire
+from tokenrouter.runtime.transport.security import secure_bind, secure_connect, stop_authenticator
 from tokenrouter.runtime.transport.sockets import bind_form, bound_receive, check_address
 
 __all__ = ["Delta", "Final", "Frontend", "RuntimeUnavailable"]
@@ -102,7 +103,6 @@ class Frontend:
 
     async def start(self, timeout: float = 120.0) -> None:
         """Bind, connect, and wait until every subserver reported ready."""
-        from tokenrouter.runtime.transport.security import secure_bind, secure_connect
         self._pull = self._ctx.socket(zmq.PULL)
         bound_receive(self._pull)
         self._pull.setsockopt(zmq.LINGER, 0)
@@ -145,7 +145,6 @@ class Frontend:
         for s in self._push.values():
             s.close(linger=1000)
         self._pull.close(linger=0)
-        from tokenrouter.runtime.transport.security import stop_authenticator
         stop_authenticator(self._ctx)
         self._closed = True
 

@@ -33,6 +33,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from tokenrouter.protocol.step import StepTensors
 from tokenrouter.runtime.engine.grammar import GrammarError, Grammars
 from tokenrouter.runtime.engine.logits import LogitsRow, process_logits
@@ -66,8 +68,6 @@ class StepRunner:
 
     def __init__(self, writer: str, writers: list[str], members: tuple[str, ...], engines: dict,
                  router, phase_s: dict[str, float], grammars: Grammars | None = None):
-        import torch
-        self._torch = torch
         self.grammars = grammars  # compiles structured-output specs (None: such requests fail)
         self.writer, self.writers, self.index = writer, list(writers), writers.index(writer)
         self.members = tuple(members)
@@ -108,7 +108,7 @@ class StepRunner:
 
     def _forward(self, res: StepResult):
         """Feed, forward, combine, sample and route: (sampled, dests, keeps) as lists."""
-        torch, reqs, ph = self._torch, res.stepped, self.phase_s
+        reqs, ph = res.stepped, self.phase_s
         if self.fail_next > 0:
             self.fail_next -= 1
             raise StepFailure(f"{self.writer}: injected step failure (debug_fail)")

@@ -28,6 +28,9 @@ import time
 import traceback
 from typing import Any
 
+import torch
+import zmq
+
 from tokenrouter.protocol.state import PeerMessage, RouteState
 from tokenrouter.runtime.engine.grammar import Grammars
 from tokenrouter.runtime.loader import program_tokenizer
@@ -54,9 +57,6 @@ HEARTBEAT_S = 0.5
 
 class Subserver:
     def __init__(self, spec: SubserverSpec, ctx=None, models: dict[str, Any] | None = None):
-        import torch
-        import zmq
-
         self.spec = spec
         self.writer = spec.writer
         if spec.set_threads and spec.threads > 0:
