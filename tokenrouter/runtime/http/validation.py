@@ -82,6 +82,9 @@ class Validator:
                                  f"response_format with a json_schema constrains the output instead", name)
         if req.stream_options is not None and not req.stream:
             raise BadRequest("stream_options is only allowed when stream is true", "stream_options")
+        if req.stream_options is not None and req.stream_options.continuous_usage_stats:
+            raise BadRequest("stream_options.continuous_usage_stats is not supported; include_usage is",
+                             "stream_options")
         vocab = self.fe.vocab_size
         for t in req.stop_token_ids or ():
             if not 0 <= t < vocab:
