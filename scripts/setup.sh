@@ -11,12 +11,13 @@ step() { echo "== setup [$((SECONDS / 60))m$((SECONDS % 60))s]: $*"; }
 # it with a line every 10 s counting the packages in .venv so far
 with_progress() {
   "$@" &
-  local pid=$! t=0
+  local pid=$! start=$SECONDS last=$SECONDS
   while kill -0 "$pid" 2>/dev/null; do
     sleep 1
-    t=$((t + 1))
-    if [ $((t % 10)) -eq 0 ] && kill -0 "$pid" 2>/dev/null; then
-      echo "   ... $(ls -d .venv/lib/python*/site-packages/*.dist-info 2>/dev/null | wc -l) packages in .venv ($t s)"
+    if [ $((SECONDS - last)) -ge 10 ] && kill -0 "$pid" 2>/dev/null; then
+      last=$SECONDS
+      echo "   ... $(ls -d .venv/lib/python*/site-packages/*.dist-info 2>/dev/null | wc -l) packages in .venv" \
+           "($((SECONDS - start)) s)"
     fi
   done
   wait "$pid"
