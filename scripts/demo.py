@@ -142,8 +142,9 @@ def summary_lines(by_model: dict[str, int], counts: dict[tuple[str, str], int], 
     written = ", ".join(f"{w} {by_model.get(w, 0)}" for w in (small, large))
     share = by_model.get(large, 0) / total
     moves = ", ".join(f"{a} -> {b} {counts.get((a, b), 0)}" for a, b in ((small, large), (large, small)))
-    return (f"tokens written: {written} (the large model wrote {share:.0%})\n"
-            f"handoffs: {moves}")
+    note = ("\n(the small model was sure enough of every token that it never handed off: ask something more "
+            "open, e.g. the default question)" if not by_model.get(large) else "")
+    return f"tokens written: {written} (the large model wrote {share:.0%})\nhandoffs: {moves}{note}"
 
 
 if __name__ == "__main__":
