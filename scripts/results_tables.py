@@ -295,6 +295,18 @@ def soak() -> Table:
     return Table(rels, text)
 
 
+def soak_kills() -> Table:
+    """The kill run: each subserver killed with -9 in turn, its requests' errors and its return."""
+    rel = f"{RESULTS}/soak/kill/soak.json"
+    d = load(rel)
+    body = [[f"`{k['writer']}` at {k['t']:.0f} s", str(k["failed_in_flight"]), f"{k['in_flight_error_max_s']:.2f} s",
+             f"{k['resumed_s']:.1f} s"] for k in d["kills"]]
+    command = (f"python benchmarks/soak.py {d['file']} --duration {d['duration_s']:.0f} --concurrency "
+               f"{d['concurrency']} --kill-every 60 -- {' '.join(d['serve_args'])}")
+    return Table([rel], caption(rel, d, command, "one run") + "\n\n"
+                 + rows(["kill -9", "requests in flight", "all failed within", "serving again after"], body))
+
+
 def soak_hour() -> Table:
     """One long soak run: its requests, then each process's RSS before and after the warm-up."""
     rel = f"{RESULTS}/soak/hour/soak.json"
@@ -449,6 +461,7 @@ TABLES: dict[str, Callable[[], Table]] = {
     "invariance-demo": invariance,
     "small-model": small_model,
     "soak": soak,
+    "soak-kills": soak_kills,
     "soak-hour": soak_hour,
     "eval-demo": lambda: eval_summary("demo"),
     "eval-lens16": lambda: eval_summary("lens16"),
