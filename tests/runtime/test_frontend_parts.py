@@ -2,6 +2,7 @@
 watch (`Watch`), each driven through the callables and public names the `Frontend` uses."""
 
 import asyncio
+import time
 
 from tokenrouter.runtime.frontend.admission import KvAdmission, blocks_needed
 from tokenrouter.runtime.frontend.liveness import Watch
@@ -38,10 +39,11 @@ def test_admission_waits_for_free_blocks_and_gives_up_when_unhealthy():
     asyncio.run(run())
 
 
-def test_a_watch_fails_what_is_in_flight_restarts_and_gives_up_through_its_callables():
+def test_a_watch_recovers_what_a_death_took_restarts_and_gives_up_through_its_callables():
     async def run():
         calls = []
         alive = {"a": True, "b": True}
+        drained = [0.0]
 
         async def release(w, rid):
             calls.append(("release", w, rid))
@@ -49,21 +51,37 @@ def test_a_watch_fails_what_is_in_flight_restarts_and_gives_up_through_its_calla
         async def wake():
             calls.append(("wake",))
 
-        w = Watch(["a", "b"], end_all=lambda msg: calls.append(("end_all", msg)) or 3, release=release, wake=wake,
-                  alive=lambda: dict(alive), restart=lambda name: calls.append(("restart", name)),
-                  max_restarts=1, on_fatal=lambda msg: calls.append(("fatal", msg)))
-        w.reported_ready("a", 11)
-        w.reported_ready("b", 12)
-        assert w.all_up and not w.down()
+        w = Watch(["a", "b"], end_all=lambda msg: calls.append(("end_all", msg)) or 3,
+                  lost=lambda name, inc: calls.append(("lost", name, inc)), release=release, wake=wake,
+                  drained=lambda: drained[0], alive=lambda: dict(alive),
+                  restart=lambda name: calls.append(("restart", name)),
+                  heartbeat_timeout_s=1.0, max_restarts=1, on_fatal=lambda msg: calls.append(("fatal", msg)))
+        w.reported_ready("a", 11, 101)
+        w.reported_ready("b", 12, 102)
+        assert w.all_up and not w.down() and w.accepts("a", 101) and not w.accepts("a", 102)
         w.start().cancel()  # the frontend's start; the checks are driven by hand below
+        # silence while the receive loop has a backlog is not a death; silence after it read everything is
+        w.live["a"].last_seen = w.live["b"].last_seen = time.monotonic() - 10
+        drained[0] = w.live["a"].last_seen + 0.5
+        await w.check()
+        assert w.all_up and calls == []
+        drained[0] = time.monotonic()
+        w.seen("b")
+        await w.check()
+        assert w.down() == ["subserver a is down (no heartbeat for 10.0 s)"] and calls == [("lost", "a", 101),
+                                                                                           ("wake",)]
+        assert not w.accepts("a", 101) and w.is_dead("a", 101)  # a dead incarnation stays dead
+        w.reported_ready("a", 13, 103)
+        assert w.all_up and w.accepts("a", 103)
+        calls.clear()
         alive["b"] = False
         await w.check()
         assert not w.all_up and w.down() == ["subserver b is down (its process exited)"]
-        assert calls == [("end_all", "subserver b is down (its process exited)"), ("wake",)]
+        assert calls == [("lost", "b", 102), ("wake",)]  # nothing in flight is failed
         w.remember_ended("r1")
         await w.check()  # the first restart comes at once
         assert calls[-1] == ("restart", "b") and w.live["b"].restarts == 1
-        w.reported_ready("b", 13)  # back: what ended meanwhile is released there again
+        w.reported_ready("b", 14, 104)  # back: what ended meanwhile is released there again
         await asyncio.sleep(0.01)
         assert w.all_up and calls[-1] == ("release", "b", "r1")
         alive["b"] = False

@@ -51,6 +51,8 @@ class SubserverStats:
     handoffs_out: dict[str, int] = field(default_factory=dict)  # peer -> count
     handoffs_in: dict[str, int] = field(default_factory=dict)
     suffix_tokens_in: int = 0  # tokens received in handoffs (the unseen suffixes)
+    reprefills: int = 0  # requests whose KV here was lost with a dead incarnation, prefilled again
+    reprefill_tokens: int = 0  # the tokens of those re-prefills
     prefill_tokens: int = 0  # tokens fed to the engine, all kinds
     requests_finished: dict[str, int] = field(default_factory=dict)  # reason -> count
     phase_s: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
@@ -108,6 +110,8 @@ def render(subservers: dict[str, dict[str, Any]], frontend: dict[str, Any]) -> s
             ("tokenrouter_tokens_rewritten_total", "counter", "Tokens this writer sampled that were rewritten by the next writer.", s["tokens_rewritten"]),
             ("tokenrouter_steps_total", "counter", "Engine steps run.", s["steps"]),
             ("tokenrouter_handoff_suffix_tokens_total", "counter", "Tokens received in handoffs (unseen suffixes only).", s["suffix_tokens_in"]),
+            ("tokenrouter_reprefills_total", "counter", "Requests prefilled again here after this writer's process died.", s.get("reprefills", 0)),
+            ("tokenrouter_reprefill_tokens_total", "counter", "Tokens of those re-prefills.", s.get("reprefill_tokens", 0)),
             ("tokenrouter_pending_requests", "gauge", "Requests away at a peer, KV kept here.", s.get("pending", 0)),
             ("tokenrouter_ready_requests", "gauge", "Requests ready to step here.", s.get("ready", 0)),
             ("tokenrouter_kv_blocks_used", "gauge", "KV cache blocks in use.", s.get("blocks_used", 0)),
@@ -154,6 +158,12 @@ def render(subservers: dict[str, dict[str, Any]], frontend: dict[str, Any]) -> s
     o.declare("tokenrouter_subserver_restarts_total", "counter", "Times the subserver's process was restarted.")
     for w, n in sorted(frontend.get("restarts", {}).items()):
         o.sample("tokenrouter_subserver_restarts_total", n, model=w)
+    o.declare("tokenrouter_requests_resumed_total", "counter",
+              "Requests lost with a dead subserver and resumed at this writer from the frontend's tokens.")
+    for w, n in sorted(frontend.get("resumed", {}).items()):
+        o.sample("tokenrouter_requests_resumed_total", n, model=w)
+    o.declare("tokenrouter_frontend_loop_restarts_total", "counter", "Times a loop of the frontend died and was started again.")
+    o.sample("tokenrouter_frontend_loop_restarts_total", frontend.get("loop_restarts", 0))
     o.declare("tokenrouter_frames_dropped_total", "counter",
               "Frames dropped: invalid (failed validation), test_only (refused), error (handling raised).")
     for reason, n in sorted(frontend.get("frames_dropped", {}).items()):

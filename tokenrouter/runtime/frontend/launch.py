@@ -226,7 +226,7 @@ async def open_runtime(program: ir.Program, opts: LaunchOptions | None = None, t
     fe = Frontend(program.start if program.start in launcher.specs else launcher.local[0],
                   launcher.addresses, ctx=launcher.ctx, alive=launcher.alive,
                   restart=launcher.restart if launcher.opts.mode == "process" else None,
-                  security=launcher.security, **liveness)
+                  security=launcher.security, pids=launcher.pids, **liveness)
     try:
         await fe.start(timeout)
     except BaseException:

@@ -104,7 +104,8 @@ def add_error_handlers(app: FastAPI, limits: Limits) -> None:
 
     @app.exception_handler(RuntimeUnavailable)
     async def _unavailable(request: Request, exc: RuntimeUnavailable):
-        return error_response(503, f"the runtime is unavailable: {exc}", "server_error")
+        return error_response(503, f"the runtime is unavailable: {exc}", "server_error", code="unavailable",
+                              headers={"Retry-After": str(limits.outage_retry_after_s)})
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):

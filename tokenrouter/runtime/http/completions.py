@@ -4,7 +4,10 @@ and the response, a JSON body or server-sent events.
 Every response has `token_ids` in its choice and `tokens_by_model` (how many tokens each
 model wrote; in the final chunk when streaming). A client that disconnects aborts its
 request, which releases its KV everywhere; a request past its deadline ends with 504 (or
-an `error` event of type `timeout` in a stream).
+an `error` event of type `timeout` in a stream). A request that cannot complete because the
+runtime is down (its deadline passed while a subserver restarted, or restarts are
+exhausted) gets 503 naming the cause, with `Retry-After` (streams: an `error` event with
+code `unavailable`).
 """
 
 from __future__ import annotations
@@ -88,6 +91,9 @@ class Server:
                     else:
                         final = ev
         except TimeoutError:
+            if not self.fe.healthy:  # it waited for a subserver to come back: say which
+                return self.unavailable(f"the request did not finish within {self.limits.request_timeout_s} s "
+                                        f"while the runtime was unavailable: {self.fe.failure}")
             raise DeadlineExceeded(f"the request did not finish within {self.limits.request_timeout_s} s "
                                    f"({len(out)} tokens generated)") from None
         finally:
@@ -96,6 +102,8 @@ class Server:
             await gen.aclose()
         if final is None or final.reason == "abort":
             return error_response(499, "the request was aborted", "aborted")
+        if final.reason == "unavailable":
+            return self.unavailable(final.error or "the runtime stopped")
         if final.reason == "error":
             return error_response(500, f"the request failed: {final.error}", "server_error")
         text_ids = [t for t in out if t not in stop_ids]
@@ -110,6 +118,11 @@ class Server:
             "id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": self.name, "choices": [choice], "usage": self._usage(len(ids), len(out), final),
             "tokens_by_model": final.written_by})
+
+    def unavailable(self, why: str):
+        """503 naming why the runtime cannot complete requests now, with `Retry-After`."""
+        return error_response(503, f"the runtime is unavailable: {why}", "server_error", code="unavailable",
+                              headers={"Retry-After": str(self.limits.outage_retry_after_s)})
 
     @staticmethod
     def _usage(prompt_len: int, n_out: int, final: Final) -> dict[str, Any]:
@@ -152,7 +165,11 @@ class Server:
                     break
                 except asyncio.TimeoutError:
                     msg = f"the request did not finish within {self.limits.request_timeout_s} s"
-                    yield f"data: {json.dumps({'error': {'message': msg, 'type': 'timeout'}})}\n\n"
+                    err = {"message": msg, "type": "timeout"}
+                    if not self.fe.healthy:
+                        err = {"message": f"{msg} while the runtime was unavailable: {self.fe.failure}",
+                               "type": "server_error", "code": "unavailable"}
+                    yield f"data: {json.dumps({'error': err})}\n\n"
                     break
                 except (RuntimeUnavailable, ValueError) as exc:  # the headers are sent: say it in the stream
                     msg = f"the request failed: {exc}"
@@ -163,6 +180,11 @@ class Server:
                     text = detok.push([t for t in ev.tokens if t not in stop_ids])
                     yield chunk(text, ev.tokens, None)
                     continue
+                if ev.reason == "unavailable":
+                    err = {"message": f"the runtime is unavailable: {ev.error}", "type": "server_error",
+                           "code": "unavailable"}
+                    yield f"data: {json.dumps({'error': err})}\n\n"
+                    break
                 if ev.reason == "error":
                     yield f"data: {json.dumps({'error': {'message': f'the request failed: {ev.error}', 'type': 'server_error'}})}\n\n"
                     break

@@ -23,7 +23,8 @@ class Limits:
     max_running: int = 64  # requests generating at once
     max_queue: int = 256  # requests waiting for a slot beyond those
     request_timeout_s: float | None = None  # whole request, queueing included
-    retry_after_s: int = 1
+    retry_after_s: int = 1  # Retry-After of a 503 at capacity
+    outage_retry_after_s: int = 5  # Retry-After of a 503 while a subserver is down (a restart takes seconds)
     api_key: str | None = None
 
 

@@ -92,7 +92,7 @@ def report_startup_failure(spec: SubserverSpec, exc: BaseException, ctx=None) ->
         sec = None  # the failure may be the keys themselves: report it in the clear (tcp only)
     s = Sender(c, {wire.FRONTEND: spec.addresses[wire.FRONTEND]}, sec)
     s.send(wire.FRONTEND, wire.encode(wire.Ready(
-        writer=spec.writer, pid=os.getpid(), block_size=0, blocks_total=0, max_model_len=0,
+        writer=spec.writer, pid=os.getpid(), inc=wire.new_incarnation(), block_size=0, blocks_total=0, max_model_len=0,
         vocab_size=0, threads=0, batch_threshold=spec.batch_threshold,
         max_wait_ms=spec.max_wait_ms, error=f"{type(exc).__name__}: {exc}")))
     s.close()

@@ -137,6 +137,11 @@ class Receiver:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
+    @property
+    def alive(self) -> bool:
+        """The messaging loop runs (a subserver beats only while it does)."""
+        return self._thread.is_alive()
+
     def _loop(self) -> None:
         sock = self._sock
         try:
