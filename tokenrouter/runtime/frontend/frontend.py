@@ -45,6 +45,8 @@ from tokenrouter.runtime.frontend.liveness import HEARTBEAT_TIMEOUT_S, MAX_RESTA
 from tokenrouter.runtime.frontend.recovery import Recovery
 from tokenrouter.runtime.frontend.streams import Delta, Final, RequestStream
 from tokenrouter.runtime.transport import wire
+from tokenrouter.runtime.transport.security import (refused, secure_bind, secure_connect, stop_authenticator,
+                                                    watch_handshakes)
 from tokenrouter.runtime.transport.sockets import bind_form, bound_receive, check_address
 
 __all__ = ["Delta", "Final", "Frontend", "RuntimeUnavailable"]
@@ -119,12 +121,14 @@ class Frontend:
 
     async def start(self, timeout: float = 120.0) -> None:
         """Bind, connect, and wait until every subserver reported ready."""
-        from tokenrouter.runtime.transport.security import secure_bind, secure_connect
         self._pull = self._ctx.socket(zmq.PULL)
         bound_receive(self._pull)
         self._pull.setsockopt(zmq.LINGER, 0)
         secure_bind(self._pull, self.addresses[FRONTEND], self.security)
         self._pull.bind(bind_form(check_address(self.addresses[FRONTEND])))
+        self._monitor = watch_handshakes(self._pull, self.addresses[FRONTEND], self.security)
+        if self._monitor is not None:
+            self._tasks.append(asyncio.create_task(self._keep_running(self._count_refused, "the handshake watch")))
         self._push: dict[str, zmq.asyncio.Socket] = {}
         for w in self.writers:
             s = self._ctx.socket(zmq.PUSH)
@@ -163,8 +167,10 @@ class Frontend:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for s in self._push.values():
             s.close(linger=1000)
+        if self._monitor is not None:
+            self._pull.disable_monitor()
+            self._monitor.close(linger=0)
         self._pull.close(linger=0)
-        from tokenrouter.runtime.transport.security import stop_authenticator
         stop_authenticator(self._ctx)
         self._closed = True
 
@@ -364,6 +370,12 @@ class Frontend:
             read += 1
             if read % YIELD_EVERY == 0:  # a flood of frames does not starve HTTP and the watchdog
                 await asyncio.sleep(0)
+
+    async def _count_refused(self) -> None:
+        """Peers refused at the handshake (no keys, other keys): counted, never heard."""
+        while True:
+            if refused(await self._monitor.recv_multipart()):
+                self._drop("unauthenticated")
 
     def _on_frame(self, frame: bytes) -> None:
         try:

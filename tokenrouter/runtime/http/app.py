@@ -119,14 +119,15 @@ def add_status_routes(app: FastAPI, holder: Holder) -> None:
     @app.get("/health")
     async def health():
         s = holder.server
+        retry = {"Retry-After": str(s.limits.outage_retry_after_s if s else 5)}
         if s is None:
-            return error_response(503, "starting", "server_error")
+            return error_response(503, "starting", "server_error", headers=retry)
         body = {"status": "ok" if s.fe.healthy else "unavailable", "models": s.fe.writers,
                 "subservers": s.fe.health()}
         if not s.fe.healthy:
             body["error"] = {"message": s.fe.failure or "starting", "type": "server_error", "param": None,
                              "code": None}
-            return JSONResponse(body, status_code=503)
+            return JSONResponse(body, status_code=503, headers=retry)
         return body
 
     @app.get("/v1/models")

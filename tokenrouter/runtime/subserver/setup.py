@@ -50,6 +50,7 @@ class SubserverSpec:
     set_threads: bool = True  # False in thread mode: threads share one process
     test_hooks: bool = False  # accept test-only messages (debug_fail); tests only
     curve_keys: str | None = None  # folder of the CURVE key pair (tcp between hosts)
+    curve_pair: tuple[str, str] | None = None  # or the pair made by the launch (z85 public, secret)
     insecure_tcp: bool = False  # allow plain tcp on a non-loopback address
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,7 +88,7 @@ def report_startup_failure(spec: SubserverSpec, exc: BaseException, ctx=None) ->
     log.error("%s: start-up failed:\n%s", spec.writer, traceback.format_exc())
     c = ctx or zmq.Context()
     try:
-        sec = Security.load(spec.curve_keys, spec.insecure_tcp)
+        sec = Security.load(spec.curve_keys, spec.insecure_tcp, spec.curve_pair)
     except ValueError:
         sec = None  # the failure may be the keys themselves: report it in the clear (tcp only)
     s = Sender(c, {wire.FRONTEND: spec.addresses[wire.FRONTEND]}, sec)

@@ -100,7 +100,7 @@ class Subserver:
 
         self._ctx = ctx or zmq.Context()
         self._own_ctx = ctx is None
-        self.security = Security.load(spec.curve_keys, spec.insecure_tcp)
+        self.security = Security.load(spec.curve_keys, spec.insecure_tcp, spec.curve_pair)
         check_bind(spec.addresses[self.writer], self.security)  # before `ready`: a clear start-up error
         sec, front = self.security, {FRONTEND: spec.addresses[FRONTEND]}
         self.out = Sender(self._ctx, self.transport.peers(self.writer, spec.addresses), sec)  # decoding loop only
@@ -120,7 +120,8 @@ class Subserver:
     def serve(self) -> None:
         """Run until a shutdown message arrives."""
         self.receiver = Receiver(self._ctx, self.spec.addresses[self.writer], self.inbox.on_frame,
-                                 name=f"msg-{self.writer}", security=self.security)
+                                 name=f"msg-{self.writer}", security=self.security,
+                                 on_refused=lambda: self._dropped("unauthenticated"))
         self.out.send(FRONTEND, wire.encode(self.ready_message()))
         beat = threading.Thread(target=self._heartbeat, name=f"beat-{self.writer}", daemon=True)
         beat.start()
