@@ -12,7 +12,8 @@ import httpx
 import uvicorn
 
 from tokenrouter.runtime.frontend.launch import LaunchOptions, close_runtime, open_runtime
-from tokenrouter.runtime.http.app import build_app
+from tokenrouter.runtime.http.app import Limits, build_app
+from tokenrouter.runtime.http.connections import server_config
 from tokenrouter.runtime.loader import program_tokenizer
 
 
@@ -36,8 +37,9 @@ class ServerThread:
                 await close_runtime(self.launcher, self.fe)
 
         app = build_app(runtime, name, self.tokenizer, **app_kw)
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                                    lifespan="on"))
+        limits = app_kw.get("limits") or Limits()
+        self.server = uvicorn.Server(server_config(app, "127.0.0.1", 0, "warning", limits.connections,
+                                                   app.state.connections))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 120

@@ -176,4 +176,11 @@ def render(subservers: dict[str, dict[str, Any]], frontend: dict[str, Any]) -> s
         o.sample("tokenrouter_http_requests_waiting", http["waiting"])
         o.declare("tokenrouter_http_requests_refused_total", "counter", "HTTP requests refused with 503 (queue full).")
         o.sample("tokenrouter_http_requests_refused_total", http["refused"])
+        o.declare("tokenrouter_http_connections_open", "gauge", "HTTP connections open.")
+        o.sample("tokenrouter_http_connections_open", http.get("connections_open", 0))
+        o.declare("tokenrouter_http_connections_closed_total", "counter",
+                  "HTTP connections closed by the server: header_timeout, body_timeout, evicted (at the cap, "
+                  "for a new one), refused (at the cap, every one busy).")
+        for why, n in sorted(http.get("connections_closed", {}).items()):
+            o.sample("tokenrouter_http_connections_closed_total", n, reason=why)
     return "\n".join(o.lines) + "\n"

@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS
 from tokenrouter.runtime.frontend.frontend import RuntimeUnavailable
 from tokenrouter.runtime.http.completions import Server
+from tokenrouter.runtime.http.connections import ConnectionStats
 from tokenrouter.runtime.http.limits import Guard, Limits
 from tokenrouter.runtime.http.protocol import (BadRequest, ChatRequest, CompletionRequest, DeadlineExceeded,
                                                Overloaded, error_response)
@@ -68,6 +69,7 @@ def build_app(make_runtime, served_name: str, tokenizer, max_tokens_limit: int |
             holder.server = None
 
     app = FastAPI(title="tokenrouter", lifespan=lifespan)
+    app.state.connections = ConnectionStats()  # counted by the connection guard (`connections.py`)
     app.add_middleware(Guard, limits=limits)
     add_error_handlers(app, limits)
     add_status_routes(app, holder)
@@ -144,8 +146,10 @@ def add_status_routes(app: FastAPI, holder: Holder) -> None:
         if s is None:
             raise RuntimeUnavailable("starting")
         fs = s.fe.frontend_stats()
+        conns = app.state.connections
         fs["http"] = {"running": s.admission.running, "waiting": len(s.admission.waiters),
-                      "refused": s.admission.refused}
+                      "refused": s.admission.refused, "connections_open": conns.open,
+                      "connections_closed": dict(conns.closed)}
         text = render(await s.fe.stats(timeout=2.0), fs)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 

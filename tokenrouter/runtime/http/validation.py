@@ -98,10 +98,7 @@ class Validator:
         for m in req.messages:
             content = m.content
             if isinstance(content, list):
-                parts = [p.get("text", "") for p in content if p.get("type") == "text"]
-                if len(parts) != len(content):
-                    raise BadRequest("only text content parts are supported", "messages")
-                content = "".join(parts)
+                content = "".join(text_part(p) for p in content)
             messages.append({"role": m.role, "content": check_text(content or "", "messages")})
         try:
             ids = await asyncio.to_thread(self.tok.apply_chat_template, messages, add_generation_prompt=True)
@@ -144,6 +141,16 @@ class Validator:
         except ValidationError as exc:
             where, why = invalid_because(exc)
             raise BadRequest(f"invalid sampling parameters: {why}", where.split(".")[0]) from None
+
+
+def text_part(part: dict) -> str:
+    """The text of a chat content part: `{"type": "text", "text": "..."}` and nothing else."""
+    if part.get("type") != "text":
+        raise BadRequest("only text content parts are supported", "messages")
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise BadRequest(f"a text content part's `text` must be a string, got {type(text).__name__}", "messages")
+    return text
 
 
 def longest_token_bytes(tokenizer) -> int | None:

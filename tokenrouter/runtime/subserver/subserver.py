@@ -42,6 +42,7 @@ from typing import Any
 from tokenrouter.protocol.state import PeerMessage, RouteState
 from tokenrouter.runtime.transport import wire
 from tokenrouter.runtime.subserver.inbox import Inbox
+from tokenrouter.runtime.logs import quiet_repeats
 from tokenrouter.runtime.metrics import SubserverStats
 from tokenrouter.runtime.subserver.policies import retention_policy, transport_policy
 from tokenrouter.runtime.subserver.memory import bound_heap_growth
@@ -469,6 +470,7 @@ def run_process(spec_dict: dict[str, Any]) -> None:
     """Entry point of a subserver process (multiprocessing target, spawn start method)."""
     logging.basicConfig(level=os.environ.get("TOKENROUTER_LOG", "WARNING"),
                         format=f"[{spec_dict.get('writer')}] %(levelname)s %(message)s")
+    quiet_repeats()  # a flood of bad frames is one line with a count, not one per frame
     spec, parent = SubserverSpec(**spec_dict), os.getppid()
     bound_heap_growth()  # RSS flat over hours of changing batch sizes (memory.py)
 
