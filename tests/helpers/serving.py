@@ -37,6 +37,7 @@ class ServerThread:
                 await close_runtime(self.launcher, self.fe)
 
         app = build_app(runtime, name, self.tokenizer, **app_kw)
+        self.connections = app.state.connections  # what the connection guard counted
         limits = app_kw.get("limits") or Limits()
         self.server = uvicorn.Server(server_config(app, "127.0.0.1", 0, "warning", limits.connections,
                                                    app.state.connections))

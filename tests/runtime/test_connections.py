@@ -78,8 +78,13 @@ def test_5000_idle_connections_do_not_keep_a_normal_request_out(srv, caplog):
     caplog.set_level(logging.WARNING)
     idle = []
     try:
+        before = srv.connections.accepted
         for _ in range(5000):
             idle.append(_connect(srv.url))
+        deadline = time.monotonic() + 60  # the server has taken every one of them
+        while srv.connections.accepted < before + 5000:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
         t0 = time.monotonic()
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hello", "max_tokens": 4}, timeout=30)
         served = time.monotonic() - t0

@@ -24,8 +24,8 @@ cap, not the operating system, is what binds.
 from __future__ import annotations
 
 import asyncio
+import collections
 import resource
-import time
 from dataclasses import dataclass, field
 
 import h11
@@ -55,6 +55,7 @@ class ConnectionLimits:
 @dataclass
 class ConnectionStats:
     open: int = 0
+    accepted: int = 0
     closed: dict[str, int] = field(default_factory=dict)  # header_timeout | body_timeout | evicted | refused
 
     def count(self, why: str) -> None:
@@ -85,12 +86,13 @@ def guarded_protocol(limits: ConnectionLimits, stats: ConnectionStats) -> type:
     """uvicorn's h11 protocol with the header and body timeouts and the connection cap."""
     cap = connection_cap(limits.max_connections)
     timeouts = {"headers": limits.header_timeout_s, "body": limits.body_timeout_s}
+    waiting: collections.OrderedDict = collections.OrderedDict()  # connections without a request, oldest first
 
     class Guarded(H11Protocol):
         def connection_made(self, transport) -> None:
-            self.opened = time.monotonic()
             self._phase: str | None = None
             self._timer: asyncio.TimerHandle | None = None
+            stats.accepted += 1
             if len(self.connections) >= cap and not self._evict_one():
                 stats.count("refused")
                 transport.write(REFUSED)
@@ -103,6 +105,7 @@ def guarded_protocol(limits: ConnectionLimits, stats: ConnectionStats) -> type:
 
         def connection_lost(self, exc) -> None:
             self._arm(None)
+            waiting.pop(self, None)
             if self.flow is None:  # refused: uvicorn never saw it
                 return
             super().connection_lost(exc)
@@ -117,26 +120,27 @@ def guarded_protocol(limits: ConnectionLimits, stats: ConnectionStats) -> type:
             self._watch()
 
         # ---------------------------------------------------------------- guard
-        @property
-        def waiting_for_client(self) -> bool:
-            """No complete request yet: it waits for the client's headers."""
-            return self.conn.their_state is h11.IDLE
-
         def _evict_one(self) -> bool:
-            """Close the oldest connection that has not sent a complete request."""
-            idle = [c for c in self.connections if isinstance(c, Guarded) and c.waiting_for_client]
-            if not idle:
+            """Close the connection that has waited longest without a complete request."""
+            if not waiting:
                 return False
-            oldest = min(idle, key=lambda c: c.opened)
+            oldest, _ = waiting.popitem(last=False)
             stats.count("evicted")
+            oldest._arm(None)
             oldest.transport.close()
             self.connections.discard(oldest)
             return True
 
         def _watch(self) -> None:
-            """Arm the timer of what the connection waits for from its client."""
+            """Arm the timer of what the connection waits for from its client; keep the
+            connections that wait for a request's headers in the order they began to."""
             st = self.conn.their_state
-            self._arm("headers" if st is h11.IDLE else "body" if st is h11.SEND_BODY else None)
+            phase = "headers" if st is h11.IDLE else "body" if st is h11.SEND_BODY else None
+            if phase == "headers" and self._phase != "headers":
+                waiting[self] = None
+            elif phase != "headers":
+                waiting.pop(self, None)
+            self._arm(phase)
 
         def _arm(self, phase: str | None) -> None:
             if phase == self._phase:
