@@ -133,11 +133,16 @@ def _tune(program, opts, profile) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from tokenrouter.compiler.pipeline import RouteError, load_program
+    from tokenrouter.compiler.weights.check import required_weights
     from tokenrouter.runtime.loader import model_facts
     try:
         opts, profile = _options(args)  # cheap checks first: no model is loaded yet
         params, model_paths = bindings(args)
         program = with_quant(load_program(args.file, model_paths=model_paths, params=params, model_facts=model_facts), args.quant)
+        missing = required_weights(program)  # every router file, before any process starts
+        if missing:
+            with open(args.file, encoding="utf-8", errors="replace") as f:
+                raise RouteError(missing, f.read())
         for w in [*opts.batch, *opts.max_wait_ms, *opts.threads, *opts.remote]:
             if w not in program.writers():
                 raise ValueError(f"{w!r} is not a writer of {args.file} ({', '.join(program.writers())})")
