@@ -34,6 +34,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import signal
 import threading
 import time
 import traceback
@@ -466,11 +467,18 @@ def run_thread(spec: SubserverSpec, ctx=None) -> None:
     sub.serve()
 
 
+def exit_on_sigterm(signum, frame) -> None:
+    """A terminated subserver unwinds (`finally` blocks run: a model build in progress removes
+    its temporary folder) instead of vanishing mid-write."""
+    raise SystemExit(128 + signum)
+
+
 def run_process(spec_dict: dict[str, Any]) -> None:
     """Entry point of a subserver process (multiprocessing target, spawn start method)."""
     logging.basicConfig(level=os.environ.get("TOKENROUTER_LOG", "WARNING"),
                         format=f"[{spec_dict.get('writer')}] %(levelname)s %(message)s")
     quiet_repeats()  # a flood of bad frames is one line with a count, not one per frame
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     spec, parent = SubserverSpec(**spec_dict), os.getppid()
     bound_heap_growth()  # RSS flat over hours of changing batch sizes (memory.py)
 
