@@ -92,3 +92,81 @@ def test_a_watch_recovers_what_a_death_took_restarts_and_gives_up_through_its_ca
         assert ("end_all", w.fatal) in calls
 
     asyncio.run(run())
+
+
+def _stream(out, writers, nexts, prompt=(1, 2, 3), **params):
+    from tokenrouter.protocol.sampling import SamplingParams
+    from tokenrouter.runtime.frontend.streams import RequestStream
+    live = RequestStream("r", 4, prompt=list(prompt), params=SamplingParams(max_tokens=params.get("max_tokens", 50)))
+    for pos, (tok, by, nxt) in enumerate(zip(out, writers, nexts)):
+        live.add(pos, tok, by, nxt)
+    live.flush()
+    return live
+
+
+def test_the_route_state_at_the_frontends_last_token():
+    from tokenrouter.runtime.frontend.recovery import route_at
+    assert route_at(_stream([], [], []), "s").writer == "s"
+    # s wrote two and stays; then l wrote one and hands back (keep): s is next, visit 0
+    at = route_at(_stream([5, 6], ["s", "s"], ["s", "s"]), "s")
+    assert (at.writer, at.visit_tokens) == ("s", 2)
+    at = route_at(_stream([5, 6, 7], ["s", "s", "l"], ["s", "l", "s"]), "s")
+    assert (at.writer, at.visit_tokens) == ("s", 0)
+    # l's token sent it away and l's rewrite brought it straight back: a new visit of l, 1 token in
+    at = route_at(_stream([5, 6, 7], ["l", "l", "l"], ["l", "s", "l"]), "s")
+    assert (at.writer, at.visit_tokens) == ("l", 1)
+
+
+def test_a_recovery_round_resumes_only_what_the_dead_held_and_refills_what_its_frames_lost():
+    from tokenrouter.runtime.frontend.recovery import Recovery
+    from tokenrouter.runtime.transport import wire
+
+    async def run():
+        sent, ended = [], []
+        incs = {"s": 11, "l": 0}  # l (incarnation 22) just died
+        reqs = {}
+        for rid, (out, by, nx) in {"active": ([5], ["s"], ["s"]), "pending_l": ([5], ["s"], ["l"]),
+                                   "only_l": ([5, 6], ["l", "l"], ["l", "l"]), "hole": ([5], ["s"], ["l"]),
+                                   "to_s": ([5], ["s"], ["l"]), "done": ([5, 2], ["s", "l"], ["l", "l"])}.items():
+            live = _stream(out, by, nx)
+            live.rid = rid
+            reqs[rid] = live
+        reqs["done"].params = reqs["done"].params.replace(stop_token_ids=(2,))
+        rec = Recovery("s", ["s", "l"], reqs, send=lambda w, m: sent.append((w, m)), incarnation=incs.get,
+                       flush=lambda live: None, end=lambda live, final: ended.append((live.rid, final.reason)),
+                       max_model_len=lambda: 100)
+        rec.start_round("l", 22)
+        (w, down), = sent
+        assert w == "s" and down.writer == "l" and down.inc == 22 and down.have["only_l"] == 2
+        E = wire.CensusEntry
+        rec.on_census(wire.Census(writer="s", inc=11, round=down.round, entries=[
+            E(rid="active", hops=0, status="active", dest="s", n_out=1),
+            E(rid="pending_l", hops=1, status="pending", dest="l", n_out=1),
+            E(rid="hole", hops=3, status="active", dest="s", n_out=3, tail=[8, 9]),  # l's frames of 8, 9 died
+            E(rid="to_s", hops=2, status="pending", dest="l", n_out=1),
+        ]))
+        assert not rec.rounds  # every survivor answered: decided
+        # untouched: active at the survivor (the hole refilled, written by the dead writer)
+        assert reqs["hole"].buf == {1: (8, "l", "l"), 2: (9, "l", "s")} and rec.lost_tokens == 2
+        # lost: pending on its way to the dead one, or held by nobody; a finished one just ends
+        assert ended == [("done", "stop")]
+        assert sorted(rec.records) == ["only_l", "pending_l", "to_s"]
+        assert rec.records["only_l"].at.writer == "l" and rec.records["only_l"].at.visit_tokens == 2
+        assert rec.records["to_s"].at.writer == "l" and rec.records["to_s"].hops == 3
+        assert all(not r.sent_to for r in rec.records.values()) and rec.busy  # l is down: they wait
+        incs["l"] = 33
+        rec.came_up("l")
+        resumes = [m for w, m in sent if isinstance(m, wire.Resume)]
+        assert {m.msg.rid for m in resumes} == {"only_l", "pending_l", "to_s"} and all(m.to == 33 for m in resumes)
+        only = next(m.msg for m in resumes if m.msg.rid == "only_l")
+        assert only.suffix == [1, 2, 3, 5, 6] and only.start == 0 and only.written_by == {"l": 2}
+        assert not rec.busy
+        # the resumed copy is lost again with the next incarnation: resumed once more, one hop later
+        incs["l"] = 0
+        rec.start_round("l", 33)
+        down = sent[-1][1]
+        rec.on_census(wire.Census(writer="s", inc=11, round=down.round, entries=[
+            E(rid="active", hops=0, status="active", dest="s", n_out=1)]))
+        assert rec.records["only_l"].hops == 2 and rec.records["to_s"].hops == 4
+
+    asyncio.run(run())
