@@ -1,11 +1,16 @@
-"""The frontend's own parts without a runtime: KV admission (`KvAdmission`) and the liveness
-watch (`Watch`), each driven through the callables and public names the `Frontend` uses."""
+"""The frontend's own parts without a runtime: KV admission (`KvAdmission`), the liveness
+watch (`Watch`) and the recovery of a dead subserver's requests (`Recovery`), each driven
+through the callables and public names the `Frontend` uses."""
 
 import asyncio
 import time
 
+from tokenrouter.protocol.sampling import SamplingParams
 from tokenrouter.runtime.frontend.admission import KvAdmission, blocks_needed
 from tokenrouter.runtime.frontend.liveness import Watch
+from tokenrouter.runtime.frontend.recovery import Recovery, route_at
+from tokenrouter.runtime.frontend.streams import RequestStream
+from tokenrouter.runtime.transport import wire
 
 
 def test_blocks_needed():
@@ -95,8 +100,6 @@ def test_a_watch_recovers_what_a_death_took_restarts_and_gives_up_through_its_ca
 
 
 def _stream(out, writers, nexts, prompt=(1, 2, 3), **params):
-    from tokenrouter.protocol.sampling import SamplingParams
-    from tokenrouter.runtime.frontend.streams import RequestStream
     live = RequestStream("r", 4, prompt=list(prompt), params=SamplingParams(max_tokens=params.get("max_tokens", 50)))
     for pos, (tok, by, nxt) in enumerate(zip(out, writers, nexts)):
         live.add(pos, tok, by, nxt)
@@ -105,7 +108,6 @@ def _stream(out, writers, nexts, prompt=(1, 2, 3), **params):
 
 
 def test_the_route_state_at_the_frontends_last_token():
-    from tokenrouter.runtime.frontend.recovery import route_at
     assert route_at(_stream([], [], []), "s").writer == "s"
     # s wrote two and stays; then l wrote one and hands back (keep): s is next, visit 0
     at = route_at(_stream([5, 6], ["s", "s"], ["s", "s"]), "s")
@@ -118,8 +120,6 @@ def test_the_route_state_at_the_frontends_last_token():
 
 
 def test_a_recovery_round_resumes_only_what_the_dead_held_and_refills_what_its_frames_lost():
-    from tokenrouter.runtime.frontend.recovery import Recovery
-    from tokenrouter.runtime.transport import wire
 
     async def run():
         sent, ended = [], []
