@@ -65,19 +65,25 @@ def test_a_watch_recovers_what_a_death_took_restarts_and_gives_up_through_its_ca
         w.reported_ready("b", 12, 102)
         assert w.all_up and not w.down() and w.accepts("a", 101) and not w.accepts("a", 102)
         w.start().cancel()  # the frontend's start; the checks are driven by hand below
-        # silence while the receive loop has a backlog is not a death; silence after it read everything is
-        w.live["a"].last_seen = w.live["b"].last_seen = time.monotonic() - 10
+        # silence while the receive loop has a backlog is not a death; silence after it read
+        # everything is, and so is silence for four timeouts whatever the backlog
+        w.live["a"].last_seen = w.live["b"].last_seen = time.monotonic() - 2.5
         drained[0] = w.live["a"].last_seen + 0.5
         await w.check()
         assert w.all_up and calls == []
         drained[0] = time.monotonic()
         w.seen("b")
         await w.check()
-        assert w.down() == ["subserver a is down (no heartbeat for 10.0 s)"] and calls == [("lost", "a", 101),
-                                                                                           ("wake",)]
+        assert w.down() == ["subserver a is down (no heartbeat for 2.5 s)"] and calls == [("lost", "a", 101),
+                                                                                          ("wake",)]
         assert not w.accepts("a", 101) and w.is_dead("a", 101)  # a dead incarnation stays dead
         w.reported_ready("a", 13, 103)
         assert w.all_up and w.accepts("a", 103)
+        w.live["a"].last_seen, drained[0] = time.monotonic() - 5, 0.0
+        w.seen("b")
+        await w.check()
+        assert calls[-2] == ("lost", "a", 103)
+        w.reported_ready("a", 15, 105)
         calls.clear()
         alive["b"] = False
         await w.check()
@@ -168,5 +174,24 @@ def test_a_recovery_round_resumes_only_what_the_dead_held_and_refills_what_its_f
         rec.on_census(wire.Census(writer="s", inc=11, round=down.round, entries=[
             E(rid="active", hops=0, status="active", dest="s", n_out=1)]))
         assert rec.records["only_l"].hops == 2 and rec.records["to_s"].hops == 4
+
+    asyncio.run(run())
+
+
+def test_a_local_subserver_that_cannot_be_restarted_makes_the_runtime_give_up():
+    async def run():
+        calls = []
+
+        async def noop(*a):
+            pass
+
+        w = Watch(["a"], end_all=lambda msg: calls.append(("end_all", msg)) or 0, lost=lambda *a: None,
+                  release=noop, wake=noop, alive=lambda: {"a": False}, restart=None,
+                  on_fatal=lambda msg: calls.append(("fatal", msg)))
+        w.reported_ready("a", 1, 7)
+        w.start().cancel()
+        await w.check()  # down (its thread ended) ...
+        await w.check()  # ... and nothing can bring it back: requests end now, not at their deadline
+        assert w.fatal and "cannot be restarted" in w.fatal and calls[-1] == ("fatal", w.fatal)
 
     asyncio.run(run())

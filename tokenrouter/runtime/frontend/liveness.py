@@ -35,6 +35,7 @@ from typing import Any, Awaitable, Callable
 log = logging.getLogger(__name__)
 
 HEARTBEAT_TIMEOUT_S = 3.0
+BACKLOG_LIMIT = 4  # silent this many heartbeat timeouts is a death even while frames keep the receive loop busy
 MAX_RESTARTS = 5  # failed restarts in a row before the runtime gives up
 RESTART_TIMEOUT_S = 180.0  # a restarted process must report ready within this
 STABLE_S = 60.0  # up this long after a restart: the failure count starts again
@@ -164,8 +165,9 @@ class Watch:
     async def check(self) -> None:
         now = time.monotonic()
         # silent: nothing from it up to a moment when no frame was waiting to be read (a
-        # receive loop held up by a backlog, or this loop held up, is not its silence)
-        drained = self.drained()
+        # receive loop held up by a backlog, or this loop held up, is not its silence), or
+        # nothing for BACKLOG_LIMIT timeouts whatever the backlog
+        drained = max(self.drained(), now - (BACKLOG_LIMIT - 1) * self.heartbeat_timeout_s)
         alive = self.processes_alive()
         for w, lv in self.live.items():
             if lv.up:
@@ -177,6 +179,8 @@ class Watch:
                     lv.failures = 0
             elif self.restart is not None and w in alive and self.fatal is None:
                 await self.maybe_restart(w, lv, alive[w], now)
+            elif self.restart is None and w in alive and self.fatal is None:
+                await self.give_up(f"subserver {w} is down ({lv.reason}) and cannot be restarted (thread mode)")
 
     async def maybe_restart(self, w: str, lv: Liveness, running: bool, now: float) -> None:
         if lv.next_restart is None:  # just went down: the first attempt comes at once
@@ -188,13 +192,8 @@ class Watch:
         elif now < lv.next_restart:
             return
         if lv.failures >= self.max_restarts:
-            self.fatal = (f"subserver {w} is down and {self.max_restarts} restarts in a row failed "
-                          f"(last: {lv.reason}); giving up")
-            log.error("%s", self.fatal)
-            self.end_all(self.fatal)
-            await self.wake()
-            if self.on_fatal is not None:
-                self.on_fatal(self.fatal)
+            await self.give_up(f"subserver {w} is down and {self.max_restarts} restarts in a row failed "
+                               f"(last: {lv.reason}); giving up")
             return
         lv.failures += 1
         lv.restarts += 1
@@ -203,6 +202,15 @@ class Watch:
         lv.reason = f"restarting (attempt {lv.failures} of {self.max_restarts})"
         log.warning("subserver %s: %s", w, lv.reason)
         await asyncio.get_running_loop().run_in_executor(None, self.restart, w)
+
+    async def give_up(self, why: str) -> None:
+        """The runtime is fatal: end what is in flight, say why, and tell `on_fatal`."""
+        self.fatal = why
+        log.error("%s", why)
+        self.end_all(why)
+        await self.wake()
+        if self.on_fatal is not None:
+            self.on_fatal(why)
 
     async def went_down(self, w: str, reason: str) -> None:
         lv = self.live[w]
