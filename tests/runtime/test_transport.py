@@ -72,6 +72,7 @@ def test_bad_addresses():
         make_addresses(["a"], "udp")
 
 
+@pytest.mark.slow
 def test_curve_tcp_admits_only_holders_of_the_keys_and_counts_the_others(tmp_path):
     generate_keys(str(tmp_path / "ours"))
     generate_keys(str(tmp_path / "theirs"))

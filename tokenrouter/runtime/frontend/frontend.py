@@ -6,9 +6,11 @@ API) and owns the frontend's ZeroMQ sockets: a PULL socket where subservers repo
 `relay` transport), read by its receive loop, and a PUSH socket to every subserver.
 
 Each request in flight is a `RequestStream` (`streams.py`), which puts the tokens of
-several subservers back in order and keeps what it yielded. When it ends (done, abort,
-error) the frontend tells every subserver to release it (free its KV): the same message for
-every ending, so invariant 3 has one code path.
+several subservers back in order, keeps what it yielded and, given the tokenizer,
+detokenises them and matches the request's stop strings (`text.py`). When it ends (done, a
+stop string, abort, error) the frontend tells every subserver to release it (free its KV):
+the same message for every ending, so invariant 3 has one code path. Its latency and token
+counts go to `metrics` (`metrics.RequestMetrics`).
 
 A request gets its route seed (the seed of the program's coin flips,
 `protocol.state.route_seed_of`) from its caller, or from its request id when it gives none.
@@ -44,6 +46,8 @@ from tokenrouter.runtime.frontend.admission import KvAdmission, blocks_needed
 from tokenrouter.runtime.frontend.liveness import HEARTBEAT_TIMEOUT_S, MAX_RESTARTS, Watch
 from tokenrouter.runtime.frontend.recovery import Recovery
 from tokenrouter.runtime.frontend.streams import Delta, Final, RequestStream
+from tokenrouter.runtime.frontend.text import TextStream
+from tokenrouter.runtime.metrics import RequestMetrics
 from tokenrouter.runtime.transport import wire
 from tokenrouter.runtime.transport.security import (refused, secure_bind, secure_connect, stop_authenticator,
                                                     watch_handshakes)
@@ -84,6 +88,7 @@ class Frontend:
                                  flush=self._flush, end=self._end, max_model_len=lambda: self.max_model_len)
         self.ready: dict[str, wire.Ready] = {}
         self.configured: dict[str, dict[str, Any]] = {}  # run-time `configure`s, given again after a restart
+        self.metrics = RequestMetrics()
         self.finished: dict[str, int] = {}
         self.frames_dropped: dict[str, int] = {}
         self.loop_restarts = 0
@@ -196,12 +201,18 @@ class Frontend:
 
     # -------------------------------------------------------------- requests
     async def generate(self, prompt: list[int], params: SamplingParams, route_seed: int | None = None,
-                       rid: str | None = None) -> AsyncIterator[Delta | Final]:
+                       rid: str | None = None, tokenizer=None,
+                       skip_special_tokens: bool = True) -> AsyncIterator[Delta | Final]:
         """Submit one request and yield its tokens as they are committed, then a `Final`.
         `route_seed` seeds the program's coin flips; None takes `route_seed_of(rid)`.
-        Closing the iterator early (a client went away) aborts the request."""
+        With a `tokenizer`, every event carries its text and the request's stop strings end
+        it (without one, stop strings are refused). A `Delta` that arrives with the request's
+        end carries its `Final` too. Closing the iterator early (a client went away) aborts
+        the request."""
         if not self.healthy:
             raise RuntimeUnavailable(self.failure or "the runtime is not running")
+        if params.stop and tokenizer is None:
+            raise ValueError("stop strings need the tokenizer (Frontend.generate(tokenizer=...))")
         rid = rid or uuid.uuid4().hex
         if route_seed is None:
             route_seed = route_seed_of(rid)
@@ -209,7 +220,9 @@ class Frontend:
         if blocks > self.admission.capacity:
             raise ValueError(f"the request needs {blocks} KV blocks, more than the {self.admission.capacity} "
                              f"there are")
-        live = RequestStream(rid, blocks, prompt=list(prompt), params=params, route_seed=route_seed)
+        text = None if tokenizer is None else TextStream(
+            tokenizer, params.stop, params.stop_token_ids, params.include_stop_str_in_output, skip_special_tokens)
+        live = RequestStream(rid, blocks, text, prompt=list(prompt), params=params, route_seed=route_seed)
         finished = False
         try:
             if not await self.admission.reserve(blocks):
@@ -219,6 +232,7 @@ class Frontend:
                 raise RuntimeUnavailable(self.failure or "the runtime stopped")
             # registered and sent in one step of the event loop: a recovery round sees it
             # either with its submit already on the way, or not at all
+            live.submitted = time.monotonic()
             self.reqs[rid] = live
             for w in self.writers:
                 if w == self.start_writer:
@@ -227,15 +241,32 @@ class Frontend:
                 else:
                     self._post(w, wire.Announce(to=self._inc(w), rid=rid))
             while True:
-                ev = await live.queue.get()
+                ev = self._merged(await live.queue.get(), live.queue)
                 if isinstance(ev, Final):
                     finished = True
                     yield ev
                     return
                 yield ev
+                if ev.final is not None:
+                    finished = True
+                    yield ev.final
+                    return
         finally:
             if not finished:
                 self.abort(rid)
+
+    @staticmethod
+    def _merged(ev: Delta | Final, queue: asyncio.Queue) -> Delta | Final:
+        """`ev` with the events already queued behind it: runs of tokens joined, and the
+        `Final` attached when it is there (so the last chunk of a stream carries both)."""
+        while isinstance(ev, Delta) and ev.final is None and not queue.empty():
+            nxt = queue.get_nowait()
+            if isinstance(nxt, Final):
+                ev.final = nxt
+            else:
+                ev = Delta(ev.tokens + nxt.tokens, ev.writers + nxt.writers, ev.logprobs + nxt.logprobs,
+                           ev.text + nxt.text, nxt.final)
+        return ev
 
     def abort(self, rid: str) -> None:
         """End a request now (its client went away); synchronous, so it also works in a
@@ -281,7 +312,8 @@ class Frontend:
                 "up": {w: lv.up for w, lv in self.watch.live.items()},
                 "restarts": {w: lv.restarts for w, lv in self.watch.live.items()},
                 "resumed": dict(self.recovery.resumed), "lost_tokens_refilled": self.recovery.lost_tokens,
-                "frames_dropped": dict(self.frames_dropped), "loop_restarts": self.loop_restarts}
+                "frames_dropped": dict(self.frames_dropped), "loop_restarts": self.loop_restarts,
+                "prompt_tokens": self.metrics.prompt_tokens, "generation_tokens": self.metrics.generation_tokens}
 
     # --------------------------------------------------------------- internals
     def _inc(self, writer: str) -> int:
@@ -304,6 +336,8 @@ class Frontend:
         self.finished[final.reason] = self.finished.get(final.reason, 0) + 1
         self.reqs.pop(live.rid, None)
         self.recovery.forget(live.rid)
+        self.metrics.observe(live.arrived, live.submitted, live.token_times, time.monotonic(),
+                             live.prompt_len, live.next)
         self.watch.remember_ended(live.rid)
         asyncio.get_running_loop().create_task(self._release(live, final.reason))
 
@@ -406,7 +440,7 @@ class Frontend:
             for rid, pos, tok, nxt in msg.items:
                 live = self.reqs.get(rid)
                 if live is not None and not live.ended:
-                    live.add(pos, tok, msg.writer, nxt)
+                    live.add(pos, tok, msg.writer, nxt, msg.logprobs.get(rid))
             for rid in {i[0] for i in msg.items}:
                 live = self.reqs.get(rid)
                 if live is not None and not live.ended:

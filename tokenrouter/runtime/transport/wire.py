@@ -37,7 +37,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from tokenrouter.protocol.sampling import MAX_TOKENS, TOKEN_ID_MAX, SamplingParams, Seed
+from tokenrouter.protocol.sampling import MAX_LOGPROBS, MAX_TOKENS, TOKEN_ID_MAX, SamplingParams, Seed
 from tokenrouter.protocol.state import PeerMessage
 
 CONTROL_VERSION = 1
@@ -213,15 +213,21 @@ class Heartbeat(_Msg):
     inc: Incarnation
 
 
+Logprob = Annotated[float, Field(ge=-1e9, le=0.0, allow_inf_nan=False)]
+TopLogprobs = Annotated[list[tuple[TokenId, Logprob]], Field(max_length=MAX_LOGPROBS)]
+
+
 class Tokens(_Msg):
     """Tokens committed in one step: items are [rid, output position, token id, the writer
     of the request's next token] (the frontend keeps the last, to resume a request in the
-    route state it had if a subserver dies)."""
+    route state it had if a subserver dies); `logprobs`, for the requests that ask: rid ->
+    (the token's log-probability, the top k with theirs)."""
 
     t: Literal["tokens"] = "tokens"
     writer: Name
     inc: Incarnation
     items: list[tuple[Name, Count, TokenId, Name]] = Field(max_length=MAX_ITEMS)
+    logprobs: Annotated[dict[Name, tuple[Logprob, TopLogprobs]], Field(max_length=MAX_ITEMS)] = {}
 
 
 class Done(_Msg):
