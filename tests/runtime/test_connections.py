@@ -16,6 +16,8 @@ from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.http.app import Limits
 from tokenrouter.runtime.http.connections import ConnectionLimits
 
+pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them
+
 LIMITS = Limits(connections=ConnectionLimits(header_timeout_s=1.0, body_timeout_s=1.5, idle_timeout_s=1.0,
                                              max_connections=2000))
 

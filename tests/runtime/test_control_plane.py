@@ -26,6 +26,8 @@ from tests.helpers.serving import ServerThread
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.transport import wire
 
+pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them
+
 NESTED = b"[" * 50_000 + b"]" * 50_000  # 100 KB
 
 

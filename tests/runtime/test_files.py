@@ -17,6 +17,8 @@ import pytest
 from tests.helpers import tiny
 from tests.helpers.serving import wait_until_healthy
 
+pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them
+
 EXE = [sys.executable, "-m", "tokenrouter.cli"]
 
 

@@ -153,7 +153,7 @@ def test_a_recovery_round_resumes_only_what_the_dead_held_and_refills_what_its_f
         ]))
         assert not rec.rounds  # every survivor answered: decided
         # untouched: active at the survivor (the hole refilled, written by the dead writer)
-        assert reqs["hole"].buf == {1: (8, "l", "l"), 2: (9, "l", "s")} and rec.lost_tokens == 2
+        assert reqs["hole"].buf == {1: (8, "l", "l", None), 2: (9, "l", "s", None)} and rec.lost_tokens == 2
         # lost: pending on its way to the dead one, or held by nobody; a finished one just ends
         assert ended == [("done", "stop")]
         assert sorted(rec.records) == ["only_l", "pending_l", "to_s"]

@@ -17,6 +17,8 @@ from tests.helpers.serving import ServerThread
 from tokenrouter.protocol.sampling import MAX_STOP_IDS
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 
+pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them
+
 N_BODIES = 2400
 FIELDS = ["model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stream",
           "stream_options", "stop", "stop_token_ids", "ignore_eos", "n", "logprobs", "echo", "best_of",
