@@ -127,3 +127,15 @@ def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """A /metrics text as {(sample name, sorted labels): value}, read by prometheus_client's parser."""
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def scrape(url: str) -> dict[str, float]:
+    """/metrics as {sample name with its labels: value}."""
+    r = httpx.get(url + "/metrics", timeout=10)
+    assert r.status_code == 200, r.text
+    out = {}
+    for line in r.text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out

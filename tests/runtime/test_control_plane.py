@@ -22,7 +22,7 @@ import zmq
 
 from tests.helpers import tiny
 from tests.helpers.liveness import check_against_reference
-from tests.helpers.serving import ServerThread
+from tests.helpers.serving import ServerThread, scrape
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.transport import wire
 
@@ -37,17 +37,8 @@ def _port():
         return s.getsockname()[1]
 
 
-def _metrics(url):
-    out = {}
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
-
-
 def _dropped(url, model, reason):
-    return _metrics(url).get(f'tokenrouter_frames_dropped_total{{model="{model}",reason="{reason}"}}', 0)
+    return scrape(url).get(f'tokenrouter_frames_dropped_total{{model="{model}",reason="{reason}"}}', 0)
 
 
 def _wait(cond, timeout=15.0, what=""):
@@ -55,6 +46,16 @@ def _wait(cond, timeout=15.0, what=""):
     while not cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
+
+
+def _pushers(ctx, addresses: dict[str, str]) -> dict:
+    """A plain PUSH socket to every endpoint (what a process that can reach them can open)."""
+    socks = {}
+    for name, addr in addresses.items():
+        socks[name] = ctx.socket(zmq.PUSH)
+        socks[name].setsockopt(zmq.SNDHWM, 0)
+        socks[name].connect(addr)
+    return socks
 
 
 def _forged_ready(old_format: bool) -> bytes:
@@ -75,13 +76,11 @@ def test_a_local_stranger_on_tcp_is_refused_and_counted_and_changes_nothing(prog
     binds = {n: f"tcp://127.0.0.1:{_port()}" for n in ("frontend", "slm", "llm")}
     srv = ServerThread(program, LaunchOptions(mode="process", num_blocks=240, addresses=binds))
     ctx = zmq.Context()
+    socks = {}
     try:
         models = httpx.get(srv.url + "/v1/models", timeout=10).json()
         pids = srv.launcher.pids()
-        socks = {}
-        for name, addr in binds.items():
-            socks[name] = ctx.socket(zmq.PUSH)
-            socks[name].connect(addr)
+        socks = _pushers(ctx, binds)
         s = socks["frontend"]
         s.send(_forged_ready(True))
         s.send(_forged_ready(False))
@@ -95,7 +94,7 @@ def test_a_local_stranger_on_tcp_is_refused_and_counted_and_changes_nothing(prog
         for name, model in (("frontend", "frontend"), ("slm", "slm"), ("llm", "llm")):
             _wait(lambda: _dropped(srv.url, model, "unauthenticated") >= 1, what=f"{name} to count the stranger")
         assert httpx.get(srv.url + "/v1/models", timeout=10).json() == models  # max_model_len unchanged
-        m = _metrics(srv.url)
+        m = scrape(srv.url)
         assert m['tokenrouter_batch_threshold{model="slm"}'] == 1.0
         assert m['tokenrouter_kv_blocks_used{model="slm"}'] == 0 and m['tokenrouter_steps_total{model="slm"}'] == 0
         assert srv.launcher.alive() == {"slm": True, "llm": True} and srv.launcher.pids() == pids
@@ -113,11 +112,8 @@ def test_same_user_forgeries_over_ipc_are_dropped_by_state_and_incarnation(progr
                        liveness={"heartbeat_timeout_s": 2.0})
     addrs = srv.launcher.addresses
     ctx = zmq.Context()
-    socks = {}
+    socks = _pushers(ctx, addrs)
     try:
-        for name, addr in addrs.items():
-            socks[name] = ctx.socket(zmq.PUSH)
-            socks[name].connect(addr)
         models = httpx.get(srv.url + "/v1/models", timeout=10).json()
         # a second ready cannot reconfigure anything
         socks["frontend"].send(_forged_ready(False))
@@ -129,7 +125,7 @@ def test_same_user_forgeries_over_ipc_are_dropped_by_state_and_incarnation(progr
         socks["slm"].send(wire.encode(wire.Configure(to=1, batch_threshold=64)))
         _wait(lambda: _dropped(srv.url, "slm", "stale") >= 2 and _dropped(srv.url, "llm", "stale") >= 1,
               what="the subservers to drop them")
-        assert _metrics(srv.url)['tokenrouter_batch_threshold{model="slm"}'] == 1.0
+        assert scrape(srv.url)['tokenrouter_batch_threshold{model="slm"}'] == 1.0
         assert srv.launcher.alive() == {"slm": True, "llm": True}
         # forged heartbeats do not keep a stopped subserver up
         pid = srv.launcher.pids()["llm"]
@@ -168,12 +164,8 @@ def _latencies(url, n, tag):
 def test_a_storm_of_deeply_nested_frames_to_every_socket_declares_nothing_down(program):
     srv = ServerThread(program, LaunchOptions(mode="process", num_blocks=240), liveness={"heartbeat_timeout_s": 3.0})
     ctx = zmq.Context()
-    socks = {}
+    socks = _pushers(ctx, srv.launcher.addresses)
     try:
-        for name, addr in srv.launcher.addresses.items():
-            socks[name] = ctx.socket(zmq.PUSH)
-            socks[name].setsockopt(zmq.SNDHWM, 0)
-            socks[name].connect(addr)
         before = _latencies(srv.url, 8, "before")
         socks["frontend"].send(NESTED)  # the frame that used to kill the frontend's receive loop
         _wait(lambda: _dropped(srv.url, "frontend", "invalid") >= 1, what="the frame to be dropped")
@@ -192,7 +184,7 @@ def test_a_storm_of_deeply_nested_frames_to_every_socket_declares_nothing_down(p
         after = _latencies(srv.url, 4, "after")
         print(f"\nlatency (s) before / during / after the storm: {statistics.median(before):.3f} / "
               f"{statistics.median(during):.3f} / {statistics.median(after):.3f}")
-        m = _metrics(srv.url)
+        m = scrape(srv.url)
         assert all(m[f'tokenrouter_subserver_restarts_total{{model="{w}"}}'] == 0 for w in ("slm", "llm"))
         assert srv.fe.watch.all_up and srv.fe.loop_restarts == 0
         assert statistics.median(during) < 3 * statistics.median(before) + 1.0

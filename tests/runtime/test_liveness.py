@@ -5,8 +5,6 @@ reference's greedy tokens; when restarts are exhausted what is in flight ends wi
 the cause. A remote one (over CURVE-authenticated tcp on loopback) is noticed by its missing
 heartbeats, and its requests finish when a new process of it reports ready."""
 
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -17,7 +15,7 @@ import pytest
 
 from tests.helpers import tiny
 from tests.helpers.liveness import check_against_reference, kill_under_load
-from tests.helpers.serving import ServerThread
+from tests.helpers.serving import ServerThread, scrape
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 
 
@@ -25,17 +23,6 @@ def _port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _metrics(url):
-    r = httpx.get(url + "/metrics", timeout=10)
-    assert r.status_code == 200
-    out = {}
-    for line in r.text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
 
 
 def _wait_health(url, ok: bool, timeout: float):
@@ -63,7 +50,7 @@ def test_kill_9_of_a_local_subserver_then_automatic_recovery_then_restarts_exhau
             down = _wait_health(srv.url, ok=False, timeout=5)
             assert down.json()["subservers"]["llm"]["up"] is False and down.headers.get("retry-after")
             assert "llm" in down.json()["error"]["message"]
-            m = _metrics(srv.url)  # monitoring keeps working while it is down
+            m = scrape(srv.url)  # monitoring keeps working while it is down
             assert m['tokenrouter_subserver_up{model="slm"}'] == 1
             new = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3}, timeout=10)
             outage["new"] = (new.status_code, new.headers.get("retry-after"), new.json()["error"]["message"])
@@ -76,7 +63,7 @@ def test_kill_9_of_a_local_subserver_then_automatic_recovery_then_restarts_exhau
         _wait_health(srv.url, ok=True, timeout=30)
         assert time.monotonic() - t_dead < 30
         assert srv.launcher.pids()["llm"] != old
-        m = _metrics(srv.url)
+        m = scrape(srv.url)
         assert m['tokenrouter_subserver_restarts_total{model="llm"}'] == 1
         assert m['tokenrouter_subserver_up{model="llm"}'] == 1
         check_against_reference(srv.url, program, srv.tokenizer, ["after 1", "after 2", "before 1"])
@@ -94,7 +81,7 @@ def test_kill_9_of_a_local_subserver_then_automatic_recovery_then_restarts_exhau
         assert r.status_code == 503 and r.headers.get("retry-after") and "giving up" in r.text
         r = httpx.get(srv.url + "/health", timeout=5)
         assert r.status_code == 503 and "giving up" in r.json()["error"]["message"]
-        assert _metrics(srv.url)['tokenrouter_subserver_up{model="slm"}'] == 0
+        assert scrape(srv.url)['tokenrouter_subserver_up{model="slm"}'] == 0
     finally:
         srv.close()
 
@@ -127,7 +114,7 @@ def test_kill_9_of_a_remote_subserver_over_curve_tcp(pair, tmp_path):
             assert "no heartbeat" in r.json()["subservers"]["llm"]["reason"]
             new = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3}, timeout=10)
             assert new.status_code == 503 and "llm" in new.json()["error"]["message"]
-            assert _metrics(srv.url)['tokenrouter_subserver_up{model="llm"}'] == 0
+            assert scrape(srv.url)['tokenrouter_subserver_up{model="llm"}'] == 0
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
 
         results = kill_under_load(srv.url, procs[0].pid, then=restart_remote)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.helpers import tiny
-from tests.helpers.serving import ServerThread
+from tests.helpers.serving import ServerThread, scrape
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.reference import Reference
@@ -22,15 +22,6 @@ pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-
 N = 16
 MAX_TOKENS = 120
 PROMPTS = [f"survive {i}: " + "abc" * (i % 5) for i in range(N)]
-
-
-def _metrics(url):
-    out = {}
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
 
 
 def _one(url, prompt, stream, started, results):
@@ -107,7 +98,7 @@ def test_kill_9_of_either_subserver_under_16_greedy_requests_loses_none(program)
             for p in PROMPTS:
                 assert results[p][1] == want[p], p
         print(f"\nrecovered after kill -9 (s): {recovered}")
-        m = _metrics(srv.url)
+        m = scrape(srv.url)
         assert m['tokenrouter_subserver_restarts_total{model="llm"}'] == 3
         assert m['tokenrouter_subserver_restarts_total{model="slm"}'] == 3
         resumed = sum(v for k, v in m.items() if k.startswith("tokenrouter_requests_resumed_total"))
