@@ -204,8 +204,9 @@ class Recovery:
         if rnd.asked:
             return
         del self.rounds[rnd.id]
-        lost = [live for rid, live in list(self.reqs.items())
-                if not live.ended and self._lost(rnd, rid)]
+        # only what was in flight when it died (nothing new is admitted while a round is open)
+        lost = [self.reqs[rid] for rid in rnd.have
+                if rid in self.reqs and not self.reqs[rid].ended and self._lost(rnd, rid)]
         for live in lost:
             self._resume(rnd, live)
         log.warning("subserver %s died: %d requests resumed, %d went on untouched", rnd.writer, len(lost),
