@@ -10,7 +10,8 @@ Starts `tokenrouter serve FILE` (its own process, default limits) and measures, 
    one subserver is killed with SIGKILL, the writers in turn, `--kills` times each. For each
    kill: how many requests were in flight, when /health turned 503 (the death noticed) and 200 again (a new process ready), how
    long a one-token request then took, when the last request finished, how many failed and
-   how many differ from the same requests served without a kill (greedy: the single-request
+   how many differ from the same requests served without a kill (greedy, `ignore_eos`, so
+   every request is in flight at the kill: the single-request
    reference's tokens, by invariant 5), and the /metrics counters of resumed requests and
    re-prefills;
 2. overload: `--overload` requests at once with the default limits (`--max-running` 64,
@@ -71,7 +72,8 @@ def _pct(xs: list[float], q: float) -> float | None:
 async def _stream(c, prompt: str, max_tokens: int, first: asyncio.Event | None = None):
     """(status or 'error', token ids) of one greedy streamed completion."""
     ids, err = [], None
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "seed": 0, "stream": True}
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "seed": 0, "stream": True,
+            "ignore_eos": True}  # every request runs to max_tokens: all are in flight at the kill
     async with c.stream("POST", "/v1/completions", json=body) as r:
         async for line in r.aiter_lines():
             if not line.startswith("data: {"):
@@ -132,7 +134,15 @@ async def _kill_once(c, writer: str, prompts: list[str], want: list[list[int]], 
             "all_done_s": round(done, 2), "failed": sum(1 for s, _ in results if s != 200),
             "differ": sum(1 for (s, ids), w in zip(results, want) if s == 200 and ids != w),
             "resumed": _sum(after, "tokenrouter_requests_resumed_total") - _sum(before, "tokenrouter_requests_resumed_total"),
-            "reprefills": _sum(after, "tokenrouter_reprefills_total") - _sum(before, "tokenrouter_reprefills_total")}
+            "reprefills": _reprefills(before, after, writer)}
+
+
+def _reprefills(before: dict[str, float], after: dict[str, float], killed: str) -> float:
+    """Re-prefills since `before`: all of the killed writer's new process (its counters
+    start at 0), the growth of the others'."""
+    name = "tokenrouter_reprefills_total{model=\"%s\"}"
+    return sum(after.get(name % w, 0) - (0 if w == killed else before.get(name % w, 0))
+               for w in {k.split('"')[1] for k in after if k.startswith("tokenrouter_reprefills_total{")})
 
 
 async def _overload(url: str, n: int, max_tokens: int) -> dict:
