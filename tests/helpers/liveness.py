@@ -17,7 +17,7 @@ from tokenrouter.runtime.reference import Reference
 def stream_load(url, n, results, started):
     """n long streamed requests; record (status, error text, end time) for each."""
     def one(i):
-        with httpx.Client(base_url=url, timeout=60) as c:
+        with httpx.Client(base_url=url, timeout=120) as c:
             with c.stream("POST", "/v1/completions", json={
                     "prompt": f"load {i}", "max_tokens": 200, "temperature": 0, "ignore_eos": True,
                     "stream": True}) as r:
@@ -53,18 +53,17 @@ def check_against_reference(url, program, tokenizer, prompts):
         assert r.json()["choices"][0]["token_ids"] == want.tokens
 
 
-def kill_under_load(url, pid, n=4):
+def kill_under_load(url, pid, n=4, then=None, timeout=60):
+    """Kill -9 `pid` while n long streamed requests run, call `then()` (a restart of a remote
+    subserver, say), and wait for them: [(status, error text or None, end time)]."""
     results, started = [], threading.Semaphore(0)
     ts = stream_load(url, n, results, started)
     for _ in range(n):
         assert started.acquire(timeout=60), f"the load did not start: {results}"
     os.kill(pid, signal.SIGKILL)
-    killed = time.monotonic()
+    if then is not None:
+        then()
     for t in ts:
-        t.join(30)
-    assert len(results) == n
-    errors = [(code, err, t - killed) for code, err, t in results if err]
-    assert errors, results  # the requests were still running when it died
-    for code, err, dt in errors:
-        assert dt < 5.0, (err, dt)
-    return errors
+        t.join(timeout)
+    assert len(results) == n, results
+    return results

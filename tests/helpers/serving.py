@@ -13,7 +13,8 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from tokenrouter.runtime.frontend.launch import LaunchOptions, close_runtime, open_runtime
-from tokenrouter.runtime.http.app import build_app
+from tokenrouter.runtime.http.app import Limits, build_app
+from tokenrouter.runtime.http.connections import server_config
 from tokenrouter.runtime.loader import program_tokenizer
 
 
@@ -37,8 +38,10 @@ class ServerThread:
                 await close_runtime(self.launcher, self.fe)
 
         app = build_app(runtime, name, self.tokenizer, **app_kw)
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                                    lifespan="on"))
+        self.connections = app.state.connections  # what the connection guard counted
+        limits = app_kw.get("limits") or Limits()
+        self.server = uvicorn.Server(server_config(app, "127.0.0.1", 0, "warning", limits.connections,
+                                                   app.state.connections))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 120
@@ -124,3 +127,15 @@ def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """A /metrics text as {(sample name, sorted labels): value}, read by prometheus_client's parser."""
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def scrape(url: str) -> dict[str, float]:
+    """/metrics as {sample name with its labels: value}."""
+    r = httpx.get(url + "/metrics", timeout=10)
+    assert r.status_code == 200, r.text
+    out = {}
+    for line in r.text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out

@@ -1,10 +1,16 @@
-"""The frontend's own parts without a runtime: KV admission (`KvAdmission`) and the liveness
-watch (`Watch`), each driven through the callables and public names the `Frontend` uses."""
+"""The frontend's own parts without a runtime: KV admission (`KvAdmission`), the liveness
+watch (`Watch`) and the recovery of a dead subserver's requests (`Recovery`), each driven
+through the callables and public names the `Frontend` uses."""
 
 import asyncio
+import time
 
+from tokenrouter.protocol.sampling import SamplingParams
 from tokenrouter.runtime.frontend.admission import KvAdmission, blocks_needed
 from tokenrouter.runtime.frontend.liveness import Watch
+from tokenrouter.runtime.frontend.recovery import Recovery, route_at
+from tokenrouter.runtime.frontend.streams import RequestStream
+from tokenrouter.runtime.transport import wire
 
 
 def test_blocks_needed():
@@ -38,10 +44,11 @@ def test_admission_waits_for_free_blocks_and_gives_up_when_unhealthy():
     asyncio.run(run())
 
 
-def test_a_watch_fails_what_is_in_flight_restarts_and_gives_up_through_its_callables():
+def test_a_watch_recovers_what_a_death_took_restarts_and_gives_up_through_its_callables():
     async def run():
         calls = []
         alive = {"a": True, "b": True}
+        drained = [0.0]
 
         async def release(w, rid):
             calls.append(("release", w, rid))
@@ -49,21 +56,43 @@ def test_a_watch_fails_what_is_in_flight_restarts_and_gives_up_through_its_calla
         async def wake():
             calls.append(("wake",))
 
-        w = Watch(["a", "b"], end_all=lambda msg: calls.append(("end_all", msg)) or 3, release=release, wake=wake,
-                  alive=lambda: dict(alive), restart=lambda name: calls.append(("restart", name)),
-                  max_restarts=1, on_fatal=lambda msg: calls.append(("fatal", msg)))
-        w.reported_ready("a", 11)
-        w.reported_ready("b", 12)
-        assert w.all_up and not w.down()
+        w = Watch(["a", "b"], end_all=lambda msg: calls.append(("end_all", msg)) or 3,
+                  lost=lambda name, inc: calls.append(("lost", name, inc)), release=release, wake=wake,
+                  drained=lambda: drained[0], alive=lambda: dict(alive),
+                  restart=lambda name: calls.append(("restart", name)),
+                  heartbeat_timeout_s=1.0, max_restarts=1, on_fatal=lambda msg: calls.append(("fatal", msg)))
+        w.reported_ready("a", 11, 101)
+        w.reported_ready("b", 12, 102)
+        assert w.all_up and not w.down() and w.accepts("a", 101) and not w.accepts("a", 102)
         w.start().cancel()  # the frontend's start; the checks are driven by hand below
+        # silence while the receive loop has a backlog is not a death; silence after it read
+        # everything is, and so is silence for four timeouts whatever the backlog
+        w.live["a"].last_seen = w.live["b"].last_seen = time.monotonic() - 2.5
+        drained[0] = w.live["a"].last_seen + 0.5
+        await w.check()
+        assert w.all_up and calls == []
+        drained[0] = time.monotonic()
+        w.seen("b")
+        await w.check()
+        assert w.down() == ["subserver a is down (no heartbeat for 2.5 s)"] and calls == [("lost", "a", 101),
+                                                                                          ("wake",)]
+        assert not w.accepts("a", 101) and w.is_dead("a", 101)  # a dead incarnation stays dead
+        w.reported_ready("a", 13, 103)
+        assert w.all_up and w.accepts("a", 103)
+        w.live["a"].last_seen, drained[0] = time.monotonic() - 5, 0.0
+        w.seen("b")
+        await w.check()
+        assert calls[-2] == ("lost", "a", 103)
+        w.reported_ready("a", 15, 105)
+        calls.clear()
         alive["b"] = False
         await w.check()
         assert not w.all_up and w.down() == ["subserver b is down (its process exited)"]
-        assert calls == [("end_all", "subserver b is down (its process exited)"), ("wake",)]
+        assert calls == [("lost", "b", 102), ("wake",)]  # nothing in flight is failed
         w.remember_ended("r1")
         await w.check()  # the first restart comes at once
         assert calls[-1] == ("restart", "b") and w.live["b"].restarts == 1
-        w.reported_ready("b", 13)  # back: what ended meanwhile is released there again
+        w.reported_ready("b", 14, 104)  # back: what ended meanwhile is released there again
         await asyncio.sleep(0.01)
         assert w.all_up and calls[-1] == ("release", "b", "r1")
         alive["b"] = False
@@ -72,5 +101,97 @@ def test_a_watch_fails_what_is_in_flight_restarts_and_gives_up_through_its_calla
         await w.check()
         assert w.fatal and "giving up" in w.fatal and calls[-1] == ("fatal", w.fatal)
         assert ("end_all", w.fatal) in calls
+
+    asyncio.run(run())
+
+
+def _stream(out, writers, nexts, prompt=(1, 2, 3), **params):
+    live = RequestStream("r", 4, prompt=list(prompt), params=SamplingParams(max_tokens=params.get("max_tokens", 50)))
+    for pos, (tok, by, nxt) in enumerate(zip(out, writers, nexts)):
+        live.add(pos, tok, by, nxt)
+    live.flush()
+    return live
+
+
+def test_the_route_state_at_the_frontends_last_token():
+    assert route_at(_stream([], [], []), "s").writer == "s"
+    # s wrote two and stays; then l wrote one and hands back (keep): s is next, visit 0
+    at = route_at(_stream([5, 6], ["s", "s"], ["s", "s"]), "s")
+    assert (at.writer, at.visit_tokens) == ("s", 2)
+    at = route_at(_stream([5, 6, 7], ["s", "s", "l"], ["s", "l", "s"]), "s")
+    assert (at.writer, at.visit_tokens) == ("s", 0)
+    # l's token sent it away and l's rewrite brought it straight back: a new visit of l, 1 token in
+    at = route_at(_stream([5, 6, 7], ["l", "l", "l"], ["l", "s", "l"]), "s")
+    assert (at.writer, at.visit_tokens) == ("l", 1)
+
+
+def test_a_recovery_round_resumes_only_what_the_dead_held_and_refills_what_its_frames_lost():
+
+    async def run():
+        sent, ended = [], []
+        incs = {"s": 11, "l": 0}  # l (incarnation 22) just died
+        reqs = {}
+        for rid, (out, by, nx) in {"active": ([5], ["s"], ["s"]), "pending_l": ([5], ["s"], ["l"]),
+                                   "only_l": ([5, 6], ["l", "l"], ["l", "l"]), "hole": ([5], ["s"], ["l"]),
+                                   "to_s": ([5], ["s"], ["l"]), "done": ([5, 2], ["s", "l"], ["l", "l"])}.items():
+            live = _stream(out, by, nx)
+            live.rid = rid
+            reqs[rid] = live
+        reqs["done"].params = reqs["done"].params.replace(stop_token_ids=(2,))
+        rec = Recovery("s", ["s", "l"], reqs, send=lambda w, m: sent.append((w, m)), incarnation=incs.get,
+                       flush=lambda live: None, end=lambda live, final: ended.append((live.rid, final.reason)),
+                       max_model_len=lambda: 100)
+        rec.start_round("l", 22)
+        (w, down), = sent
+        assert w == "s" and down.writer == "l" and down.inc == 22 and down.have["only_l"] == 2
+        E = wire.CensusEntry
+        rec.on_census(wire.Census(writer="s", inc=11, round=down.round, entries=[
+            E(rid="active", hops=0, status="active", dest="s", n_out=1),
+            E(rid="pending_l", hops=1, status="pending", dest="l", n_out=1),
+            E(rid="hole", hops=3, status="active", dest="s", n_out=3, tail=[8, 9]),  # l's frames of 8, 9 died
+            E(rid="to_s", hops=2, status="pending", dest="l", n_out=1),
+        ]))
+        assert not rec.rounds  # every survivor answered: decided
+        # untouched: active at the survivor (the hole refilled, written by the dead writer)
+        assert reqs["hole"].buf == {1: (8, "l", "l", None), 2: (9, "l", "s", None)} and rec.lost_tokens == 2
+        # lost: pending on its way to the dead one, or held by nobody; a finished one just ends
+        assert ended == [("done", "stop")]
+        assert sorted(rec.records) == ["only_l", "pending_l", "to_s"]
+        assert rec.records["only_l"].at.writer == "l" and rec.records["only_l"].at.visit_tokens == 2
+        assert rec.records["to_s"].at.writer == "l" and rec.records["to_s"].hops == 3
+        assert all(not r.sent_to for r in rec.records.values()) and rec.busy  # l is down: they wait
+        incs["l"] = 33
+        rec.came_up("l")
+        resumes = [m for w, m in sent if isinstance(m, wire.Resume)]
+        assert {m.msg.rid for m in resumes} == {"only_l", "pending_l", "to_s"} and all(m.to == 33 for m in resumes)
+        only = next(m.msg for m in resumes if m.msg.rid == "only_l")
+        assert only.suffix == [1, 2, 3, 5, 6] and only.start == 0 and only.written_by == {"l": 2}
+        assert not rec.busy
+        # the resumed copy is lost again with the next incarnation: resumed once more, one hop later
+        incs["l"] = 0
+        rec.start_round("l", 33)
+        down = sent[-1][1]
+        rec.on_census(wire.Census(writer="s", inc=11, round=down.round, entries=[
+            E(rid="active", hops=0, status="active", dest="s", n_out=1)]))
+        assert rec.records["only_l"].hops == 2 and rec.records["to_s"].hops == 4
+
+    asyncio.run(run())
+
+
+def test_a_local_subserver_that_cannot_be_restarted_makes_the_runtime_give_up():
+    async def run():
+        calls = []
+
+        async def noop(*a):
+            pass
+
+        w = Watch(["a"], end_all=lambda msg: calls.append(("end_all", msg)) or 0, lost=lambda *a: None,
+                  release=noop, wake=noop, alive=lambda: {"a": False}, restart=None,
+                  on_fatal=lambda msg: calls.append(("fatal", msg)))
+        w.reported_ready("a", 1, 7)
+        w.start().cancel()
+        await w.check()  # down (its thread ended) ...
+        await w.check()  # ... and nothing can bring it back: requests end now, not at their deadline
+        assert w.fatal and "cannot be restarted" in w.fatal and calls[-1] == ("fatal", w.fatal)
 
     asyncio.run(run())

@@ -2,7 +2,8 @@
 one by a veth pair (`ip netns`, root), the large model's subserver inside it, the frontend
 and the small model's subserver outside, all traffic over CURVE-authenticated tcp on the
 pair's own addresses. Greedy outputs equal the reference across it; a plain peer is
-refused; kill -9 of the remote subserver fails in-flight requests within 5 s.
+refused; after kill -9 of the remote subserver the requests in flight wait, and finish with
+the reference's tokens once a new process of it reports ready.
 
 Skipped, with the reason, where namespaces cannot be made (not root, no `ip`, no
 CAP_SYS_ADMIN). Only the namespace's own link-local pair of addresses is used."""
@@ -92,7 +93,8 @@ def test_remote_subserver_in_a_network_namespace_over_curve(pair, tmp_path, netn
     cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "tokenrouter.cli", "serve",
            str(tmp_path / "demo.route"), "--subserver", "llm", "--model", f"slm={pair['slm']}",
            "--model", f"llm={pair['llm']}", "--num-blocks", "240", "--curve-keys", keys, *bind_args]
-    remote = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)]
+    remote = procs[0]
     srv = None
     try:
         srv = ServerThread(program, LaunchOptions(mode="process", num_blocks=240, addresses=binds,
@@ -117,13 +119,22 @@ def test_remote_subserver_in_a_network_namespace_over_curve(pair, tmp_path, netn
         assert remote.poll() is None  # still serving
         check_against_reference(srv.url, program, srv.tokenizer, ["still there"])
 
-        errors = kill_under_load(srv.url, remote.pid)
-        assert all("subserver llm is down (no heartbeat" in e for _, e, _ in errors), errors
-        r = httpx.get(srv.url + "/health", timeout=5)
-        assert r.status_code == 503 and r.json()["subservers"]["llm"]["up"] is False
+        def restart_remote():  # noticed by its silence; its host's supervisor starts a new one
+            deadline = time.monotonic() + 10
+            while httpx.get(srv.url + "/health", timeout=5).status_code == 200:
+                assert time.monotonic() < deadline, "the remote's death was not noticed"
+                time.sleep(0.1)
+            r = httpx.get(srv.url + "/health", timeout=5)
+            assert r.json()["subservers"]["llm"]["up"] is False and "no heartbeat" in r.text
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+
+        results = kill_under_load(srv.url, remote.pid, then=restart_remote)
+        assert [r[:2] for r in results] == [(200, None)] * 4, results
+        check_against_reference(srv.url, program, srv.tokenizer, ["after the restart"])
     finally:
         if srv is not None:
             srv.close()
-        if remote.poll() is None:
-            remote.kill()
-        remote.wait(10)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)

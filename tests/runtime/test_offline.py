@@ -48,9 +48,10 @@ def test_a_subserver_that_cannot_start_is_a_clear_error(pair, tmp_path):
         LLM(program, launch=LaunchOptions(mode="thread", num_blocks=64))
 
 
-def test_tcp_endpoints_with_a_separately_started_subserver(pair):
+def test_tcp_endpoints_with_a_separately_started_subserver(pair, tmp_path):
     """The multi-host layout on one host: explicit tcp addresses, the large model's
-    subserver started on its own (as `serve --subserver` does), the rest marked remote."""
+    subserver started on its own (as `serve --subserver` does), the rest marked remote;
+    the deployment's keys on both sides (plain tcp is refused)."""
     import socket
     import threading
 
@@ -58,6 +59,7 @@ def test_tcp_endpoints_with_a_separately_started_subserver(pair):
 
     from tokenrouter.runtime.frontend.launch import plan
     from tokenrouter.runtime.subserver.subserver import Subserver
+    from tokenrouter.runtime.transport.security import SecurityError, generate_keys, stop_authenticator
 
     def port():
         with socket.socket() as s:
@@ -66,7 +68,11 @@ def test_tcp_endpoints_with_a_separately_started_subserver(pair):
 
     program = tiny.coin(pair, 0.4)
     addrs = {n: f"tcp://127.0.0.1:{port()}" for n in ("frontend", "slm", "llm")}
-    opts = LaunchOptions(mode="thread", addresses=addrs, remote=("llm",), num_blocks=64)
+    with pytest.raises(SecurityError, match="started elsewhere"):
+        LLM(program, launch=LaunchOptions(mode="thread", addresses=addrs, remote=("llm",), num_blocks=64))
+    generate_keys(str(tmp_path / "keys"))
+    opts = LaunchOptions(mode="thread", addresses=addrs, remote=("llm",), num_blocks=64,
+                         curve_keys=str(tmp_path / "keys"))
     ctx = zmq.Context()
     remote = Subserver(plan(program, opts)["llm"], ctx=ctx)
     t = threading.Thread(target=remote.serve, daemon=True)
@@ -82,5 +88,6 @@ def test_tcp_endpoints_with_a_separately_started_subserver(pair):
             assert "llm" in outs[0].tokens_by_model
     finally:
         t.join(10)  # the LLM's close sent shutdown to every subserver, the remote one too
+        stop_authenticator(ctx)
         ctx.term()
     assert not t.is_alive()

@@ -57,10 +57,13 @@ def test_pending_handoffs_send_suffixes_and_keep_kv_exact(pair, make):
     try:
         ready = [wire.decode(pull.recv()) for _ in range(2)]
         assert {r.writer for r in ready} == {"slm", "llm"}
+        inc = {r.writer: r.inc for r in ready}
+        for w in push:
+            push[w].send(wire.encode(wire.Peers(to=inc[w], incarnations=inc)))
         sampling = {"temperature": 0.0, "max_tokens": MAX_TOKENS, "stop_token_ids": [tiny.EOS]}
         for i, p in enumerate(PROMPTS):
-            push["llm"].send(wire.encode(wire.Announce(rid=f"r{i}")))
-            push["slm"].send(wire.encode(wire.Submit(rid=f"r{i}", prompt=p, sampling=sampling)))
+            push["llm"].send(wire.encode(wire.Announce(to=inc["llm"], rid=f"r{i}")))
+            push["slm"].send(wire.encode(wire.Submit(to=inc["slm"], rid=f"r{i}", prompt=p, sampling=sampling)))
         # (rid, writer) -> how many tokens of the request that writer knows
         known: dict[tuple[str, str], int] = {(f"r{i}", "slm"): len(p) for i, p in enumerate(PROMPTS)}
         out: dict[str, dict[int, int]] = {f"r{i}": {} for i in range(len(PROMPTS))}
@@ -76,12 +79,12 @@ def test_pending_handoffs_send_suffixes_and_keep_kv_exact(pair, make):
                 # and ends with what the sender knows
                 assert m.msg.start == known.get((rid, m.dest), 0)
                 assert m.msg.start + len(m.msg.suffix) == known[(rid, m.sender)]
-                assert m.msg.sender == m.sender
+                assert m.msg.sender == m.sender and m.to == inc[m.dest] and m.inc == inc[m.sender]
                 known[(rid, m.dest)] = m.msg.start + len(m.msg.suffix)
                 handoffs += 1
                 push[m.dest].send(wire.encode(m))
             elif isinstance(m, wire.Tokens):
-                for rid, pos, tok in m.items:
+                for rid, pos, tok, _ in m.items:
                     assert pos not in out[rid]
                     out[rid][pos] = tok
                     prompt_len = len(PROMPTS[int(rid[1:])])
@@ -120,7 +123,7 @@ def test_pending_handoffs_send_suffixes_and_keep_kv_exact(pair, make):
         # invariant 3: releasing every request frees every block
         for rid in done:
             for w in push:
-                push[w].send(wire.encode(wire.Release(rid=rid)))
+                push[w].send(wire.encode(wire.Release(to=inc[w], rid=rid)))
         deadline = time.monotonic() + 5
         while any(s.engines[w].blocks_used for w, s in subs.items()) and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -128,7 +131,7 @@ def test_pending_handoffs_send_suffixes_and_keep_kv_exact(pair, make):
         assert all(not s.reqs and len(s.sched) == 0 for s in subs.values())
     finally:
         for w in push:
-            push[w].send(wire.encode(wire.Shutdown()))
+            push[w].send(wire.encode(wire.Shutdown(to=inc[w])))
         for t in threads:
             t.join(10)
         for s in push.values():

@@ -3,6 +3,11 @@
 Starts one subserver per writer (its own process) and the HTTP frontend. Options override
 the program's serving schedule; none changes the tokens produced. With `--subserver NAME`
 it runs just that subserver (for a multi-host deployment, see docs/runtime.md).
+
+Exit status (`EXIT_CODES`, also in `--help` and docs/runtime.md): 0 stopped normally; 1 the
+program has errors; 2 a bad argument, file or key; 3 a subserver's restarts were exhausted
+while serving (a supervisor should take over); 4 the server did not start (a subserver
+failed to start, the port is taken).
 """
 
 from __future__ import annotations
@@ -17,6 +22,12 @@ from tokenrouter.commands._args import QUANT_HELP, add_binding_args, bindings, w
 from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS
 
 HELP = "serve a .route program over an OpenAI-compatible HTTP API"
+
+EXIT_OK, EXIT_PROGRAM, EXIT_USAGE, EXIT_RESTARTS_EXHAUSTED, EXIT_NOT_STARTED = 0, 1, 2, 3, 4
+EXIT_CODES = ((EXIT_OK, "stopped normally"), (EXIT_PROGRAM, "the program has errors"),
+              (EXIT_USAGE, "a bad argument, file or key"),
+              (EXIT_RESTARTS_EXHAUSTED, "a subserver's restarts were exhausted while serving"),
+              (EXIT_NOT_STARTED, "the server did not start (a subserver failed to start, the port is taken)"))
 
 
 def _pairs(values: list[str] | None, what: str, conv=str) -> dict:
@@ -33,6 +44,7 @@ def _pairs(values: list[str] | None, what: str, conv=str) -> dict:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = "exit status: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES)
     parser.add_argument("file", help="the .route program")
     parser.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
@@ -80,12 +92,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     lim.add_argument("--max-body-bytes", type=int, default=8 << 20,
                      help="largest request body; larger gets 413 (default 8 MiB)")
     lim.add_argument("--max-running", type=int, default=64, help="requests generating at once (default 64)")
-    lim.add_argument("--max-queue", type=int, default=256,
-                     help="requests waiting beyond --max-running; more get 503 + Retry-After (default 256)")
+    lim.add_argument("--max-queue", "--max-waiting", dest="max_queue", type=int, default=None,
+                     help="requests waiting beyond --max-running; more get 503 + Retry-After "
+                          "(default: half of --max-running)")
     lim.add_argument("--allowed-origins", nargs="+", default=(), metavar="ORIGIN",
                      help="answer CORS requests from these origins (`*`: any); default: no CORS")
     lim.add_argument("--request-timeout", type=float, default=None, metavar="S",
                      help="end a request after S seconds, queueing included, with 504 (default: none)")
+    lim.add_argument("--max-connections", type=int, default=None,
+                     help="open HTTP connections; beyond it a new one replaces the oldest that has sent no "
+                          "request yet, or gets 503 (default 4096, fewer if the descriptor limit is lower)")
+    lim.add_argument("--header-timeout", type=float, default=None, metavar="S",
+                     help="close a connection whose request headers take longer (default 10 s)")
+    lim.add_argument("--body-timeout", type=float, default=None, metavar="S",
+                     help="close a connection whose request body takes longer (default 60 s)")
+    lim.add_argument("--idle-timeout", type=float, default=None, metavar="S",
+                     help="close a keep-alive connection idle this long (default 5 s)")
 
 
 def _options(args):
@@ -118,18 +140,25 @@ def run(args: argparse.Namespace) -> int:
     logs.configure("tokenrouter", level)
     os.environ[logs.LEVEL_ENV] = level  # the subserver processes log at the same level
     from tokenrouter.compiler.pipeline import RouteError, load_program
+    from tokenrouter.compiler.weights.check import required_weights
     from tokenrouter.runtime.loader import model_facts
     try:
         opts, profile = _options(args)  # cheap checks first: no model is loaded yet
         params, model_paths = bindings(args)
         program = with_quant(load_program(args.file, model_paths=model_paths, params=params, model_facts=model_facts), args.quant)
+        missing = required_weights(program)  # every router file, before any process starts
+        if missing:
+            with open(args.file, encoding="utf-8", errors="replace") as f:
+                raise RouteError(missing, f.read())
         for w in [*opts.batch, *opts.max_wait_ms, *opts.threads, *opts.remote]:
             if w not in program.writers():
                 raise ValueError(f"{w!r} is not a writer of {args.file} ({', '.join(program.writers())})")
         if opts.batch and min(opts.batch.values()) < 1:
             raise ValueError("batch thresholds must be at least 1")
         from tokenrouter.runtime.transport.security import Security, check_bind
-        sec = Security.load(opts.curve_keys, opts.insecure_tcp)  # SecurityError is a ValueError
+        # SecurityError is a ValueError; a subserver started here cannot make a launch's keys
+        sec = (Security.load(opts.curve_keys, opts.insecure_tcp) if args.subserver else
+               Security.for_launch(opts.curve_keys, opts.insecure_tcp, opts.addresses or {}, opts.remote))
         if opts.addresses:
             for w, addr in opts.addresses.items():  # what this process will bind
                 if w == args.subserver or (not args.subserver and (w == "frontend" or w not in opts.remote)):
@@ -139,17 +168,17 @@ def run(args: argparse.Namespace) -> int:
         _tune(program, opts, profile)
     except RouteError as exc:
         print(str(exc), file=sys.stderr)
-        return 1
+        return EXIT_PROGRAM
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.subserver:
         return _run_subserver(args, program, opts)
     try:
         limits = _limits(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     return _run_http(args, program, opts, limits)
 
 
@@ -164,18 +193,25 @@ def _is_loopback(host: str) -> bool:
 
 def _limits(args):
     from tokenrouter.runtime.http.app import Limits
+    from tokenrouter.runtime.http.connections import ConnectionLimits
+    from tokenrouter.runtime.http.limits import QUEUE_PER_RUNNING
     if not _is_loopback(args.host) and not args.api_key and not args.insecure_http:
         raise ValueError(f"--host {args.host} is reachable from other machines: give --api-key (or "
                          f"$TOKENROUTER_API_KEY), or --insecure-http to serve without one")
-    for name in ("max_body_bytes", "max_running"):
-        if getattr(args, name) < 1:
+    for name in ("max_body_bytes", "max_running", "max_connections"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.max_queue < 0:
+    if args.max_queue is not None and args.max_queue < 0:
         raise ValueError("--max-queue must be at least 0")
-    if args.request_timeout is not None and args.request_timeout <= 0:
-        raise ValueError("--request-timeout must be positive")
-    return Limits(max_body_bytes=args.max_body_bytes, max_running=args.max_running, max_queue=args.max_queue,
-                  request_timeout_s=args.request_timeout, api_key=args.api_key or None)
+    for name in ("request_timeout", "header_timeout", "body_timeout", "idle_timeout"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive")
+    queue = args.max_queue if args.max_queue is not None else int(args.max_running * QUEUE_PER_RUNNING)
+    given = {"header_timeout_s": args.header_timeout, "body_timeout_s": args.body_timeout,
+             "idle_timeout_s": args.idle_timeout, "max_connections": args.max_connections}
+    conn = ConnectionLimits(**{k: v for k, v in given.items() if v is not None})
+    return Limits(max_body_bytes=args.max_body_bytes, max_running=args.max_running, max_queue=queue,
+                  request_timeout_s=args.request_timeout, api_key=args.api_key or None, connections=conn)
 
 
 def _run_subserver(args, program, opts) -> int:
@@ -183,19 +219,19 @@ def _run_subserver(args, program, opts) -> int:
     from tokenrouter.runtime.subserver.subserver import run_process
     if opts.addresses is None:
         print("error: --subserver needs --bind NAME=ADDR for the frontend and every writer", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
         specs = plan(program, opts)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.subserver not in specs:
         print(f"error: {args.subserver!r} is not a served writer ({', '.join(specs)})", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     spec = specs[args.subserver]
     spec.base_dir = os.path.dirname(os.path.abspath(args.file))
     run_process(spec.to_dict())
-    return 0
+    return EXIT_OK
 
 
 def _run_http(args, program, opts, limits) -> int:
@@ -203,14 +239,16 @@ def _run_http(args, program, opts, limits) -> int:
 
     from tokenrouter.runtime.frontend.launch import close_runtime, open_runtime
     from tokenrouter.runtime.http.app import build_app
+    from tokenrouter.runtime.http.connections import raise_descriptor_limit, server_config
     from tokenrouter.runtime.loader import LoadError, program_tokenizer
+    from tokenrouter.runtime.logs import quiet_repeats
 
     opts.base_dir = os.path.dirname(os.path.abspath(args.file))
     try:
         tokenizer = program_tokenizer(program)
     except LoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     names = tuple(args.served_model_name or (os.path.splitext(os.path.basename(args.file))[0],))
     name = names[0]
 
@@ -234,9 +272,14 @@ def _run_http(args, program, opts, limits) -> int:
 
     app = build_app(runtime, names, tokenizer, args.max_tokens_limit, args.default_max_tokens, limits,
                     allowed_origins=args.allowed_origins)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level or "warning", lifespan="on")
-    server = uvicorn.Server(config)
-    server.run()
+    raise_descriptor_limit()
+    server = uvicorn.Server(server_config(app, args.host, args.port, args.log_level or "warning", limits.connections,
+                                          app.state.connections))
+    quiet_repeats()  # after uvicorn configured its loggers: a repeated error is logged once, with a count
+    try:
+        server.run()
+    except SystemExit:  # uvicorn's own exit when the app did not start (its status 3 is ours below)
+        return EXIT_NOT_STARTED
     if fatal:
-        return 3
-    return 0 if server.started else 1
+        return EXIT_RESTARTS_EXHAUSTED
+    return EXIT_OK if server.started else EXIT_NOT_STARTED

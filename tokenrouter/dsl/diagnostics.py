@@ -44,6 +44,7 @@ CODES: dict[str, tuple[Severity, str]] = {
     "E308": ("error", "cannot load a model"),
     "E309": ("error", "models do not share a tokenizer"),
     "E310": ("error", "router weights do not fit their declaration"),
+    "E311": ("error", "no readable router weights file"),
     "E401": ("error", "missing start"),
     "E402": ("error", "duplicate start"),
     "E403": ("error", "condition reads a model that is not running"),

@@ -32,8 +32,9 @@ def send(state: RouteState, peer: str, sender: str, writers: tuple[str, ...]) ->
                       prompt_len=state.prompt_len, writer=state.writer,
                       visit_tokens=state.visit_tokens, route_seed=state.route_seed,
                       written_by=dict(state.written_by), sampling=state.sampling,
-                      finished=state.finished, sender=sender)
+                      finished=state.finished, sender=sender, hops=state.hops + 1)
     state.peer_read[peer] = len(state.tokens)
+    state.hops += 1
     return msg
 
 
@@ -66,6 +67,7 @@ def receive(msg: PeerMessage, state: RouteState | None, writers: tuple[str, ...]
     state.written_by = dict(msg.written_by)
     state.sampling = msg.sampling
     state.finished = msg.finished
+    state.hops = msg.hops
     if msg.sender:
         state.peer_read[msg.sender] = end
     return state

@@ -46,6 +46,7 @@ class RouteState:
     written_by: dict[str, int] = field(default_factory=dict)  # writer -> tokens it wrote
     sampling: SamplingParams = field(default_factory=SamplingParams)  # immutable: shared, never copied
     finished: bool = False
+    hops: int = 0  # handoffs the request has made so far: orders its copies when a writer's process dies
 
 
 class PeerMessage(BaseModel):
@@ -65,3 +66,4 @@ class PeerMessage(BaseModel):
     sampling: SamplingParams = SamplingParams()
     finished: bool = False
     sender: str = ""  # the model that sent it; the receiver records that it has read `start + len(suffix)`
+    hops: int = 0  # the request's handoffs including this one (a receiver ignores a message it has seen)

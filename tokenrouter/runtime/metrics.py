@@ -63,6 +63,8 @@ class SubserverStats:
     handoffs_out: dict[str, int] = field(default_factory=dict)  # peer -> count
     handoffs_in: dict[str, int] = field(default_factory=dict)
     suffix_tokens_in: int = 0  # tokens received in handoffs (the unseen suffixes)
+    reprefills: int = 0  # requests whose KV here was lost with a dead incarnation, prefilled again
+    reprefill_tokens: int = 0  # the tokens of those re-prefills
     prefill_tokens: int = 0  # tokens fed to the engine, all kinds
     requests_finished: dict[str, int] = field(default_factory=dict)  # reason -> count
     phase_s: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
@@ -70,7 +72,7 @@ class SubserverStats:
     batch_size: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
     queue_wait_s: Histogram = field(default_factory=lambda: Histogram(WAIT_BUCKETS))
     launch_reasons: dict[str, int] = field(default_factory=dict)
-    frames_dropped: dict[str, int] = field(default_factory=dict)  # invalid | test_only | error
+    frames_dropped: dict[str, int] = field(default_factory=dict)  # invalid | stale | unauthenticated | test_only | error
 
     def snapshot(self, **gauges: Any) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if not isinstance(v, Histogram)}
@@ -138,6 +140,9 @@ SIMPLE = (  # (snapshot key, name, kind, help)
     ("steps", "tokenrouter_steps_total", "counter", "Engine steps run."),
     ("suffix_tokens_in", "tokenrouter_handoff_suffix_tokens_total", "counter",
      "Tokens received in handoffs (unseen suffixes only)."),
+    ("reprefills", "tokenrouter_reprefills_total", "counter",
+     "Requests prefilled again here because this writer's previous process died with their KV."),
+    ("reprefill_tokens", "tokenrouter_reprefill_tokens_total", "counter", "Tokens of those re-prefills."),
     ("pending", "tokenrouter_pending_requests", "gauge", "Requests away at a peer, KV kept here."),
     ("ready", "tokenrouter_ready_requests", "gauge", "Requests ready to step here."),
     ("blocks_used", "tokenrouter_kv_blocks_used", "gauge", "KV cache blocks in use."),
@@ -146,7 +151,9 @@ SIMPLE = (  # (snapshot key, name, kind, help)
     ("batch_threshold", "tokenrouter_batch_threshold", "gauge", "Delayed-batching threshold B_i."),
     ("max_wait_s", "tokenrouter_max_wait_seconds", "gauge", "Longest a ready request waits for a batch to fill."),
 )
-DROPPED_HELP = "Frames dropped: invalid (failed validation), test_only (refused), error (handling raised)."
+DROPPED_HELP = ("Frames dropped: invalid (failed validation), stale (for or from another incarnation), unexpected "
+                "(a ready out of place), unauthenticated (peers refused at the handshake), test_only (refused), "
+                "error (handling raised).")
 
 
 def _family(kind: str, name: str, help_: str, labels: list[str]):
@@ -223,6 +230,15 @@ def _frontend_families(subservers: dict[str, dict[str, Any]], frontend: dict[str
     for w, n in sorted(frontend.get("restarts", {}).items()):
         fam.add_metric([w], n)
     yield fam
+    fam = CounterMetricFamily("tokenrouter_requests_resumed_total",
+                              "Requests lost with a dead subserver and resumed at this writer from the frontend's tokens.",
+                              labels=["model"])
+    for w, n in sorted(frontend.get("resumed", {}).items()):
+        fam.add_metric([w], n)
+    yield fam
+    yield CounterMetricFamily("tokenrouter_frontend_loop_restarts_total",
+                              "Times a loop of the frontend died and was started again.",
+                              value=frontend.get("loop_restarts", 0))
     for key, name, help_ in (("prompt_tokens", "tokenrouter_prompt_tokens_total", "Prompt tokens of submitted requests."),
                              ("generation_tokens", "tokenrouter_generation_tokens_total",
                               "Output tokens of ended requests (what their clients received).")):
@@ -236,6 +252,14 @@ def _frontend_families(subservers: dict[str, dict[str, Any]], frontend: dict[str
                                 value=http["waiting"])
         yield CounterMetricFamily("tokenrouter_http_requests_refused_total",
                                   "HTTP requests refused with 503 (queue full).", value=http["refused"])
+        yield GaugeMetricFamily("tokenrouter_http_connections_open", "HTTP connections open.",
+                                value=http.get("connections_open", 0))
+        fam = CounterMetricFamily("tokenrouter_http_connections_closed_total",
+                                  "HTTP connections closed by the server: header_timeout, body_timeout, evicted (at "
+                                  "the cap, for a new one), refused (at the cap, every one busy).", labels=["reason"])
+        for why, n in sorted(http.get("connections_closed", {}).items()):
+            fam.add_metric([why], n)
+        yield fam
 
 
 def render(subservers: dict[str, dict[str, Any]], frontend: dict[str, Any],

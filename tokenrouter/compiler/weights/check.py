@@ -3,8 +3,10 @@
 Only headers are read (safetensors metadata and tensor shapes), so a check stays fast.
 A file that does not fit its declaration (architecture, input layout, shapes) is an error
 E310 at the declaration; a file fitted for other models than the program declares (the
-fingerprints `tokenrouter fit` records) is a warning W004. A weights file that does not
-exist yet is not reported here: `fit` writes it, and the loader refuses to serve without it.
+fingerprints `tokenrouter fit` records) is a warning W004. A path that exists but cannot be
+a weights file (a folder, a device, a pipe, an unreadable file) is E311. A weights file that
+does not exist yet is not reported by `weight_diagnostics`: `fit` writes it; serving asks
+`required_weights`, which reports it as E311 too.
 """
 
 from __future__ import annotations
@@ -15,6 +17,12 @@ from typing import Callable, Iterable
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.weights import files as rn
 from tokenrouter.dsl.diagnostics import Diagnostic
+
+
+def _shown(path: str) -> str:
+    """A path as a message shows it: relative to the working folder when inside it."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
 
 
 def _heads(transitions: Iterable[ir.Transition]) -> list[ir.HeadLogit]:
@@ -60,9 +68,12 @@ def weight_diagnostics(routers: Iterable[ir.RouterNet], transitions: Iterable[ir
                     hint=f"refit it for these models: tokenrouter fit FILE.route --router NAME --out {path}"))
 
     for r in routers:
-        if not os.path.isfile(r.file):
-            continue
         what = f"router '{r.name}'"
+        if not os.path.exists(r.file):
+            continue
+        if rn.file_problem(r.file):
+            diags.append(Diagnostic("E311", f"{what}: {_shown(r.file)}: {rn.file_problem(r.file)}", r.span))
+            continue
         try:
             meta, shapes = rn.read_header(r.file)
         except rn.RouterWeightsError as exc:
@@ -75,9 +86,12 @@ def weight_diagnostics(routers: Iterable[ir.RouterNet], transitions: Iterable[ir
             continue
         check_prints(what, r.model, r.file, meta, r.span)
     for h in _heads(transitions):
-        if not os.path.isfile(h.file):
-            continue
         what = f"head row {os.path.basename(h.file)}"
+        if not os.path.exists(h.file):
+            continue
+        if rn.file_problem(h.file):
+            diags.append(Diagnostic("E311", f"{what}: {_shown(h.file)}: {rn.file_problem(h.file)}", h.span))
+            continue
         try:
             meta, shapes = rn.read_header(h.file)
         except rn.RouterWeightsError as exc:
@@ -89,4 +103,20 @@ def weight_diagnostics(routers: Iterable[ir.RouterNet], transitions: Iterable[ir
             diags.append(Diagnostic("E310", f"{what}: {problems[0]}", h.span))
             continue
         check_prints(what, h.model, h.file, meta, h.span)
+    return diags
+
+
+def required_weights(program: ir.Program) -> list[Diagnostic]:
+    """E311 for every router or head weights file a program needs that is not a readable
+    file (serving needs them all; `weight_diagnostics` let a missing one pass for `fit`)."""
+    diags = []
+    for r in program.routers:
+        why = rn.file_problem(r.file)
+        if why is not None:
+            diags.append(Diagnostic("E311", f"router '{r.name}': {_shown(r.file)}: {why}", r.span,
+                                    hint=f"fit it: tokenrouter fit FILE.route --router {r.name} --out {r.file}"))
+    for h in _heads(program.transitions):
+        why = rn.file_problem(h.file)
+        if why is not None:
+            diags.append(Diagnostic("E311", f"head row {os.path.basename(h.file)}: {_shown(h.file)}: {why}", h.span))
     return diags

@@ -87,10 +87,24 @@ def resolve(path: str, base_dir: str | None) -> str:
     return path if os.path.isabs(path) or not base_dir else os.path.join(base_dir, path)
 
 
+def file_problem(path: str) -> str | None:
+    """Why `path` cannot be a weights file (missing, a folder, a device, a pipe, unreadable), or None."""
+    if not os.path.exists(path):
+        return "no such weights file"
+    if os.path.isdir(path):
+        return "is a folder, not a weights file"
+    if not os.path.isfile(path):
+        return "is not a regular file (a device, a pipe or a socket), not a weights file"
+    if not os.access(path, os.R_OK):
+        return "cannot be read (permission denied)"
+    return None
+
+
 def read_header(path: str) -> tuple[dict[str, str], dict[str, tuple[int, ...]]]:
     """(metadata, {tensor: shape}) of a safetensors file, reading only its header."""
-    if not os.path.isfile(path):
-        raise RouterWeightsError(f"{path}: no such weights file")
+    why = file_problem(path)
+    if why is not None:
+        raise RouterWeightsError(f"{path}: {why}")
     try:
         with safe_open(path, framework="numpy") as f:
             meta = dict(f.metadata() or {})

@@ -43,7 +43,8 @@ from tokenrouter.compiler import ir
 # the file-level API (torch-free, in weights/files.py), also importable from here
 from tokenrouter.compiler.weights.files import (DERIVED_IDENTITY, LN_EPS, META_ARCH, META_DIRECTION,  # noqa: F401
                                                 META_INPUTS, META_MODELS, META_THRESHOLD, META_TRAINING,
-                                                RouterWeightsError, arch_metadata, file_problems, folder_fingerprint,
+                                                RouterWeightsError, arch_metadata, file_problem, file_problems,
+                                                folder_fingerprint,
                                                 head_problems, input_width, input_widths, layout_text, read_header,
                                                 resolve)
 
@@ -52,8 +53,9 @@ _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU, "tanh": nn.Ta
 
 def read_tensors(path: str) -> dict[str, torch.Tensor]:
     """All tensors of a safetensors file, with a clear error when that is impossible."""
-    if not os.path.isfile(path):
-        raise RouterWeightsError(f"{path}: no such weights file")
+    why = file_problem(path)
+    if why is not None:
+        raise RouterWeightsError(f"{path}: {why}")
     try:
         return load_file(path)
     except Exception as exc:  # a truncated, corrupt or non-safetensors file

@@ -104,7 +104,9 @@ def batch_thresholds(program: ir.Program, writers: list[str], concurrency: int,
     return out
 
 
-def plan(program: ir.Program, opts: LaunchOptions) -> dict[str, SubserverSpec]:
+def plan(program: ir.Program, opts: LaunchOptions, security=None) -> dict[str, SubserverSpec]:
+    """Each writer's `SubserverSpec`. `security`: the launch's (`Security.for_launch`), whose
+    key pair, when made for this launch, the subservers get."""
     writers = served_writers(program)
     if opts.addresses is not None:
         missing = [n for n in [FRONTEND, *writers] if n not in opts.addresses]
@@ -132,7 +134,8 @@ def plan(program: ir.Program, opts: LaunchOptions) -> dict[str, SubserverSpec]:
             device=device, block_size=opts.block_size, num_blocks=opts.num_blocks,
             max_model_len=opts.max_model_len, retention=opts.retention, transport=opts.transport,
             set_threads=opts.mode != "thread", test_hooks=opts.test_hooks,
-            curve_keys=opts.curve_keys, insecure_tcp=opts.insecure_tcp)
+            curve_keys=opts.curve_keys, insecure_tcp=opts.insecure_tcp,
+            curve_pair=security.launch_pair if security is not None else None)
     return specs
 
 
@@ -142,8 +145,10 @@ class Launcher:
     def __init__(self, program: ir.Program, opts: LaunchOptions | None = None):
         self.program = program
         self.opts = opts or LaunchOptions()
-        self.security = Security.load(self.opts.curve_keys, self.opts.insecure_tcp)
-        self.specs = plan(program, self.opts)
+        addresses = self.opts.addresses or {}
+        self.security = Security.for_launch(self.opts.curve_keys, self.opts.insecure_tcp, addresses,
+                                            tuple(w for w in self.opts.remote if w in addresses))
+        self.specs = plan(program, self.opts, self.security)
         self.addresses = next(iter(self.specs.values())).addresses
         self.ctx = None
         self._procs: dict[str, Any] = {}
@@ -224,7 +229,7 @@ async def open_runtime(program: ir.Program, opts: LaunchOptions | None = None, t
     fe = Frontend(program.start if program.start in launcher.specs else launcher.local[0],
                   launcher.addresses, ctx=launcher.ctx, alive=launcher.alive,
                   restart=launcher.restart if launcher.opts.mode == "process" else None,
-                  security=launcher.security, **liveness)
+                  security=launcher.security, pids=launcher.pids, **liveness)
     try:
         await fe.start(timeout)
     except BaseException:

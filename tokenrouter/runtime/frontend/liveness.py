@@ -1,18 +1,23 @@
-"""Liveness: how the frontend notices a subserver is down, fails what is in flight, and
+"""Liveness: how the frontend notices a subserver is down, has its requests recovered, and
 restarts it.
 
 Every subserver, local or remote, sends a heartbeat every 0.5 s (any frame from it
-counts). A subserver is *down* when its process exits (local: the launcher sees it at
-once) or nothing arrived from it for `heartbeat_timeout_s`. Then every request in flight
-ends with an error naming it (the frontend cannot tell which requests hold KV there or
-are on their way to it), new requests get 503, and /health and /metrics say which is
-down. A local subserver is restarted with backoff (`restart`); when it reports `ready`
-again serving resumes, and every request that ended while it was down is released there
-once more (a handoff queued for the dead process may have recreated one). After
-`max_restarts` failed attempts in a row the runtime is *fatal* and `on_fatal` is called
-(`tokenrouter serve` then exits non-zero, for a supervisor to take over). A remote
-subserver is never restarted from here: it is up again when it reports ready (or its
-heartbeats resume).
+counts). The frontend takes frames only from the *incarnation* of each writer that
+reported `ready` (`accepts`): a frame from any other (a dead predecessor, a process the
+launcher did not start) is dropped and counted. A subserver is *down* when its process
+exits (local: the launcher sees it at once) or nothing arrived from it for
+`heartbeat_timeout_s` while the frontend's receive loop was keeping up (`drained`: a
+backlog of frames to parse, a flood of invalid ones included, is not silence). Then its
+incarnation is dead for good (a dead one that speaks again is told to shut down), and
+`lost` starts the recovery of the requests it held (`recovery.py`); nothing in flight
+fails. New requests get 503 while it is down, and /health and /metrics say which is down.
+A local subserver is restarted with backoff (`restart`); when it reports `ready` again
+serving resumes, and every request that ended while it was down is released there once
+more. After `max_restarts` failed attempts in a row the runtime is *fatal*: `end_all`
+ends every request in flight (HTTP 503 naming the cause) and `on_fatal` is called
+(`tokenrouter serve` then exits with status 3, for a supervisor to take over). A remote
+subserver is never restarted from here: it is up again when a new incarnation of it
+reports ready.
 
 `Watch` does this for the `Frontend`, which owns it and hands it what it needs as
 callables (`Watch.__init__`); it holds the subservers' `Liveness` records and the fatal
@@ -30,6 +35,7 @@ from typing import Any, Awaitable, Callable
 log = logging.getLogger(__name__)
 
 HEARTBEAT_TIMEOUT_S = 3.0
+BACKLOG_LIMIT = 4  # silent this many heartbeat timeouts is a death even while frames keep the receive loop busy
 MAX_RESTARTS = 5  # failed restarts in a row before the runtime gives up
 RESTART_TIMEOUT_S = 180.0  # a restarted process must report ready within this
 STABLE_S = 60.0  # up this long after a restart: the failure count starts again
@@ -42,6 +48,8 @@ class Liveness:
 
     up: bool = False
     pid: int = 0
+    inc: int = 0  # the incarnation whose frames are taken; 0 while down
+    dead: set[int] = field(default_factory=set)  # its incarnations declared dead
     last_seen: float = 0.0  # monotonic time of its last frame
     since: float = 0.0  # when it last came up
     reason: str = ""  # why it is down
@@ -52,7 +60,8 @@ class Liveness:
     ended: list[str] = field(default_factory=list)  # requests ended while it was down
 
     def to_dict(self, now: float) -> dict[str, Any]:
-        return {"up": self.up, "pid": self.pid, "restarts": self.restarts,
+        return {"up": self.up, "pid": self.pid, "incarnation": f"{self.inc:x}" if self.inc else None,
+                "restarts": self.restarts,
                 "last_seen_s": round(now - self.last_seen, 3) if self.last_seen else None,
                 "reason": None if self.up else (self.reason or "starting")}
 
@@ -60,33 +69,35 @@ class Liveness:
 class Watch:
     """Liveness of the subservers, for the `Frontend`, which gives it:
 
-    end_all(message)            end every request in flight with an error saying `message`;
+    end_all(message)            end every request in flight (restarts are exhausted);
                                 returns how many
+    lost(writer, inc)           incarnation `inc` of `writer` is dead: recover its requests
     release(writer, rid)        send `writer` a `release` of `rid` (a coroutine)
     wake()                      let requests waiting for admission look again (a coroutine)
+    drained()                   the time up to which every frame received has been read
     alive()                     the launcher's: which local subservers' processes run
     restart(writer)             the launcher's: start a new process for `writer`
     on_fatal(message)           restarts are exhausted (`tokenrouter serve` exits)
 
     The frontend reports what it hears (`seen`, `reported_ready`, `restart_failed`) and
-    the requests that end (`remember_ended`), and reads `all_up`, `down()`, `health()`
-    and `fatal`.
+    the requests that end (`remember_ended`), and reads `accepts`, `all_up`, `down()`,
+    `health()` and `fatal`.
     """
 
-    def __init__(self, writers: list[str], end_all: Callable[[str], int],
+    def __init__(self, writers: list[str], end_all: Callable[[str], int], lost: Callable[[str, int], None],
                  release: Callable[[str, str], Awaitable[None]], wake: Callable[[], Awaitable[None]],
+                 drained: Callable[[], float] = time.monotonic,
                  alive: Callable[[], dict[str, bool]] | None = None, restart: Callable[[str], None] | None = None,
                  heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S, max_restarts: int = MAX_RESTARTS,
                  on_fatal: Callable[[str], None] | None = None):
         self.live: dict[str, Liveness] = {w: Liveness() for w in writers}
-        self.end_all, self.release, self.wake = end_all, release, wake
+        self.end_all, self.lost, self.release, self.wake, self.drained = end_all, lost, release, wake, drained
         self.alive, self.restart = alive, restart
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.max_restarts = max_restarts
         self.on_fatal = on_fatal
         self.started = False  # every subserver reported ready once; the watchdog runs
         self.fatal: str | None = None
-        self.last_check = 0.0
 
     # ------------------------------------------------------------ the frontend asks
     @property
@@ -104,6 +115,15 @@ class Watch:
     def processes_alive(self) -> dict[str, bool]:
         return self.alive() if self.alive is not None else {}
 
+    def accepts(self, writer: str, inc: int) -> bool:
+        """Frames from this incarnation of `writer` are taken (it reported ready and is not dead)."""
+        lv = self.live.get(writer)
+        return lv is not None and inc != 0 and lv.inc == inc
+
+    def is_dead(self, writer: str, inc: int) -> bool:
+        lv = self.live.get(writer)
+        return lv is not None and inc in lv.dead
+
     # ------------------------------------------------------------ the frontend tells
     def start(self) -> asyncio.Task:
         """Every subserver is up: from now on watch them (the watchdog task)."""
@@ -116,19 +136,14 @@ class Watch:
             if not lv.up and len(lv.ended) < ENDED_MEMORY:
                 lv.ended.append(rid)
 
-    def seen(self, writer: str, pid: int | None = None) -> None:
-        """A frame came from `writer` (its process `pid`, when the frame says)."""
-        lv = self.live.get(writer)
-        if lv is None:
-            return
-        lv.last_seen = time.monotonic()
-        if not lv.up and self.started and pid is not None and pid == lv.pid and lv.reason.startswith("no heartbeat"):
-            self.came_back(writer, "its heartbeats resumed")  # same process: a network pause
+    def seen(self, writer: str) -> None:
+        """A frame came from `writer`'s live incarnation."""
+        self.live[writer].last_seen = time.monotonic()
 
-    def reported_ready(self, writer: str, pid: int) -> None:
-        """`writer` reported ready: up at the start, or back after a restart."""
+    def reported_ready(self, writer: str, pid: int, inc: int) -> None:
+        """`writer` reported ready: up at the start, or back after a restart (a new incarnation)."""
         lv = self.live[writer]
-        lv.pid, lv.last_seen = pid, time.monotonic()
+        lv.pid, lv.inc, lv.last_seen = pid, inc, time.monotonic()
         if not self.started:
             lv.up, lv.since = True, lv.last_seen
         elif not lv.up:
@@ -149,19 +164,23 @@ class Watch:
 
     async def check(self) -> None:
         now = time.monotonic()
-        # If this loop itself was held up, frames may be waiting unread: judge silence next time.
-        stalled, self.last_check = now - self.last_check > 1.0, now
+        # silent: nothing from it up to a moment when no frame was waiting to be read (a
+        # receive loop held up by a backlog, or this loop held up, is not its silence), or
+        # nothing for BACKLOG_LIMIT timeouts whatever the backlog
+        drained = max(self.drained(), now - (BACKLOG_LIMIT - 1) * self.heartbeat_timeout_s)
         alive = self.processes_alive()
         for w, lv in self.live.items():
             if lv.up:
                 if alive.get(w) is False:
                     await self.went_down(w, "its process exited")
-                elif now - lv.last_seen > self.heartbeat_timeout_s and not stalled:
-                    await self.went_down(w, f"no heartbeat for {now - lv.last_seen:.1f} s")
+                elif drained - lv.last_seen > self.heartbeat_timeout_s:
+                    await self.went_down(w, f"no heartbeat for {drained - lv.last_seen:.1f} s")
                 elif lv.failures and now - lv.since > STABLE_S:
                     lv.failures = 0
             elif self.restart is not None and w in alive and self.fatal is None:
                 await self.maybe_restart(w, lv, alive[w], now)
+            elif self.restart is None and w in alive and self.fatal is None:
+                await self.give_up(f"subserver {w} is down ({lv.reason}) and cannot be restarted (thread mode)")
 
     async def maybe_restart(self, w: str, lv: Liveness, running: bool, now: float) -> None:
         if lv.next_restart is None:  # just went down: the first attempt comes at once
@@ -173,13 +192,8 @@ class Watch:
         elif now < lv.next_restart:
             return
         if lv.failures >= self.max_restarts:
-            self.fatal = (f"subserver {w} is down and {self.max_restarts} restarts in a row failed "
-                          f"(last: {lv.reason}); giving up")
-            log.error("%s", self.fatal)
-            self.end_all(self.fatal)
-            await self.wake()
-            if self.on_fatal is not None:
-                self.on_fatal(self.fatal)
+            await self.give_up(f"subserver {w} is down and {self.max_restarts} restarts in a row failed "
+                               f"(last: {lv.reason}); giving up")
             return
         lv.failures += 1
         lv.restarts += 1
@@ -189,11 +203,22 @@ class Watch:
         log.warning("subserver %s: %s", w, lv.reason)
         await asyncio.get_running_loop().run_in_executor(None, self.restart, w)
 
+    async def give_up(self, why: str) -> None:
+        """The runtime is fatal: end what is in flight, say why, and tell `on_fatal`."""
+        self.fatal = why
+        log.error("%s", why)
+        self.end_all(why)
+        await self.wake()
+        if self.on_fatal is not None:
+            self.on_fatal(why)
+
     async def went_down(self, w: str, reason: str) -> None:
         lv = self.live[w]
+        dead, lv.inc = lv.inc, 0
+        lv.dead.add(dead)
         lv.up, lv.reason, lv.next_restart = False, reason, None
-        msg = f"subserver {w} is down ({reason})"
-        log.error("%s; failing %d requests", msg, self.end_all(msg))
+        log.error("subserver %s is down (%s); recovering its requests", w, reason)
+        self.lost(w, dead)
         await self.wake()
 
     def came_back(self, w: str, how: str) -> None:

@@ -9,6 +9,11 @@ then ended here, and released everywhere, as `stop`.
 
 With a `TextStream` every `Delta` carries the text its tokens release and the `Final` the
 rest; each token carries its writer and, when asked for, its log-probabilities.
+
+It also keeps what it has yielded, with the writer of each token and the writer of the
+token after it (`Tokens` items say so): if a subserver's process dies, a request lost with
+it is resumed from there, in the route state it had (`recovery.py`). A token at a position
+already yielded is a repeat (a resumed request recomputes what was lost) and is ignored.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from tokenrouter.protocol.sampling import SamplingParams
 from tokenrouter.runtime.frontend.text import TextStream
 from tokenrouter.runtime.transport import wire
 
@@ -26,7 +32,7 @@ Logprobs = tuple[float, list[tuple[int, float]]]
 
 @dataclass
 class Final:
-    reason: str  # stop | length | abort | error
+    reason: str  # stop | length | abort | error | unavailable (the runtime gave up: HTTP 503)
     n_out: int
     written_by: dict[str, int]
     error: str | None = None
@@ -52,10 +58,16 @@ class RequestStream:
     rid: str
     blocks: int  # KV blocks reserved for it (admission control)
     text: TextStream | None = None
-    prompt_len: int = 0
+    prompt: list[int] = field(default_factory=list)
+    params: SamplingParams = field(default_factory=SamplingParams)
+    route_seed: int = 0
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # Delta, then one Final
-    buf: dict[int, tuple[int, str, Logprobs | None]] = field(default_factory=dict)  # position -> token, writer, logprobs
+    # position -> (token, writer, writer of the next token, logprobs)
+    buf: dict[int, tuple[int, str, str, Logprobs | None]] = field(default_factory=dict)
     next: int = 0  # output position of the next token to yield
+    out: list[int] = field(default_factory=list)  # the tokens yielded so far
+    writers: list[str] = field(default_factory=list)  # the writer of each
+    nexts: list[str] = field(default_factory=list)  # the writer of the token after each
     done: wire.Done | None = None
     ended: bool = False
     written_by: dict[str, int] = field(default_factory=dict)  # of the tokens yielded
@@ -63,15 +75,25 @@ class RequestStream:
     submitted: float | None = None  # when its KV was reserved and it went to the start writer
     token_times: list[float] = field(default_factory=list)  # arrival of each yielded run (metrics)
 
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+    def add(self, pos: int, token: int, writer: str, nxt: str, logprobs: Logprobs | None = None) -> None:
+        """A committed token; one at a position already yielded is a repeat and ignored."""
+        if pos >= self.next:
+            self.buf[pos] = (token, writer, nxt, logprobs)
+
     def flush(self) -> Final | None:
         """Queue the tokens that are now in order; the request's `Final` once it is complete."""
         run, by, lps, text = [], [], [], []
         final = None
         while self.next in self.buf:
-            tok, writer, lp = self.buf.pop(self.next)
+            tok, writer, nxt, lp = self.buf.pop(self.next)
             run.append(tok)
             by.append(writer)
             lps.append(lp)
+            self.nexts.append(nxt)
             self.next += 1
             self.written_by[writer] = self.written_by.get(writer, 0) + 1
             if self.text is not None:
@@ -84,6 +106,8 @@ class RequestStream:
             rest = self.text.finish() if self.text is not None else ""
             final = Final(d.reason, d.n_out, d.written_by, d.error, text=rest)
         if run:
+            self.out += run
+            self.writers += by
             self.token_times.append(time.monotonic())
             self.queue.put_nowait(Delta(run, by, lps, "".join(text), final))
         return final

@@ -39,6 +39,7 @@ import tokenrouter
 from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS
 from tokenrouter.runtime.frontend.frontend import RuntimeUnavailable
 from tokenrouter.runtime.http.completions import Choice, Server, choice_seed
+from tokenrouter.runtime.http.connections import ConnectionStats
 from tokenrouter.runtime.http.limits import Guard, Limits
 from tokenrouter.runtime.http.protocol import (BadRequest, ChatRequest, CompletionRequest, DeadlineExceeded,
                                                DetokenizeRequest, Overloaded, TokenizeRequest, error_response)
@@ -82,6 +83,7 @@ def build_app(make_runtime, served_name: str | Sequence[str], tokenizer, max_tok
             holder.server = None
 
     app = FastAPI(title="tokenrouter", lifespan=lifespan)
+    app.state.connections = ConnectionStats()  # counted by the connection guard (`connections.py`)
     app.add_middleware(Guard, limits=limits)
     if allowed_origins:  # outermost: a preflight is answered before the API key is asked for
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
@@ -122,7 +124,8 @@ def add_error_handlers(app: FastAPI, limits: Limits) -> None:
 
     @app.exception_handler(RuntimeUnavailable)
     async def _unavailable(request: Request, exc: RuntimeUnavailable):
-        return error_response(503, f"the runtime is unavailable: {exc}", "server_error")
+        return error_response(503, f"the runtime is unavailable: {exc}", "server_error", code="unavailable",
+                              headers={"Retry-After": str(limits.outage_retry_after_s)})
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
@@ -136,14 +139,15 @@ def add_status_routes(app: FastAPI, holder: Holder, names: tuple[str, ...]) -> N
     @app.get("/health")
     async def health():
         s = holder.server
+        retry = {"Retry-After": str(s.limits.outage_retry_after_s if s else 5)}
         if s is None:
-            return error_response(503, "starting", "server_error")
+            return error_response(503, "starting", "server_error", headers=retry)
         body = {"status": "ok" if s.fe.healthy else "unavailable", "models": s.fe.writers,
                 "subservers": s.fe.health()}
         if not s.fe.healthy:
             body["error"] = {"message": s.fe.failure or "starting", "type": "server_error", "param": None,
                              "code": None}
-            return JSONResponse(body, status_code=503)
+            return JSONResponse(body, status_code=503, headers=retry)
         return body
 
     @app.get("/version")
@@ -174,8 +178,10 @@ def add_status_routes(app: FastAPI, holder: Holder, names: tuple[str, ...]) -> N
         if s is None:
             raise RuntimeUnavailable("starting")
         fs = s.fe.frontend_stats()
+        conns = app.state.connections
         fs["http"] = {"running": s.admission.running, "waiting": len(s.admission.waiters),
-                      "refused": s.admission.refused}
+                      "refused": s.admission.refused, "connections_open": conns.open,
+                      "connections_closed": dict(conns.closed)}
         text = render(await s.fe.stats(timeout=2.0), fs, s.fe.metrics)
         return Response(text, media_type=CONTENT_TYPE)
 

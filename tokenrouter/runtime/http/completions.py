@@ -12,7 +12,9 @@ response `tokens_by_model` (how many tokens each model wrote; in the final chunk
 streaming). The text comes from the frontend (`frontend/text.py`), which withholds stop
 strings. A client that disconnects aborts its requests, which releases their KV
 everywhere; a request past its deadline ends with 504 (or an `error` event of type
-`timeout` in a stream).
+`timeout` in a stream). A request that cannot complete because the runtime is down (its
+deadline passed while a subserver restarted, or restarts are exhausted) gets 503 naming the
+cause, with `Retry-After` (streams: an `error` event with code `unavailable`).
 """
 
 from __future__ import annotations
@@ -83,6 +85,11 @@ class Server:
         self.admission = Admission(self.limits)
         self.created = int(time.time())
 
+    def unavailable(self, why: str):
+        """503 naming why the runtime cannot complete requests now, with `Retry-After`."""
+        return error_response(503, f"the runtime is unavailable: {why}", "server_error", code="unavailable",
+                              headers={"Retry-After": str(self.limits.outage_retry_after_s)})
+
     def arrived(self) -> float | None:
         """The deadline of a request that arrives now (monotonic), if there is one."""
         t = self.limits.request_timeout_s
@@ -149,18 +156,24 @@ class Run:
                 else:
                     out.final = ev
                     out.text += ev.text
-                    if ev.reason in ("error", "abort"):
+                    if ev.reason in ("error", "abort", "unavailable"):
                         self.abort()  # one choice failed: the others end too
         try:
             async with asyncio.timeout(None if deadline is None else max(0.0, deadline - time.monotonic())):
                 await asyncio.gather(*(collect(g, o) for g, o in zip(self.gens, outs)))
         except TimeoutError:
             n = sum(len(o.tokens) for o in outs)
+            if not self.s.fe.healthy:  # it waited for a subserver to come back: say which
+                return self.s.unavailable(f"the request did not finish within {self.s.limits.request_timeout_s} s "
+                                          f"while the runtime was unavailable: {self.s.fe.failure}")
             raise DeadlineExceeded(f"the request did not finish within {self.s.limits.request_timeout_s} s "
                                    f"({n} tokens generated)") from None
         finally:
             watcher.cancel()
             await self.close()
+        gone = next((o.final for o in outs if o.final is not None and o.final.reason == "unavailable"), None)
+        if gone is not None:
+            return self.s.unavailable(gone.error or "the runtime stopped")
         failed = next((o.final for o in outs if o.final is not None and o.final.reason == "error"), None)
         if failed is not None:
             return error_response(500, f"the request failed: {failed.error}", "server_error")
@@ -261,7 +274,11 @@ class Run:
                     i, ev = await asyncio.wait_for(queue.get(), left)
                 except asyncio.TimeoutError:
                     msg = f"the request did not finish within {self.s.limits.request_timeout_s} s"
-                    yield sse({"error": {"message": msg, "type": "timeout"}})
+                    err = {"message": msg, "type": "timeout"}
+                    if not self.s.fe.healthy:
+                        err = {"message": f"{msg} while the runtime was unavailable: {self.s.fe.failure}",
+                               "type": "server_error", "code": "unavailable"}
+                    yield sse({"error": err})
                     break
                 if isinstance(ev, Exception):
                     yield sse({"error": {"message": f"the request failed: {ev}", "type": "server_error"}})
@@ -270,6 +287,10 @@ class Run:
                 if isinstance(ev, Final):
                     if finals[i] is not None:
                         continue  # already sent with its last tokens
+                    if ev.reason == "unavailable":
+                        yield sse({"error": {"message": f"the runtime is unavailable: {ev.error}",
+                                             "type": "server_error", "code": "unavailable"}})
+                        break
                     if ev.reason == "error":
                         yield sse({"error": {"message": f"the request failed: {ev.error}", "type": "server_error"}})
                         break

@@ -3,8 +3,12 @@
 `Guard` is pure ASGI middleware, outermost: it checks the bearer token for /v1 (the model
 list stays public, as /health does) and the body limit before anything is parsed; a body
 over the limit is read to its end (and dropped) before the 413, so the client, still
-sending, gets the answer rather than a reset connection. `Admission` lets at most `max_running` requests run
-and `max_queue` more wait in FIFO order; beyond that a request gets 503 with `Retry-After`.
+sending, gets the answer rather than a reset connection. `Admission` lets at most
+`max_running` requests run and `max_queue` more wait in FIFO order; beyond that a request
+gets 503 with `Retry-After`, so overload is shed at the door instead of growing every
+admitted request's latency. The default queue is `QUEUE_PER_RUNNING` times `max_running`: a
+request admitted behind a full queue waits about that many times a request's own run before
+it starts. Connections below the app are bounded in `connections.py` (`Limits.connections`).
 """
 
 from __future__ import annotations
@@ -12,9 +16,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from tokenrouter.runtime.http.connections import ConnectionLimits
 from tokenrouter.runtime.http.protocol import Overloaded, error_body
+
+QUEUE_PER_RUNNING = 0.5  # the default --max-queue, as a multiple of --max-running
 
 
 @dataclass
@@ -23,10 +30,12 @@ class Limits:
 
     max_body_bytes: int = 8 << 20
     max_running: int = 64  # requests generating at once
-    max_queue: int = 256  # requests waiting for a slot beyond those
+    max_queue: int = int(64 * QUEUE_PER_RUNNING)  # requests waiting for a slot beyond those
     request_timeout_s: float | None = None  # whole request, queueing included
-    retry_after_s: int = 1
+    retry_after_s: int = 1  # Retry-After of a 503 at capacity
+    outage_retry_after_s: int = 5  # Retry-After of a 503 while a subserver is down (a restart takes seconds)
     api_key: str | None = None
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
 
 
 DRAIN_FACTOR = 16  # a body over the limit is read (and dropped) up to this many times the limit

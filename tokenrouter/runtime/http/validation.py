@@ -121,10 +121,7 @@ class Validator:
         for m in messages:
             content = m.content
             if isinstance(content, list):
-                parts = [p.get("text", "") for p in content if p.get("type") == "text"]
-                if len(parts) != len(content):
-                    raise BadRequest("only text content parts are supported", "messages")
-                content = "".join(parts)
+                content = "".join(text_part(p) for p in content)
             rendered.append({"role": m.role, "content": check_text(content or "", "messages")})
         if not self.tok.chat_template:
             raise BadRequest("the model has no chat template: add one to its folder (a \"chat_template\" in "
@@ -271,6 +268,16 @@ def completion_logprobs(req: CompletionRequest) -> int | None:
     if req.echo and req.logprobs is not None:
         raise BadRequest("echo with logprobs needs prompt logprobs, which are not supported", "echo")
     return req.logprobs
+
+
+def text_part(part: dict) -> str:
+    """The text of a chat content part: `{"type": "text", "text": "..."}` and nothing else."""
+    if part.get("type") != "text":
+        raise BadRequest("only text content parts are supported", "messages")
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise BadRequest(f"a text content part's `text` must be a string, got {type(text).__name__}", "messages")
+    return text
 
 
 def longest_token_bytes(tokenizer) -> int | None:

@@ -14,6 +14,7 @@ import os
 from tokenrouter.compiler.model_facts import ModelFacts
 
 from tokenrouter.runtime.loader.builtin.registry import BUILTIN_MODELS
+from tokenrouter.runtime.loader.errors import MissingFile
 from tokenrouter.runtime.loader.resolve import resolve_folder
 from tokenrouter.runtime.loader.tokenizer import Tokenizer
 
@@ -28,6 +29,8 @@ def model_facts(path: str, full: bool) -> ModelFacts | None:
         folder = resolve_folder(path)[1]
     if not full:
         return ModelFacts(folder)
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        raise MissingFile(f"{folder}: not a checkpoint folder (it has no config.json)")
     if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
         return ModelFacts(folder)
     try:

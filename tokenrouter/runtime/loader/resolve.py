@@ -21,6 +21,9 @@ def resolve_folder(path_or_name: str) -> tuple[str, str]:
         if not path.lower().endswith(".gguf"):
             raise LoadError(f"{path}: expected a checkpoint folder or a .gguf file")
         return os.path.splitext(os.path.basename(path))[0], cache.get_or_build(*gguf_entry(path))
+    if os.path.exists(path):
+        raise LoadError(f"{path}: is not a regular file (a device, a pipe or a socket): expected a checkpoint "
+                        f"folder or a .gguf file")
     raise MissingFile(f"no such model: {path_or_name!r} is neither a file, a folder nor a built-in "
                       f"name ({', '.join(BUILTIN_MODELS)})")
 

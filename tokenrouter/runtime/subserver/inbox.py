@@ -1,8 +1,10 @@
 """A subserver's inbox: what its messaging loop hands to its decoding loop.
 
 The messaging loop (a `transport.Receiver` thread) calls `on_frame` for every frame: it
-parses and validates it (`wire.decode`), drops what fails or is a test-only message with
-test hooks off (counted in `frames_dropped{reason}`), answers `stats` at once through
+parses and validates it (`wire.decode`), drops what fails (`invalid`), what the frontend
+meant for another incarnation of this writer (`stale`: a restarted process binds its
+predecessor's address, so frames queued for that one arrive here) and test-only messages
+with test hooks off (`test_only`), each counted in `frames_dropped{reason}`; answers `stats` at once through
 `on_stats` (so a long step never delays a scrape), and queues the rest. The queue is
 bounded: at `MAX_INBOX` messages the messaging loop stops reading, which pushes back on
 the senders instead of growing without bound. The decoding loop takes everything queued
@@ -24,9 +26,9 @@ MAX_INBOX = 4096  # queued messages; beyond it the messaging loop stops reading 
 
 
 class Inbox:
-    def __init__(self, writer: str, test_hooks: bool, on_stats: Callable[[wire.Stats], None],
+    def __init__(self, writer: str, incarnation: int, test_hooks: bool, on_stats: Callable[[wire.Stats], None],
                  dropped: Callable[[str], None]):
-        self.writer, self.test_hooks = writer, test_hooks
+        self.writer, self.incarnation, self.test_hooks = writer, incarnation, test_hooks
         self.on_stats, self.dropped = on_stats, dropped
         self._queue: collections.deque = collections.deque()
         self._cv = threading.Condition()
@@ -38,6 +40,13 @@ class Inbox:
             msg = wire.decode(frame)
         except wire.WireError as exc:
             log.warning("%s: dropped a frame: %s", self.writer, exc)
+            self.dropped("invalid")
+            return
+        if isinstance(msg, wire.ADDRESSED) and msg.to != self.incarnation:
+            self.dropped("stale")
+            return
+        if isinstance(msg, wire.FROM_SUBSERVER):
+            log.warning("%s: dropped a %r message, which only the frontend takes", self.writer, msg.t)
             self.dropped("invalid")
             return
         if msg.t in wire.TEST_ONLY and not self.test_hooks:

@@ -51,6 +51,7 @@ class SubserverSpec:
     set_threads: bool = True  # False in thread mode: threads share one process
     test_hooks: bool = False  # accept test-only messages (debug_fail); tests only
     curve_keys: str | None = None  # folder of the CURVE key pair (tcp between hosts)
+    curve_pair: tuple[str, str] | None = None  # or the pair made by the launch (z85 public, secret)
     insecure_tcp: bool = False  # allow plain tcp on a non-loopback address
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,12 +92,12 @@ def report_startup_failure(spec: SubserverSpec, exc: BaseException, ctx=None) ->
     log.error("%s: start-up failed:\n%s", spec.writer, traceback.format_exc())
     c = ctx or zmq.Context()
     try:
-        sec = Security.load(spec.curve_keys, spec.insecure_tcp)
+        sec = Security.load(spec.curve_keys, spec.insecure_tcp, spec.curve_pair)
     except ValueError:
         sec = None  # the failure may be the keys themselves: report it in the clear (tcp only)
     s = Sender(c, {wire.FRONTEND: spec.addresses[wire.FRONTEND]}, sec)
     s.send(wire.FRONTEND, wire.encode(wire.Ready(
-        writer=spec.writer, pid=os.getpid(), block_size=0, blocks_total=0, max_model_len=0,
+        writer=spec.writer, pid=os.getpid(), inc=wire.new_incarnation(), block_size=0, blocks_total=0, max_model_len=0,
         vocab_size=0, threads=0, batch_threshold=spec.batch_threshold,
         max_wait_ms=spec.max_wait_ms, error=f"{type(exc).__name__}: {exc}")))
     s.close()

@@ -15,7 +15,18 @@ with its KV and peer to peer here; `rematch` and `relay` for the baselines.
 Faults stay inside a request: a frame that fails validation is dropped and counted
 (`frames_dropped{reason}`), a message whose handling raises fails only its request, and a
 step that raises fails the requests of that step; the loops keep running. A heartbeat
-thread tells the frontend this process is alive (see `frontend/liveness.py`).
+thread tells the frontend this process is alive (see `frontend/liveness.py`), while its
+messaging loop runs.
+
+When a peer's process dies, the frontend says so (`peer_down`, `_peer_down`): this
+subserver then drops that incarnation's handoffs, forgets what the peer had read of each
+request (the next handoff to its successor carries the whole context, `refill`), and
+answers with a census of its requests, from which the frontend decides which requests were
+lost with the peer (`frontend/recovery.py`); those come back as `resume` messages. A
+request departing to a peer that is down waits here (parked) until the frontend's `peers`
+says which incarnation is live; every handoff names it (`to`), so one sent to a dead
+predecessor is dropped by its successor. A handoff or resume older than what is known here
+of its request (`hops`) is dropped and counted as `stale`.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import signal
 import threading
 import time
 import traceback
@@ -82,12 +94,17 @@ class Subserver:
         self.reqs: dict[str, Request] = {}
         self._seq_counter = 0
         self._tombstones: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self.inbox = Inbox(self.writer, spec.test_hooks, self._answer_stats, self._dropped)
+        self.incarnation = wire.new_incarnation()
+        self.inbox = Inbox(self.writer, self.incarnation, spec.test_hooks, self._answer_stats, self._dropped)
+        self._fenced: set[tuple[str, int]] = set()  # (writer, incarnation) the frontend declared dead
+        self._refill: set[tuple[str, str]] = set()  # (rid, peer): the peer lost the request's KV
+        self._peer_inc: dict[str, int] = {}  # each peer's live incarnation (the frontend's `peers`)
+        self._parked: set[str] = set()  # departed to a peer that is down: sent when it is up
         self._stop = False
 
         self._ctx = ctx or zmq.Context()
         self._own_ctx = ctx is None
-        self.security = Security.load(spec.curve_keys, spec.insecure_tcp)
+        self.security = Security.load(spec.curve_keys, spec.insecure_tcp, spec.curve_pair)
         check_bind(spec.addresses[self.writer], self.security)  # before `ready`: a clear start-up error
         sec, front = self.security, {FRONTEND: spec.addresses[FRONTEND]}
         self.out = Sender(self._ctx, self.transport.peers(self.writer, spec.addresses), sec)  # decoding loop only
@@ -98,7 +115,7 @@ class Subserver:
     # ----------------------------------------------------------------- life
     def ready_message(self, error: str | None = None) -> wire.Ready:
         e0 = self.engines[self.members[0]]
-        return wire.Ready(writer=self.writer, pid=os.getpid(), block_size=e0.block_size,
+        return wire.Ready(writer=self.writer, pid=os.getpid(), inc=self.incarnation, block_size=e0.block_size,
                           blocks_total=min(e.blocks_total for e in self.engines.values()),
                           max_model_len=self.max_model_len, vocab_size=self.vocab_size,
                           threads=self.stats.threads, batch_threshold=self.spec.batch_threshold,
@@ -107,7 +124,8 @@ class Subserver:
     def serve(self) -> None:
         """Run until a shutdown message arrives."""
         self.receiver = Receiver(self._ctx, self.spec.addresses[self.writer], self.inbox.on_frame,
-                                 name=f"msg-{self.writer}", security=self.security)
+                                 name=f"msg-{self.writer}", security=self.security,
+                                 on_refused=lambda: self._dropped("unauthenticated"))
         self.out.send(FRONTEND, wire.encode(self.ready_message()))
         beat = threading.Thread(target=self._heartbeat, name=f"beat-{self.writer}", daemon=True)
         beat.start()
@@ -125,15 +143,20 @@ class Subserver:
                 self._ctx.term()
 
     def _heartbeat(self) -> None:
-        frame = wire.encode(wire.Heartbeat(writer=self.writer, pid=os.getpid()))
+        """Beat while the messaging loop runs: a process that can no longer hear the frontend
+        stops beating, so it is declared down and replaced."""
+        frame = wire.encode(wire.Heartbeat(writer=self.writer, pid=os.getpid(), inc=self.incarnation))
         while not self._beating.wait(HEARTBEAT_S):
+            if not self.receiver.alive:
+                log.error("%s: the messaging loop stopped; no more heartbeats", self.writer)
+                return
             self._beat.send(FRONTEND, frame)
 
     def _dropped(self, reason: str) -> None:
         self.stats.frames_dropped[reason] = self.stats.frames_dropped.get(reason, 0) + 1
 
     def _answer_stats(self, msg: wire.Stats) -> None:  # messaging loop
-        self._reply.send(FRONTEND, wire.encode(wire.StatsReply(id=msg.id, writer=self.writer,
+        self._reply.send(FRONTEND, wire.encode(wire.StatsReply(id=msg.id, writer=self.writer, inc=self.incarnation,
                                                                stats=self.snapshot())))
 
     def snapshot(self) -> dict[str, Any]:
@@ -191,7 +214,16 @@ class Subserver:
         if isinstance(m, wire.Submit):
             self._submit(m)
         elif isinstance(m, wire.Handoff):
-            self._receive(m)
+            if (m.sender, m.inc) in self._fenced:
+                self._dropped("stale")  # sent by a process the frontend declared dead
+                return
+            self._receive(m.msg, m.sender, m.refill)
+        elif isinstance(m, wire.Resume):
+            self._receive(m.msg, FRONTEND, True)
+        elif isinstance(m, wire.PeerDown):
+            self._peer_down(m)
+        elif isinstance(m, wire.Peers):
+            self._peers(m.incarnations)
         elif isinstance(m, wire.Announce):
             if m.rid not in self._tombstones:
                 self.sched.announce(m.rid)
@@ -236,23 +268,33 @@ class Subserver:
         self.reqs[m.rid] = Request(st, self._new_seq(), m.sampling)
         self.sched.add(m.rid, time.monotonic_ns())
 
-    def _receive(self, m: wire.Handoff) -> None:
-        rid = m.msg.rid
+    def _receive(self, msg: PeerMessage, sender: str, refill: bool = False) -> None:
+        """A request arrives from `sender` (a peer's handoff, or the frontend's resume): new
+        here, or back with what this writer has not read. `refill`: its KV here was lost
+        with a dead incarnation of this writer, so this is a re-prefill (counted)."""
+        rid = msg.rid
         if rid in self._tombstones:
             return  # the request ended while this message was on its way
-        self.stats.handoffs_in[m.sender] = self.stats.handoffs_in.get(m.sender, 0) + 1
-        self.stats.suffix_tokens_in += len(m.msg.suffix)
         r = self.reqs.get(rid)
+        if r is not None and msg.hops <= r.state.hops:
+            self._dropped("stale")  # a copy older than the one here (a resume raced a handoff)
+            return
+        if sender != FRONTEND:
+            self.stats.handoffs_in[sender] = self.stats.handoffs_in.get(sender, 0) + 1
+        self.stats.suffix_tokens_in += len(msg.suffix)
         try:
-            st = self.router.receive(m.msg, r.state if r else None)
+            st = self.router.receive(msg, r.state if r else None)
         except Exception as exc:
-            self._fail(rid, f"{self.writer}: bad handoff from {m.sender}: {exc}")
+            self._fail(rid, f"{self.writer}: bad handoff from {sender}: {exc}")
             return
         why = self._unfit(st.tokens)
         if why:
-            self._fail(rid, f"{self.writer}: bad handoff from {m.sender}: {why}")
+            self._fail(rid, f"{self.writer}: bad handoff from {sender}: {why}")
             return
         if r is None:
+            if refill:
+                self.stats.reprefills += 1
+                self.stats.reprefill_tokens += len(st.tokens)
             t0 = time.perf_counter()
             seq = self.retention.arrive(rid, st.tokens)
             self.stats.phase_s["bookkeeping"] += time.perf_counter() - t0
@@ -262,7 +304,37 @@ class Subserver:
             r.state = st
             self.sched.returned(rid, time.monotonic_ns())
 
+    def _peer_down(self, m: wire.PeerDown) -> None:
+        """Writer `m.writer`'s incarnation `m.inc` is dead: drop what it still sends, forget
+        what it had read (its successor knows nothing), and tell the frontend what is here."""
+        self._fenced.add((m.writer, m.inc))
+        self._peer_inc[m.writer] = 0
+        entries = []
+        for rid, r in self.reqs.items():
+            st = r.state
+            if st.peer_read.pop(m.writer, 0):
+                self._refill.add((rid, m.writer))
+            pending = self.sched.state(rid) == "pending" and rid not in self._parked
+            status = "ended" if st.finished else ("pending" if pending else "active")
+            have = m.have.get(rid, r.n_out)
+            tail = st.tokens[st.prompt_len + have:] if r.n_out > have else []
+            entries.append(wire.CensusEntry(rid=rid, hops=st.hops, status=status, dest=st.writer,
+                                            n_out=r.n_out, tail=tail))
+        self.out.send(FRONTEND, wire.encode(wire.Census(writer=self.writer, inc=self.incarnation, round=m.round,
+                                                        entries=entries)))
+
+    def _peers(self, incarnations: dict[str, int]) -> None:
+        """The peers' live incarnations: send what waited for a peer that is up now."""
+        self._peer_inc.update({w: inc for w, inc in incarnations.items() if w != self.writer})
+        for rid in [rid for rid in self._parked if self._peer_inc.get(self.reqs[rid].state.writer)]:
+            self._parked.discard(rid)
+            r = self.reqs[rid]
+            self._send(r, r.state.writer)
+
     def _release(self, rid: str) -> None:
+        self._parked.discard(rid)
+        for peer in self.writers:
+            self._refill.discard((rid, peer))
         self._tombstones[rid] = None
         if len(self._tombstones) > _TOMBSTONES:
             self._tombstones.popitem(last=False)
@@ -279,7 +351,8 @@ class Subserver:
         """End a request with an error; the frontend's release frees it everywhere."""
         r = self.reqs.get(rid)
         self.stats.requests_finished["error"] = self.stats.requests_finished.get("error", 0) + 1
-        self.out.send(FRONTEND, wire.encode(wire.Done(rid=rid, reason="error", n_out=r.n_out if r else 0,
+        self.out.send(FRONTEND, wire.encode(wire.Done(writer=self.writer, inc=self.incarnation, rid=rid,
+                                                      reason="error", n_out=r.n_out if r else 0,
                                                       written_by=dict(r.state.written_by) if r else {},
                                                       error=message)))
         if rid in self.sched:
@@ -330,12 +403,13 @@ class Subserver:
         for r, reason in res.ended:  # before the tokens: the frontend then ends a request with its last tokens
             r.state.finished = True
             self.stats.requests_finished[reason] = self.stats.requests_finished.get(reason, 0) + 1
-            self.out.send(FRONTEND, wire.encode(wire.Done(rid=r.rid, reason=reason, n_out=r.n_out,
+            self.out.send(FRONTEND, wire.encode(wire.Done(writer=self.writer, inc=self.incarnation, rid=r.rid,
+                                                          reason=reason, n_out=r.n_out,
                                                           written_by=dict(r.state.written_by))))
             self.sched.depart(r.rid)  # skipped until the frontend's release frees it everywhere
-        if res.committed:
-            events = [(r.rid, pos, tok) for r, pos, tok in res.committed]
-            self.out.send(FRONTEND, wire.encode(wire.Tokens(writer=self.writer, items=events,
+        if res.committed:  # a request's state names the writer of its next token by now
+            events = [(r.rid, pos, tok, r.state.writer) for r, pos, tok in res.committed]
+            self.out.send(FRONTEND, wire.encode(wire.Tokens(writer=self.writer, inc=self.incarnation, items=events,
                                                             logprobs=res.logprobs)))
         for r, dest in res.departing:
             self._send(r, dest)
@@ -343,6 +417,11 @@ class Subserver:
 
     def _send(self, r: Request, dest: str) -> None:
         rid = r.rid
+        to = self._peer_inc.get(dest, 0)
+        if not to:  # the peer is down (or not yet known): the request waits here for it
+            self._parked.add(rid)
+            self.sched.depart(rid)
+            return
         self.retention.before_send(r.state, dest)
         try:
             msg = self._compiled_send(r.state, dest)
@@ -350,7 +429,10 @@ class Subserver:
             self._fail(rid, f"{self.writer}: cannot send to {dest}: {exc}")
             return
         self.stats.handoffs_out[dest] = self.stats.handoffs_out.get(dest, 0) + 1
-        frame = wire.encode(wire.Handoff(sender=self.writer, dest=dest, msg=msg))
+        refill = (rid, dest) in self._refill
+        self._refill.discard((rid, dest))
+        frame = wire.encode(wire.Handoff(sender=self.writer, inc=self.incarnation, to=to, dest=dest, msg=msg,
+                                         refill=refill))
         self.out.send(self.transport.hop(dest), frame)
         if self.retention.keep(rid, r.seq, r.state.tokens[:self.runner.fed(r)]):
             self.sched.depart(rid)
@@ -390,9 +472,17 @@ def run_thread(spec: SubserverSpec, ctx=None) -> None:
     sub.serve()
 
 
+def exit_on_sigterm(signum, frame) -> None:
+    """A terminated subserver unwinds (`finally` blocks run: a model build in progress removes
+    its temporary folder) instead of vanishing mid-write."""
+    raise SystemExit(128 + signum)
+
+
 def run_process(spec_dict: dict[str, Any]) -> None:
     """Entry point of a subserver process (multiprocessing target, spawn start method)."""
-    logs.configure(f"tokenrouter [{spec_dict.get('writer')}]")  # progress lines, warnings: TOKENROUTER_LOG
+    # progress lines and warnings (TOKENROUTER_LOG); a flood of bad frames is one line with a count
+    logs.configure(f"tokenrouter [{spec_dict.get('writer')}]")
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     spec, parent = SubserverSpec(**spec_dict), os.getppid()
     bound_heap_growth()  # RSS flat over hours of changing batch sizes (memory.py)
 

@@ -24,7 +24,7 @@ from typing import Callable
 
 import zmq
 
-from tokenrouter.runtime.transport.security import Security, secure_bind, secure_connect
+from tokenrouter.runtime.transport.security import Security, refused, secure_bind, secure_connect, watch_handshakes
 from tokenrouter.runtime.transport.wire import MAX_FRAME
 
 log = logging.getLogger(__name__)
@@ -119,10 +119,12 @@ class Sender:
 
 class Receiver:
     """A PULL socket bound at `addr`, read by a daemon thread that hands each frame to
-    `handler(frame)`. The handler runs in the receiver's thread and must be quick."""
+    `handler(frame)`. The handler runs in the receiver's thread and must be quick.
+    `on_refused()` is called for every peer refused at the handshake (CURVE tcp)."""
 
     def __init__(self, ctx: zmq.Context, addr: str, handler: Callable[[bytes], None],
-                 name: str = "receiver", security: Security | None = None):
+                 name: str = "receiver", security: Security | None = None,
+                 on_refused: Callable[[], None] | None = None):
         self._sock = ctx.socket(zmq.PULL)
         bound_receive(self._sock)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -132,16 +134,32 @@ class Receiver:
         except BaseException:
             self._sock.close(0)
             raise
+        self._monitor = watch_handshakes(self._sock, addr, security)
+        self._on_refused = on_refused or (lambda: None)
         self._handler = handler
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
+    @property
+    def alive(self) -> bool:
+        """The messaging loop runs (a subserver beats only while it does)."""
+        return self._thread.is_alive()
+
     def _loop(self) -> None:
-        sock = self._sock
+        sock, mon = self._sock, self._monitor
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        if mon is not None:
+            poller.register(mon, zmq.POLLIN)
         try:
             while not self._stop.is_set():
-                if not sock.poll(POLL_MS):
+                ready = dict(poller.poll(POLL_MS))
+                if mon is not None and mon in ready:
+                    while mon.poll(0):
+                        if refused(mon.recv_multipart()):
+                            self._on_refused()
+                if sock not in ready:
                     continue
                 while True:
                     try:
@@ -153,6 +171,9 @@ class Receiver:
                     except Exception:  # a bad frame must not kill the messaging loop
                         log.exception("dropping a frame the handler could not take")
         finally:
+            if mon is not None:
+                sock.disable_monitor()
+                mon.close(0)
             sock.close()
 
     def stop(self, join: bool = True) -> None:

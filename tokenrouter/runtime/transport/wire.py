@@ -10,21 +10,32 @@ Validation is complete, because a peer may be hostile or broken: every number ha
 every string and list a maximum length, sampling parameters are the strict, bounded
 `protocol.sampling.SamplingParams` (in a `submit` and inside a handoff's `PeerMessage`),
 and a frame longer than `MAX_FRAME` bytes is refused before it is parsed (the sockets also
-refuse it, `sockets.py`). A frame that fails is dropped by the receiver and counted
-(`tokenrouter_frames_dropped_total`).
+refuse it, `sockets.py`), one nested deeper than the parser's recursion guard while it is
+parsed. `decode` turns every failure into a `WireError`; the receivers drop and count such
+a frame (`tokenrouter_frames_dropped_total`).
+
+Incarnations. Every subserver process draws a random `incarnation` when it starts. What it
+sends carries it (`inc`), and what the frontend sends a subserver carries the incarnation
+it is meant for (`to`): a restarted process binds the same address, so frames queued for
+its dead predecessor reach it, and it drops them; the frontend takes frames only from the
+incarnation that reported `ready` (`frontend/liveness.py`), and survivors drop handoffs
+from an incarnation the frontend declared dead (`peer_down`).
 
 Directions:
-  frontend -> subserver: submit, announce, release, stats, shutdown, configure, debug_fail
+  frontend -> subserver: submit, announce, release, stats, shutdown, configure, debug_fail,
+                         peers, peer_down, resume
   subserver -> subserver: handoff
-  subserver -> frontend:  ready, tokens, done, handoff (`relay` transport only), stats_reply
+  subserver -> frontend:  ready, heartbeat, tokens, done, stats_reply, census,
+                          handoff (`relay` transport only)
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from tokenrouter.protocol.sampling import MAX_LOGPROBS, MAX_TOKENS, TOKEN_ID_MAX, SamplingParams, Seed
 from tokenrouter.protocol.state import PeerMessage
@@ -41,6 +52,13 @@ Name = Annotated[str, Field(max_length=MAX_NAME)]
 TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
 Count = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
 Counts = Annotated[dict[Name, Count], Field(max_length=256)]
+Incarnation = Annotated[int, Field(ge=1, lt=1 << 63)]  # a subserver process's random id (`new_incarnation`)
+MAX_REQUESTS = 1 << 20  # requests one message may list (a census, a peer_down's checkpoints)
+
+
+def new_incarnation() -> int:
+    """A subserver process's incarnation: random, so a restarted process never reuses one."""
+    return secrets.randbits(62) + 1
 
 
 class _Msg(BaseModel):
@@ -52,6 +70,7 @@ class Submit(_Msg):
     """A new request for the start writer's subserver."""
 
     t: Literal["submit"] = "submit"
+    to: Incarnation
     rid: Name
     prompt: list[TokenId] = Field(min_length=1, max_length=MAX_TOKENS)
     sampling: SamplingParams = SamplingParams()
@@ -63,6 +82,7 @@ class Announce(_Msg):
     delayed batching knows how many requests could still arrive."""
 
     t: Literal["announce"] = "announce"
+    to: Incarnation
     rid: Name
 
 
@@ -70,35 +90,99 @@ class Release(_Msg):
     """The request ended (finished, aborted or failed): free its KV and forget it."""
 
     t: Literal["release"] = "release"
+    to: Incarnation
     rid: Name
     reason: Name = "finished"
 
 
+def bounded_peer_message(m: PeerMessage) -> PeerMessage:
+    """`PeerMessage` (`protocol.state`) types its seed and sampling parameters but leaves
+    names, token ids and positions loose; a handoff or a resume is held to the same bounds
+    as a submit."""
+    if len(m.rid) > MAX_NAME or len(m.writer) > MAX_NAME or len(m.sender) > MAX_NAME:
+        raise ValueError("a name is too long")
+    if len(m.suffix) > MAX_TOKENS or any(not 0 <= t <= TOKEN_ID_MAX for t in m.suffix):
+        raise ValueError("suffix too long or a token id out of range")
+    for v in (m.start, m.prompt_len, m.visit_tokens, m.hops):
+        if not 0 <= v <= MAX_TOKENS * 2:
+            raise ValueError(f"a position or count ({v}) is out of range")
+    if len(m.written_by) > 256 or any(len(k) > MAX_NAME or not 0 <= n <= TOKEN_ID_MAX
+                                      for k, n in m.written_by.items()):
+        raise ValueError("written_by is out of bounds")
+    return m
+
+
+BoundedPeerMessage = Annotated[PeerMessage, AfterValidator(bounded_peer_message)]
+
+
 class Handoff(_Msg):
-    """A request moves to the receiving writer. `sender` is the writer that sent it."""
+    """A request moves to the receiving writer. `sender` is the writer that sent it, `inc`
+    its incarnation, `to` the receiver's (from the frontend's `peers`). `refill`: the
+    message carries the whole context again because the receiver restarted and lost the
+    request's KV (counted there as a re-prefill)."""
 
     t: Literal["handoff"] = "handoff"
     sender: Name
+    inc: Incarnation
+    to: Incarnation
     dest: Name
-    msg: PeerMessage
+    msg: BoundedPeerMessage
+    refill: bool = False
 
-    @field_validator("msg")
-    @classmethod
-    def _bounded(cls, m: PeerMessage) -> PeerMessage:
-        """`PeerMessage` (`protocol.state`) types its seed and sampling parameters but leaves
-        names, token ids and positions loose; a peer's handoff is held to the same bounds as
-        a submit."""
-        if len(m.rid) > MAX_NAME or len(m.writer) > MAX_NAME or len(m.sender) > MAX_NAME:
-            raise ValueError("a name is too long")
-        if len(m.suffix) > MAX_TOKENS or any(not 0 <= t <= TOKEN_ID_MAX for t in m.suffix):
-            raise ValueError("suffix too long or a token id out of range")
-        for v in (m.start, m.prompt_len, m.visit_tokens):
-            if not 0 <= v <= MAX_TOKENS * 2:
-                raise ValueError(f"a position ({v}) is out of range")
-        if len(m.written_by) > 256 or any(len(k) > MAX_NAME or not 0 <= n <= TOKEN_ID_MAX
-                                          for k, n in m.written_by.items()):
-            raise ValueError("written_by is out of bounds")
-        return m
+
+class Resume(_Msg):
+    """The frontend gives a request back to a writer after the process that held it died:
+    everything the frontend received of it (`msg.start` 0), in the route state it had
+    there. The receiver re-prefills it, or extends what it kept of it (a pending request)."""
+
+    t: Literal["resume"] = "resume"
+    to: Incarnation
+    msg: BoundedPeerMessage
+
+
+class Peers(_Msg):
+    """The incarnation of every writer (0: down), so handoffs go to the live one; a
+    subserver keeps a departure to a writer that is down until it is up again."""
+
+    t: Literal["peers"] = "peers"
+    to: Incarnation
+    incarnations: Annotated[dict[Name, Annotated[int, Field(ge=0, lt=1 << 63)]], Field(max_length=256)]
+
+
+class PeerDown(_Msg):
+    """Writer `writer`'s incarnation `inc` is dead: drop its handoffs from now on, forget what
+    it had read of every request (its successor knows nothing), and answer with a `census`
+    of the requests held here. `have`: the output tokens the frontend holds of each request,
+    so the census can send back those it lacks."""
+
+    t: Literal["peer_down"] = "peer_down"
+    to: Incarnation
+    round: Count
+    writer: Name
+    inc: Incarnation
+    have: Annotated[dict[Name, Count], Field(max_length=MAX_REQUESTS)] = {}
+
+
+class CensusEntry(BaseModel):
+    """One request as a subserver holds it when it hears of a peer's death."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    rid: Name
+    hops: Count
+    status: Literal["active", "pending", "ended"]  # steps here / away at `dest` / ended here
+    dest: Name  # the writer of its next token (where a pending request went)
+    n_out: Count  # output tokens known here
+    tail: list[TokenId] = Field(default=[], max_length=MAX_TOKENS)  # outputs from the frontend's `have` on
+
+
+class Census(_Msg):
+    """A subserver's answer to `peer_down`: every request it holds."""
+
+    t: Literal["census"] = "census"
+    writer: Name
+    inc: Incarnation
+    round: Count
+    entries: list[CensusEntry] = Field(max_length=MAX_REQUESTS)
 
 
 class Ready(_Msg):
@@ -107,6 +191,7 @@ class Ready(_Msg):
     t: Literal["ready"] = "ready"
     writer: Name
     pid: Count
+    inc: Incarnation
     block_size: Count
     blocks_total: Count
     max_model_len: Count
@@ -120,11 +205,12 @@ class Ready(_Msg):
 class Heartbeat(_Msg):
     """A subserver is alive (sent every `HEARTBEAT_S` from its own thread, so a long step
     does not delay it); the frontend declares a subserver down when it hears nothing from
-    it for its heartbeat timeout. `pid` tells a restarted process from the old one."""
+    it for its heartbeat timeout. `inc` tells a restarted process from the old one."""
 
     t: Literal["heartbeat"] = "heartbeat"
     writer: Name
     pid: Count
+    inc: Incarnation
 
 
 Logprob = Annotated[float, Field(ge=-1e9, le=0.0, allow_inf_nan=False)]
@@ -132,12 +218,15 @@ TopLogprobs = Annotated[list[tuple[TokenId, Logprob]], Field(max_length=MAX_LOGP
 
 
 class Tokens(_Msg):
-    """Tokens committed in one step: items are [rid, output position, token id]; `logprobs`,
-    for the requests that ask: rid -> (the token's log-probability, the top k with theirs)."""
+    """Tokens committed in one step: items are [rid, output position, token id, the writer
+    of the request's next token] (the frontend keeps the last, to resume a request in the
+    route state it had if a subserver dies); `logprobs`, for the requests that ask: rid ->
+    (the token's log-probability, the top k with theirs)."""
 
     t: Literal["tokens"] = "tokens"
     writer: Name
-    items: list[tuple[Name, Count, TokenId]] = Field(max_length=MAX_ITEMS)
+    inc: Incarnation
+    items: list[tuple[Name, Count, TokenId, Name]] = Field(max_length=MAX_ITEMS)
     logprobs: Annotated[dict[Name, tuple[Logprob, TopLogprobs]], Field(max_length=MAX_ITEMS)] = {}
 
 
@@ -145,6 +234,8 @@ class Done(_Msg):
     """A request ended at this subserver. n_out: its total number of output tokens."""
 
     t: Literal["done"] = "done"
+    writer: Name
+    inc: Incarnation
     rid: Name
     reason: Literal["stop", "length", "abort", "error"]
     n_out: Count
@@ -154,6 +245,7 @@ class Done(_Msg):
 
 class Stats(_Msg):
     t: Literal["stats"] = "stats"
+    to: Incarnation
     id: Count
 
 
@@ -161,11 +253,13 @@ class StatsReply(_Msg):
     t: Literal["stats_reply"] = "stats_reply"
     id: Count
     writer: Name
+    inc: Incarnation
     stats: Annotated[dict[Name, Any], Field(max_length=256)]
 
 
 class Shutdown(_Msg):
     t: Literal["shutdown"] = "shutdown"
+    to: Incarnation
 
 
 class Configure(_Msg):
@@ -173,6 +267,7 @@ class Configure(_Msg):
     changes the tokens, so this is safe at any time)."""
 
     t: Literal["configure"] = "configure"
+    to: Incarnation
     batch_threshold: int | None = Field(default=None, ge=1, le=1 << 16)
     max_wait_ms: float | None = Field(default=None, ge=0, le=1e6, allow_inf_nan=False)
 
@@ -184,14 +279,22 @@ class DebugFail(_Msg):
     (`SubserverSpec.test_hooks`, never set by `tokenrouter serve`)."""
 
     t: Literal["debug_fail"] = "debug_fail"
+    to: Incarnation
     count: int = Field(default=1, ge=1, le=1000)
 
 
 #: Messages that exist for the tests only.
 TEST_ONLY = ("debug_fail",)
 
-Message = Union[Submit, Announce, Release, Handoff, Ready, Heartbeat, Tokens, Done, Stats, StatsReply,
-                Shutdown, Configure, DebugFail]
+Message = Union[Submit, Announce, Release, Handoff, Resume, Ready, Heartbeat, Tokens, Done, Stats, StatsReply,
+                Shutdown, Configure, DebugFail, Peers, PeerDown, Census]
+
+#: What the frontend sends a subserver: each names the incarnation it is for (`to`).
+TO_SUBSERVER = (Submit, Announce, Release, Resume, Stats, Shutdown, Configure, DebugFail, Peers, PeerDown)
+#: What a subserver takes: each names the incarnation it is for (`to`).
+ADDRESSED = (*TO_SUBSERVER, Handoff)
+#: What a subserver sends the frontend: each names the sender (`writer`) and its incarnation (`inc`).
+FROM_SUBSERVER = (Ready, Heartbeat, Tokens, Done, StatsReply, Census)
 
 
 class WireError(ValueError):
@@ -213,12 +316,16 @@ def decode(frame: bytes) -> Message:
         data = json.loads(frame)
     except (ValueError, UnicodeDecodeError) as exc:
         raise WireError(f"frame is not JSON: {exc}") from None
+    except RecursionError:  # nested deeper than the parser's guard: no message is
+        raise WireError("frame is nested too deeply") from None
     if not isinstance(data, dict):
         raise WireError("frame is not a JSON object")
     if data.get("v") != CONTROL_VERSION:
         raise WireError(f"wire version {data.get('v')!r} is not {CONTROL_VERSION}")
     try:
         return _ADAPTER.validate_python(data)
+    except RecursionError:
+        raise WireError("frame is nested too deeply") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first.get("loc", ())[1:])
