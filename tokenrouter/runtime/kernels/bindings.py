@@ -206,3 +206,97 @@ def _check_int4dp_packing(codes: torch.Tensor, sm: torch.Tensor, n: int, k: int)
     if k % 32 or n % 16 or codes.shape != (n // 16, k // 32, 4, 16) or sm.shape != (n // 16, k // 32, 2, 16) \
             or codes.dtype != torch.int32 or sm.dtype != torch.float16 or not (codes.is_contiguous() and sm.is_contiguous()):
         raise ValueError(f"packed int4 weights do not match a [{n}, {k}] matrix")
+
+
+# ------------------------------------------------------------------ int4_avx2.c
+
+I4X_ISAS = {0: None, 1: "avx2", 2: "avx-vnni", 3: "avx512-vnni"}
+I4X_BITS = (8, 16)  # activations as int8, or as two int8 digits (~15 bits)
+
+
+def int4x_problem(lib=None) -> str | None:
+    """Why the integer int4 kernel (`csrc/int4_avx2.c`) cannot run here, or None: it needs the
+    C kernels and AVX2 with FMA and F16C, as the build for this host saw them."""
+    if lib is None:
+        why = available()
+        if why is not None:
+            return why
+        lib = load()
+    if not lib.tr_i4x_isa():
+        return "this CPU has no AVX2 with FMA and F16C (the build for it leaves the integer int4 kernel out)"
+    return None
+
+
+def int4x_isa(lib=None) -> str | None:
+    """The instructions the integer int4 kernel runs on in this build: "avx2", "avx-vnni",
+    "avx512-vnni", or None."""
+    return I4X_ISAS[(lib or load()).tr_i4x_isa()]
+
+
+def _i4x_rc(rc: int, what: str) -> None:
+    if rc == 1:
+        raise MemoryError(f"the integer int4 kernel's {what} could not allocate its scratch")
+    if rc == 2:
+        raise NativeKernelError("the integer int4 kernel is not built for this CPU (no AVX2 + FMA + F16C)")
+    if rc:
+        raise ValueError(f"the integer int4 kernel's {what} refused its arguments")
+
+
+def int4x_pack(codes: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None, lib=None) -> torch.Tensor:
+    """The kernel's packed form (uint8, `tr_i4x_packed_bytes` long) of the [N, K] matrix
+    w = s q + m: codes in 0..15, s and m [N, K / 32] float32 (m None: 0), held as float16."""
+    lib = lib or load()
+    n, k = codes.shape
+    if k % 32 or s.shape != (n, k // 32) or (m is not None and m.shape != s.shape):
+        raise ValueError(f"codes [{n}, {k}] need K % 32 == 0 and scales/mins of shape [{n}, {k // 32}]")
+    codes = codes.to(torch.uint8).contiguous()
+    s = s.to(_F32).contiguous()
+    m = None if m is None else m.to(_F32).contiguous()
+    packed = torch.empty(lib.tr_i4x_packed_bytes(n, k), dtype=torch.uint8)
+    _i4x_rc(lib.tr_i4x_pack(codes.data_ptr(), s.data_ptr(), None if m is None else m.data_ptr(), n, k,
+                            packed.data_ptr()), "packing")
+    return packed
+
+
+def int4x_mm(x: torch.Tensor, packed: torch.Tensor, n: int, xbits: int = 16, out: torch.Tensor | None = None,
+             checked: bool = False, threads: int | None = None, lib=None) -> torch.Tensor:
+    """x [T, K] (bf16 or float32, contiguous rows, any row stride) @ W.T -> [T, n] float32 (into
+    `out`'s first n columns when given: float32 rows, any row stride), W as `int4x_pack` packed
+    it, x quantised per row and group of 32 to `xbits` (16: exact enough for the 99% bar; 8:
+    llama.cpp's int8). Checks what would make the C code read or write out of bounds;
+    `checked=True` skips the packed weights' size check for a caller that made it once."""
+    lib = lib or load()
+    t, k = x.shape
+    if x.dtype not in (_BF16, _F32) or x.stride(1) != 1 or x.device.type != "cpu":
+        raise ValueError(f"x must be a CPU bf16/float32 tensor with contiguous rows, not {x.dtype} {x.stride()}")
+    if xbits not in I4X_BITS:
+        raise ValueError(f"xbits must be 8 or 16, not {xbits}")
+    if not checked and (k % 32 or packed.dtype != torch.uint8 or not packed.is_contiguous()
+                        or packed.numel() != lib.tr_i4x_packed_bytes(n, k)):
+        raise ValueError(f"the packed int4 weights do not match a [{n}, {k}] matrix")
+    if out is None:
+        out = torch.empty(t, n, dtype=_F32)
+    elif not checked:
+        _rows_ok(out, t, n, _F32, "out")
+    _i4x_rc(lib.tr_i4x_mm(x.data_ptr(), int(x.dtype == _BF16), x.stride(0), t, k, xbits, packed.data_ptr(), n,
+                          out.data_ptr(), out.stride(0), None,
+                          torch.get_num_threads() if threads is None else threads), "product")
+    return out
+
+
+def int4x_quantize(x: torch.Tensor, xbits: int = 16, lib=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernel's own quantisation of x's rows (for tests): (Q int32 [T, K], dx, sx [T, K / 32]),
+    x ~ Q dx per group of 32, sx = dx sum Q; 16 bits: Q = 254 q1 + q2 from its two int8 digits."""
+    lib = lib or load()
+    t, k = x.shape
+    if k % 32 or x.stride(1) != 1 or x.dtype not in (_BF16, _F32) or xbits not in I4X_BITS:
+        raise ValueError("x must be bf16/float32 with contiguous rows of a multiple of 32 columns")
+    buf = torch.zeros(lib.tr_i4x_scratch_bytes(t, k), dtype=torch.uint8)
+    _i4x_rc(lib.tr_i4x_quantize(x.data_ptr(), int(x.dtype == _BF16), x.stride(0), t, k, xbits, buf.data_ptr()),
+            "quantisation")
+    plane = (t * k + 63) // 64 * 64  # the scratch layout: two code planes, then (dx, sx) pairs
+    q = buf[:t * k].view(torch.int8).view(t, k).to(torch.int32)
+    if xbits == 16:
+        q = 254 * q + buf[plane:plane + t * k].view(torch.int8).view(t, k).to(torch.int32)
+    f = buf[2 * plane:2 * plane + t * (k // 32) * 8].view(_F32).view(t, k // 32, 2)
+    return q, f[..., 0].clone(), f[..., 1].clone()

@@ -9,6 +9,13 @@ Kernels:
   the scales, mins and output in float16/float32 where torch's kernel rounds them to bfloat16;
 - `int4amx`: the same on AMX tiles (one `tdpbf16ps` per block and group for up to 16 rows),
   where the CPU has them; its sums run in another order, so it is a kernel of its own;
+- `int4avx2`: the C kernel on integer dot products (`csrc/int4_avx2.c`; q4 formats on CPUs
+  with AVX2, on AVX-VNNI or AVX-512 VNNI where the build has them): x quantised per row and
+  group of 32 to ~15 bits (two int8 digits), the products exact integers, scales, mins and
+  output float32; its rows computed alone, so it is row-invariant by construction;
+- `int4avx2-x8`: the same with x quantised to int8 (llama.cpp's numerics: 1.5-1.8x faster
+  at 8-16 rows, but under the 99% greedy-agreement bar on SmolLM2), never measured or
+  chosen: only a plan that names it (`kernel_plan="int4avx2-x8"`) runs it (`OPT_IN`);
 - `int8`: `_weight_int8pack_mm` (per-row q8);
 - `onednn`: float32 weights reordered once for oneDNN (`onednn_linear`, rows padded to
   `onednn_rows`);
@@ -26,10 +33,14 @@ import torch
 import torch.nn.functional as F
 
 from tokenrouter.runtime.kernels.bindings import int4dp_problem as host_int4dp_problem
-from tokenrouter.runtime.kernels.quant import (Int4DotWeight, Int4Weight, Int8Weight, QuantTensor, int4_shape_problem,
-                                               int4dp_problem)
+from tokenrouter.runtime.kernels.quant import (Int4Avx2Weight, Int4DotWeight, Int4Weight, Int8Weight, QuantTensor,
+                                               int4_shape_problem, int4avx2_problem, int4dp_problem)
 
-INT_KERNELS = ("int4", "int4dp", "int4amx", "int8")  # kernels that hold no float copy of the matrix
+INT_KERNELS = ("int4", "int4dp", "int4amx", "int4avx2", "int4avx2-x8", "int8")  # no float copy of the matrix
+OPT_IN = ("int4avx2-x8",)  # kernels only a plan naming them runs: never measured, never chosen
+# the C kernels: float32 output whatever x's dtype, which they round themselves (int4dp, int4amx
+# to bfloat16; int4avx2 to its own ~15 bits, so a float32 x gives it more than a bfloat16 one)
+C_INT_KERNELS = ("int4dp", "int4amx", "int4avx2", "int4avx2-x8")
 PLAIN_KERNELS = ("linear", "mkl")  # float kernels on the plain [out, in] weight (one copy for both)
 
 
@@ -87,6 +98,9 @@ class PlannedLinear:
             out.append("int4")
             if self.act_dtype == torch.bfloat16 and int4dp_problem(s) is None:  # these round x to bf16
                 out += ["int4dp"] + (["int4amx"] if host_int4dp_problem(amx=True) is None else [])
+        # rounds x to ~15 bits: not float32's exactness either (act_dtype float32 asks for that)
+        if isinstance(s, QuantTensor) and self.act_dtype == torch.bfloat16 and int4avx2_problem(s) is None:
+            out += ["int4avx2", "int4avx2-x8"]
         if isinstance(s, QuantTensor) and s.fmt == "q8" and s.group == s.shape[1]:
             out.append("int8")
         if torch.backends.mkldnn.is_available():
@@ -110,6 +124,10 @@ class PlannedLinear:
                 twin = self.impl.get("int4amx" if k == "int4dp" else "int4dp")  # the same packing
                 amx = k == "int4amx"
                 self.impl[k] = twin.variant(amx) if twin is not None else Int4DotWeight(self.source, amx)
+            elif k in ("int4avx2", "int4avx2-x8"):
+                twin = self.impl.get("int4avx2-x8" if k == "int4avx2" else "int4avx2")  # the same packing
+                xbits = 8 if k == "int4avx2-x8" else 16
+                self.impl[k] = twin.variant(xbits) if twin is not None else Int4Avx2Weight(self.source, xbits)
             elif k == "int8":
                 self.impl[k] = Int8Weight(self.source, self.act_dtype)
             elif k == "onednn":
@@ -161,6 +179,9 @@ class PlannedLinear:
                 total += v.packed.numel() * v.packed.element_size() + v.sz.numel() * v.sz.element_size()
             elif k in ("int4dp", "int4amx"):
                 total += v.codes.numel() * 4 + v.sm.numel() * 2
+            elif k in ("int4avx2", "int4avx2-x8"):
+                if not (k == "int4avx2-x8" and "int4avx2" in self.impl):  # one packing for both
+                    total += v.packed.numel()
             elif k == "int8":
                 total += v.codes.numel() + v.scale.numel() * v.scale.element_size()
             elif k == "onednn":
