@@ -49,8 +49,10 @@ PROMPT, NEW = 32, 128
 OURS = ("none", "native", "int4", "int8")
 # `native` with one of the engine's C paths turned off, to measure what it gives
 VARIANTS = {"native-torch-attention": {"attention": "torch"}, "native-unfused": {"fused_ops": False},
+            "native-per-call": {"decode_stack": False},
             "native-torch-int4": {"kernel_plan": "int4"}, "native-int4dp": {"kernel_plan": "int4dp"},
-            "native-int4amx": {"kernel_plan": "int4amx"}}
+            "native-int4amx": {"kernel_plan": "int4amx"}, "native-int4avx2": {"kernel_plan": "int4avx2"},
+            "native-int4avx2-x8": {"kernel_plan": "int4avx2-x8"}}
 
 
 def prompts(batch: int, vocab: int) -> list[list[int]]:

@@ -19,9 +19,14 @@ range.
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from tokenrouter.runtime.kernels.build import NativeKernelError, available, load
+
+# the KV cache's element types the C kernels read and write, and their codes
+KV_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 def paged_attention(q: torch.Tensor, kv_layer: torch.Tensor, tables: torch.Tensor, rows: torch.Tensor,
@@ -31,7 +36,8 @@ def paged_attention(q: torch.Tensor, kv_layer: torch.Tensor, tables: torch.Tenso
     requests' first `lens` keys, written into `out` [T, heads * head_dim].
 
     q [T, heads, head_dim] float32 (rows may be strided, each row's heads contiguous);
-    kv_layer [2 * kv_heads, num_blocks, block_size, head_dim] contiguous float32; tables
+    kv_layer [2 * kv_heads, num_blocks, block_size, head_dim] contiguous float32, float16 or
+    bfloat16 (`KV_TYPES`; read widened to float32, exactly); tables
     [b, nb] int64 block tables; rows, reqs (index into tables), lens: [n] int64. The
     indices are the caller's to keep in range (`attention.build_meta` checks them once per
     step): the kernel reads where they point. `check=False` skips the dtype and layout checks
@@ -42,10 +48,10 @@ def paged_attention(q: torch.Tensor, kv_layer: torch.Tensor, tables: torch.Tenso
     n = rows.numel()
     if check:
         _check_attention(q, kv_layer, tables, rows, reqs, lens, out)
-    rc = lib.tr_paged_attention_f32(q.data_ptr(), q.stride(0), kv_layer.data_ptr(), num_blocks, block_size,
-                                    kvh, nh // kvh, hd, tables.data_ptr(), tables.stride(0), rows.data_ptr(),
-                                    reqs.data_ptr(), lens.data_ptr(), n, float(scale), out.data_ptr(),
-                                    out.stride(0), torch.get_num_threads())
+    rc = lib.tr_paged_attention(q.data_ptr(), q.stride(0), kv_layer.data_ptr(), KV_TYPES[kv_layer.dtype], num_blocks,
+                                block_size, kvh, nh // kvh, hd, tables.data_ptr(), tables.stride(0), rows.data_ptr(),
+                                reqs.data_ptr(), lens.data_ptr(), n, float(scale), out.data_ptr(), out.stride(0),
+                                torch.get_num_threads())
     if rc:
         raise MemoryError("the C attention kernel could not allocate its scores")
 
@@ -53,8 +59,8 @@ def paged_attention(q: torch.Tensor, kv_layer: torch.Tensor, tables: torch.Tenso
 def _check_attention(q, kv_layer, tables, rows, reqs, lens, out) -> None:
     kvh2, _, _, hd = kv_layer.shape
     t, nh, qhd = q.shape
-    if q.dtype != torch.float32 or kv_layer.dtype != torch.float32 or out.dtype != torch.float32:
-        raise TypeError("the C attention kernel takes float32 q, cache and output")
+    if q.dtype != torch.float32 or kv_layer.dtype not in KV_TYPES or out.dtype != torch.float32:
+        raise TypeError("the C attention kernel takes float32 q and output, and a float32/float16/bfloat16 cache")
     if q.device.type != "cpu" or kv_layer.device.type != "cpu":
         raise TypeError("the C attention kernel runs on CPU tensors")
     if qhd != hd or q.stride(2) != 1 or q.stride(1) != hd or not kv_layer.is_contiguous():
@@ -127,7 +133,8 @@ def rope_write(qkv: torch.Tensor, heads: int, kv_heads: int, cis: torch.Tensor, 
                q_out: torch.Tensor, check: bool = True) -> None:
     """Rotate q and k (after Qwen3's per-head RMSNorm when `qk_norm` [heads + kv_heads, hd] is
     given), write q to q_out [T, heads * hd] float32 and K/V to their `slots` of kv_layer
-    [2 * kv_heads, num_blocks, block_size, hd] float32. qkv [T, (heads + 2 kv_heads) * hd] bf16
+    [2 * kv_heads, num_blocks, block_size, hd] float32, float16 or bfloat16 (rounded to nearest
+    even, as torch's casts). qkv [T, (heads + 2 kv_heads) * hd] bf16
     or float32, interleaved heads; cis [max_len, hd / 2, 2] float32 (cos, sin); positions and
     slots [T] int64 (the caller's to keep in range: the engine's block tables)."""
     lib = load()
@@ -137,7 +144,8 @@ def rope_write(qkv: torch.Tensor, heads: int, kv_heads: int, cis: torch.Tensor, 
         _check_rope(qkv, heads, kv_heads, cis, positions, qk_norm, kv_layer, slots, q_out)
     lib.tr_rope_write(qkv.data_ptr(), int(qkv.dtype == _BF16), qkv.stride(0), t, heads, kv_heads, hd,
                       cis.data_ptr(), positions.data_ptr(), None if qk_norm is None else qk_norm.data_ptr(),
-                      float(eps), kv_layer.data_ptr(), nb * bs, slots.data_ptr(), q_out.data_ptr(),
+                      float(eps), kv_layer.data_ptr(), KV_TYPES[kv_layer.dtype], nb * bs, slots.data_ptr(),
+                      q_out.data_ptr(),
                       q_out.stride(0), torch.get_num_threads())
 
 
@@ -146,9 +154,9 @@ def _check_rope(qkv, heads, kv_heads, cis, positions, qk_norm, kv_layer, slots, 
     t = qkv.shape[0]
     _rows_ok(qkv, t, (heads + kvh2) * hd, _act(qkv), "qkv")
     _rows_ok(q_out, t, heads * hd, _F32, "q_out")
-    if kvh2 != 2 * kv_heads or kv_layer.dtype != _F32 or not kv_layer.is_contiguous() or hd % 2 or hd > 1024:
-        raise ValueError("kv_layer must be a contiguous float32 [2 * kv_heads, blocks, block_size, head_dim] "
-                         "tensor with an even head_dim of at most 1024")
+    if kvh2 != 2 * kv_heads or kv_layer.dtype not in KV_TYPES or not kv_layer.is_contiguous() or hd % 2 or hd > 1024:
+        raise ValueError("kv_layer must be a contiguous float32/float16/bfloat16 [2 * kv_heads, blocks, block_size, "
+                         "head_dim] tensor with an even head_dim of at most 1024")
     if cis.dtype != _F32 or not cis.is_contiguous() or cis.shape[1:] != (hd // 2, 2):
         raise ValueError(f"cis must be a contiguous float32 [max_len, {hd // 2}, 2] tensor")
     for name, a in (("positions", positions), ("slots", slots)):
@@ -300,3 +308,82 @@ def int4x_quantize(x: torch.Tensor, xbits: int = 16, lib=None) -> tuple[torch.Te
         q = 254 * q + buf[plane:plane + t * k].view(torch.int8).view(t, k).to(torch.int32)
     f = buf[2 * plane:2 * plane + t * (k // 32) * 8].view(_F32).view(t, k // 32, 2)
     return q, f[..., 0].clone(), f[..., 1].clone()
+
+
+# ------------------------------------------------------------------ decode_stack.c
+
+class _Stack(ctypes.Structure):
+    """`tr_stack` of csrc/decode_stack.c, field for field."""
+    _pp = ctypes.POINTER(ctypes.c_void_p)
+    _fields_ = [("layers", ctypes.c_int64), ("hidden", ctypes.c_int64), ("inter", ctypes.c_int64),
+                ("heads", ctypes.c_int64), ("kv_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64),
+                ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("num_blocks", ctypes.c_int64),
+                ("block_size", ctypes.c_int64), ("ln1", _pp), ("ln2", _pp), ("qk_norm", _pp), ("qkv_bias", _pp),
+                ("o_bias", _pp), ("w_qkv", _pp), ("w_o", _pp), ("w_gu", _pp), ("w_down", _pp),
+                ("xbits", ctypes.POINTER(ctypes.c_int32)), ("kv", _pp), ("kv_type", ctypes.c_int64)]
+
+
+class DecodeStack:
+    """A decoder's layers as one C call per decode step (`csrc/decode_stack.c`): every matrix
+    on the integer int4 kernel, attention on the paged C kernel. Built once per model and
+    cache from per-layer tensors (`layers`: dicts with ln1, ln2, qk_norm, qkv_bias, o_bias
+    [float32 or None], qkv, o, gate_up, down [packed int4x weights], xbits [4 ints], kv [the
+    layer's cache]); it keeps them alive, and its own work and scratch buffers, grown to the
+    largest step seen. `run` computes layers l0..l1-1 in place on h."""
+
+    def __init__(self, layers: list[dict], hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int,
+                 eps: float, scale: float):
+        lib = load()
+        kv0 = layers[0]["kv"]
+        if kv0.dtype not in KV_TYPES or any(not ly["kv"].is_contiguous() or ly["kv"].shape != kv0.shape
+                                            or ly["kv"].dtype != kv0.dtype for ly in layers):
+            raise ValueError("the stack takes contiguous float32/float16/bfloat16 cache layers of one shape")
+        if kv0.shape[0] != 2 * kv_heads or kv0.shape[3] != head_dim or heads % kv_heads:
+            raise ValueError("the cache layers do not match the model's heads")
+        self._keep = layers  # the tensors whose addresses the C struct holds
+        n = len(layers)
+
+        def ptrs(key):
+            arr = (ctypes.c_void_p * n)(*[None if ly[key] is None else ly[key].data_ptr() for ly in layers])
+            self._arrays.append(arr)
+            return ctypes.cast(arr, ctypes.POINTER(ctypes.c_void_p))
+
+        self._arrays: list = []
+        self._xbits = (ctypes.c_int32 * (4 * n))(*[b for ly in layers for b in ly["xbits"]])
+        s = _Stack(n, hidden, inter, heads, kv_heads, head_dim, eps, scale, kv0.shape[1], kv0.shape[2])
+        for key in ("ln1", "ln2", "qk_norm", "qkv_bias", "o_bias", "kv"):
+            setattr(s, key, ptrs(key))
+        for key, field in (("qkv", "w_qkv"), ("o", "w_o"), ("gate_up", "w_gu"), ("down", "w_down")):
+            setattr(s, field, ptrs(key))
+        s.xbits = ctypes.cast(self._xbits, ctypes.POINTER(ctypes.c_int32))
+        s.kv_type = KV_TYPES[kv0.dtype]
+        self._struct = s
+        self._ref = ctypes.byref(s)
+        self._widest = max(hidden, inter, heads * head_dim)
+        self._lib = lib
+        self._rows = 0
+        self._work = self._scratch = None
+
+    def _buffers(self, rows: int) -> None:
+        if rows > self._rows:
+            self._rows = rows
+            self._work = torch.empty(self._lib.tr_decode_stack_work_floats(self._ref, rows), dtype=_F32)
+            self._scratch = torch.empty(self._lib.tr_i4x_scratch_bytes(rows, self._widest), dtype=torch.uint8)
+
+    def run(self, h: torch.Tensor, l0: int, l1: int, cis: torch.Tensor, positions: torch.Tensor,
+            slots: torch.Tensor, tables: torch.Tensor, rows: torch.Tensor, reqs: torch.Tensor,
+            lens: torch.Tensor) -> None:
+        """Layers l0..l1-1 over h [T, hidden] (float32, contiguous, updated in place) for a step
+        whose every token's attention runs on the C kernel (rows, reqs, lens, tables as
+        `paged_attention` takes them); cis [max_len, head_dim / 2, 2] float32, positions and
+        slots [T] int64. The indices are the caller's to keep in range (`attention.build_meta`)."""
+        t = h.shape[0]
+        s = self._struct
+        if h.dtype != _F32 or not h.is_contiguous() or h.shape[1] != s.hidden or rows.numel() != t:
+            raise ValueError("h must be contiguous float32 [T, hidden] and every token's attention in the call")
+        self._buffers(t)
+        rc = self._lib.tr_decode_stack(self._ref, l0, l1, h.data_ptr(), t, cis.data_ptr(), positions.data_ptr(),
+                                       slots.data_ptr(), tables.data_ptr(), tables.stride(0), rows.data_ptr(),
+                                       reqs.data_ptr(), lens.data_ptr(), self._work.data_ptr(),
+                                       self._scratch.data_ptr(), torch.get_num_threads())
+        _i4x_rc(rc, "decode stack")

@@ -35,8 +35,8 @@ from tokenrouter.runtime.host import cpu_flags, cpu_model
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 SOURCES = tuple(os.path.join(_CSRC, n) for n in ("paged_attention.c", "decode_ops.c", "int4_matmul.c",
-                                                  "int4_avx2.c"))
-HEADERS = tuple(os.path.join(_CSRC, n) for n in ("vexp.h",))
+                                                  "int4_avx2.c", "decode_stack.c"))
+HEADERS = tuple(os.path.join(_CSRC, n) for n in ("vexp.h", "kernels.h"))
 LIB_PREFIX = "tokenrouter-kernels-"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c11", "-shared", "-fPIC")
 OPENMP = ("-fopenmp",)
@@ -44,12 +44,12 @@ OPENMP = ("-fopenmp",)
 _p, _i32, _i64, _f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 # the library's functions: name -> (return type, argument types), as `csrc/` declares them
 SIGNATURES = {
-    "tr_paged_attention_f32": (ctypes.c_int, [_p, _i64, _p, _i64, _i64, _i64, _i64, _i64, _p, _i64, _p, _p, _p,
-                                              _i64, _f32, _p, _i64, _i64]),
+    "tr_paged_attention": (ctypes.c_int, [_p, _i64, _p, _i32, _i64, _i64, _i64, _i64, _i64, _p, _i64, _p, _p, _p,
+                                          _i64, _f32, _p, _i64, _i64]),
     "tr_add_rmsnorm": (None, [_p, _i64, _p, _i32, _i64, _p, _f32, _p, _i32, _i64, _i64, _i64, _i64]),
     "tr_silu_mul": (None, [_p, _i32, _i64, _p, _i32, _i64, _i64, _i64, _i64]),
-    "tr_rope_write": (None, [_p, _i32, _i64, _i64, _i64, _i64, _i64, _p, _p, _p, _f32, _p, _i64, _p, _p, _i64,
-                             _i64]),
+    "tr_rope_write": (None, [_p, _i32, _i64, _i64, _i64, _i64, _i64, _p, _p, _p, _f32, _p, _i32, _i64, _p, _p,
+                             _i64, _i64]),
     "tr_int4dp_supported": (ctypes.c_int, []),
     "tr_int4dp_mm": (ctypes.c_int, [_p, _i32, _i64, _i64, _i64, _p, _p, _i64, _p, _i64, _i32, _i32]),
     "tr_int4amx_supported": (ctypes.c_int, []),
@@ -61,6 +61,8 @@ SIGNATURES = {
     "tr_i4x_mm": (ctypes.c_int, [_p, _i32, _i64, _i64, _i64, _i32, _p, _i64, _p, _i64, _p, _i32]),
     "tr_i4x_mm_multi": (ctypes.c_int, [_p, _i32, _i64, _i64, _i64, _i32, _i32, _p, _p, _p, _p, _p, _i32]),
     "tr_i4x_mm_q": (ctypes.c_int, [_p, _i64, _i64, _i32, _i32, _p, _p, _p, _p, _i32]),
+    "tr_decode_stack_work_floats": (_i64, [_p, _i64]),
+    "tr_decode_stack": (ctypes.c_int, [_p, _i64, _i64, _p, _i64, _p, _p, _p, _p, _i64, _p, _p, _p, _p, _p, _i32]),
 }
 
 

@@ -69,6 +69,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "kernels.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
