@@ -301,6 +301,15 @@ def test_the_plan_measures_it_and_never_the_opt_in_8_bit_mode():
     assert torch.equal(lins[0](x), _mm(lins[0].impl["int4avx2-x8"].packed, x, 8, n=64))
 
 
+def test_a_rescored_head_measures_the_8_bit_mode_too():
+    g = torch.Generator().manual_seed(13)
+    head = PlannedLinear(q4_1(64, 256, g), torch.bfloat16, rescored=True)
+    assert head.key == "64x256:q4g32:rescored" and "int4avx2-x8" in head.measurable()
+    assert "int4avx2-x8" not in PlannedLinear(q4_1(64, 256, g), torch.bfloat16).measurable()
+    measure([head], rounds=1, buckets=(1, 2))
+    assert {"int4avx2", "int4avx2-x8"} <= set(measure.last_timings["64x256:q4g32:rescored"])
+
+
 def test_within_the_margin_the_avx512_kernels_keep_their_place_and_int4avx2_beats_torch():
     rows = [1, 2]
     assert pick_kernel({"int4": {1: 1.0, 2: 1.0}, "int4avx2": {1: 1.08, 2: 1.08}}, rows) == "int4avx2"

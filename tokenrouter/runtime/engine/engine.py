@@ -121,7 +121,7 @@ class Engine:
         self.block_size = block_size = o.block_size
         self.max_model_len = o.max_model_len or config.max_position_embeddings
         self.max_batched_tokens = o.max_batched_tokens
-        self.kv_dtype = self._kv_dtype(o.kv_dtype, o.quant)
+        self.kv_dtype = self._kv_dtype(o.kv_dtype, o.quant, o.act_dtype)
         num_blocks = o.num_blocks
         if num_blocks is None:
             num_blocks = default_num_blocks(config, block_size, self.kv_dtype, self.max_model_len)
@@ -181,17 +181,19 @@ class Engine:
         log.warning("C attention kernel unavailable (%s); using torch's attention path", why)
         return False
 
-    def _kv_dtype(self, want: str | None, quant: str) -> torch.dtype:
+    def _kv_dtype(self, want: str | None, quant: str, act_dtype: torch.dtype) -> torch.dtype:
         """The cache's element type (`EngineOptions.kv_dtype`): a name as given; None: half
-        precision for a quantised float32 model on CPU where the C kernels build (they read and
-        write it; its tolerance: `tests/runtime/engine/test_kv_half.py`), else the model's dtype."""
+        precision for a quantised float32 model on CPU with half-precision activations (float32
+        ones ask for float32's exactness) where the C kernels build (they read and write it; its
+        tolerance: `tests/runtime/engine/test_kv_half.py`), else the model's dtype."""
         if want is not None:
             if want not in KV_DTYPES:
                 raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)} or None, not {want!r}")
             if KV_DTYPES[want] != self.dtype and (self.device.type != "cpu" or self.dtype != torch.float32):
                 raise ValueError(f"kv_dtype={want} runs with float32 models on CPU, not {self.dtype} on {self.device}")
             return KV_DTYPES[want]
-        if quant != "none" and self.device.type == "cpu" and self.dtype == torch.float32 and available() is None:
+        if (quant != "none" and act_dtype != torch.float32 and self.device.type == "cpu" and self.dtype == torch.float32
+                and available() is None):
             return half_kv_dtype(cpu_flags())
         return self.dtype
 

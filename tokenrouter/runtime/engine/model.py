@@ -84,13 +84,13 @@ class Model:
             self.lm_head = matrix(embed if head is None else head, "lm_head.weight")
             return
         head_w = quantised_head(embed if head is None else head, head_quant)
-        self.lm_head = PlannedLinear(head_w, act_dtype)
         self.embed_q = embedding_codes(embed, head, head_w)
         self.embed_tokens = None if self.embed_q is not None else embed
         # tied, with the embedding's own codes at hand and a coarser head: rescore the head's
         # top candidates exactly from those codes (`logits`)
         if head is None and self.embed_q is not None and self.embed_q is not head_w:
             self.head_exact = self.embed_q
+        self.lm_head = PlannedLinear(head_w, act_dtype, rescored=self.head_exact is not None)
 
     def _layer(self, get, matrix, i: int) -> _Layer:
         """Decoder layer `i`: q/k/v and gate/up fused, q and k rows interleaved per head."""

@@ -14,8 +14,10 @@ Kernels:
   group of 32 to ~15 bits (two int8 digits), the products exact integers, scales, mins and
   output float32; its rows computed alone, so it is row-invariant by construction;
 - `int4avx2-x8`: the same with x quantised to int8 (llama.cpp's numerics: 1.5-1.8x faster
-  at 8-16 rows, but under the 99% greedy-agreement bar on SmolLM2), never measured or
-  chosen: only a plan that names it (`kernel_plan="int4avx2-x8"`) runs it (`OPT_IN`);
+  at 8-16 rows, but under the 99% greedy-agreement bar on SmolLM2 as the decoder's kernel):
+  measured and chosen only for an LM head whose top candidates are rescored exactly
+  (`rescored`: greedy tokens then agree as with 16 bits, 808/808 on SmolLM2); elsewhere
+  only a plan that names it (`kernel_plan="int4avx2-x8"`) runs it (`OPT_IN`);
 - `int8`: `_weight_int8pack_mm` (per-row q8);
 - `onednn`: float32 weights reordered once for oneDNN (`onednn_linear`, rows padded to
   `onednn_rows`);
@@ -37,7 +39,7 @@ from tokenrouter.runtime.kernels.quant import (Int4Avx2Weight, Int4DotWeight, In
                                                int4_shape_problem, int4avx2_problem, int4dp_problem)
 
 INT_KERNELS = ("int4", "int4dp", "int4amx", "int4avx2", "int4avx2-x8", "int8")  # no float copy of the matrix
-OPT_IN = ("int4avx2-x8",)  # kernels only a plan naming them runs: never measured, never chosen
+OPT_IN = ("int4avx2-x8",)  # timed only for a rescored head (`measurable`); elsewhere only when named
 # the C kernels: float32 output whatever x's dtype, which they round themselves (int4dp, int4amx
 # to bfloat16; int4avx2 to its own ~15 bits, so a float32 x gives it more than a bfloat16 one)
 C_INT_KERNELS = ("int4dp", "int4amx", "int4avx2", "int4avx2-x8")
@@ -79,19 +81,24 @@ class PlannedLinear:
     """One matrix of a CPU model (float32 or quantised): its source values, the kernels built
     for it, and the plan [(up to rows, kernel), ...] that picks one per call."""
 
-    __slots__ = ("source", "act_dtype", "impl", "plan", "_float", "shape", "key")
+    __slots__ = ("source", "act_dtype", "impl", "plan", "_float", "shape", "key", "rescored")
 
-    def __init__(self, source: QuantTensor | torch.Tensor, act_dtype: torch.dtype):
+    def __init__(self, source: QuantTensor | torch.Tensor, act_dtype: torch.dtype, rescored: bool = False):
+        """`rescored`: an LM head whose top candidates are recomputed exactly afterwards, so a
+        coarser kernel (`OPT_IN`) is measured for it too."""
         self.source = source
         self.act_dtype = act_dtype
+        self.rescored = rescored
         self.impl: dict[str, object] = {}
         self.plan: list[tuple[int, str]] = []
         self._float = None
         self.shape = tuple(source.shape)
         fmt = f"{source.fmt}g{source.group}" if isinstance(source, QuantTensor) else "f32"
-        self.key = f"{self.shape[0]}x{self.shape[1]}:{fmt}"  # what the plan is chosen by
+        # what the plan is chosen by
+        self.key = f"{self.shape[0]}x{self.shape[1]}:{fmt}" + (":rescored" if rescored else "")
 
     def candidates(self) -> list[str]:
+        """The kernels that can run this matrix here (`measurable` filters what is timed)."""
         s = self.source
         out = []
         if isinstance(s, QuantTensor) and s.fmt == "q4" and int4_shape_problem(*s.shape, s.group) is None:
@@ -107,6 +114,11 @@ class PlannedLinear:
             out.append("onednn")
         out += PLAIN_KERNELS
         return out
+
+    def measurable(self) -> list[str]:
+        """The candidates a measured plan times: all but the `OPT_IN` ones, which only a
+        rescored head's plan measures."""
+        return [k for k in self.candidates() if self.rescored or k not in OPT_IN]
 
     def float_weight(self) -> torch.Tensor:
         if self._float is None:

@@ -49,11 +49,11 @@ import torch
 from tokenrouter.runtime.cache import cache_root, locked, write_json
 from tokenrouter.runtime.host import cpu_flags, cpu_model
 from tokenrouter.runtime.kernels.build import source_hash
-from tokenrouter.runtime.kernels.linear import INT_KERNELS, OPT_IN, PLAIN_KERNELS, PlannedLinear
+from tokenrouter.runtime.kernels.linear import INT_KERNELS, PLAIN_KERNELS, PlannedLinear
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 PLAN_VERSION = 5  # 2: one row-invariant kernel per shape; 3: `linear`, float32 models' plans; 4: int4dp/amx;
-# 5: int4avx2
+# 5: int4avx2, a rescored head's own key
 MEASURE_MIN_BYTES = 4 << 20  # a float shape whose matrices hold less runs `linear` unmeasured
 
 
@@ -98,7 +98,7 @@ def measure(linears: list[PlannedLinear], rounds: int = 2, buckets=ROW_BUCKETS,
             continue
         if progress:
             progress(f"measuring kernels for {key} ({gi + 1}/{len(groups)}, {len(group)} matrices)")
-        kernels = [k for k in _candidates(group) if k not in OPT_IN]
+        kernels = [k for k in _candidates(group) if k in group[0].measurable()]
         for lin in group:
             lin.build(kernels)
         if not per_rows:
