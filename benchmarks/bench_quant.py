@@ -231,9 +231,8 @@ def main() -> int:
     ap.add_argument("--batches", default=None, help="comma-separated (default 1,4,8,16)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--configs", default=",".join((*OURS, "llama.cpp")),
-                    help="comma-separated subset of none,native,int4,int8,llama.cpp (default: these) and "
-                         "native-torch-attention, native-unfused (native without the C attention kernel, or "
-                         "without the C element-wise ops)")
+                    help="comma-separated subset of none,native,int4,int8,llama.cpp (default: these) and the "
+                         f"variants of native: {', '.join(VARIANTS)}")
     ap.add_argument("--head-quant", choices=("int4", "int8", "none"), default=None,
                     help="the LM head's format in the quantised configurations (default: the engine's)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
@@ -249,29 +248,43 @@ def main() -> int:
     from tokenrouter.runtime.loader.builtin.registry import embedded_gguf
     torch.set_num_threads(a.threads)  # (before the host line: its threaded bandwidth runs at this count)
     batches = [int(b) for b in (a.batches or ("1,8" if a.quick else "1,4,8,16")).split(",")]
-    rounds = a.rounds or (1 if a.quick else 3)
-    gguf = embedded_gguf()
-    res = {"host": {**host_info(), "torch": torch.__version__, "read_gb_per_s_threads": threaded_read_gb_s(),
-                    "flags": [f for f in FLAGS if f in cpu_flags().split()], "int4avx2_isa": int4x_isa_or_none()},
-           "threads": a.threads, "gguf": os.path.basename(gguf), "prompt": PROMPT,
-           "new_tokens": NEW, "head_quant": a.head_quant or "the engine's default", "rounds": rounds, "runs": [], "rss_mb": {}, "plans": {}}
-    print(f"host: {res['host']}", flush=True)
     configs = [c for c in a.configs.split(",") if c]
     bad = set(configs) - {*OURS, *VARIANTS, "llama.cpp"}
     if bad:
         ap.error(f"unknown configs {sorted(bad)}")
+    gguf = embedded_gguf()
+    res = {"host": {**host_info(), "torch": torch.__version__, "read_gb_per_s_threads": threaded_read_gb_s(),
+                    "flags": [f for f in FLAGS if f in cpu_flags().split()], "int4avx2_isa": int4x_isa_or_none()},
+           "threads": a.threads, "gguf": os.path.basename(gguf), "prompt": PROMPT, "new_tokens": NEW,
+           "head_quant": a.head_quant or "the engine's default", "rounds": a.rounds or (1 if a.quick else 3),
+           "configs": configs, "runs": [], "rss_mb": {}, "plans": {}}
+    print(f"host: {res['host']}", flush=True)
+    run_rounds(res, gguf, batches, a)
+    rss_of_formats(res, a)
+    summarise(res, batches)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "bench_quant.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    plot(res, batches, os.path.join(a.out, "bench_quant.png"))
+    print(f"wrote {a.out}/bench_quant.json and .png")
+    return 0
+
+
+def run_rounds(res: dict, gguf: str, batches: list[int], a) -> None:
+    """Every configuration at every batch, alternating batch by batch, `res["rounds"]` times,
+    into res["runs"] (and llama.cpp's RSS per slot count into res["rss_mb"])."""
+    configs = res["configs"]
     ours = [c for c in (*OURS, *VARIANTS) if c in configs]
-    res["configs"] = configs
-    engines = {}
+    engines, m = {}, None
     for q in ours:
         t0 = time.perf_counter()
         m, engines[q] = build_engine(q, a.head_quant)
         res.setdefault("engine_build_s", {})[q] = time.perf_counter() - t0
         print(f"built {q} in {res['engine_build_s'][q]:.1f} s", flush=True)
-    vocab = 49152 if not ours else m.config.vocab_size
+    vocab = 49152 if m is None else m.config.vocab_size
     servers = {b: LlamaCpp(gguf, b, a.threads) for b in batches} if "llama.cpp" in configs else {}
     try:
-        for r in range(rounds):
+        for r in range(res["rounds"]):
             for b in batches:
                 for name in configs:
                     run = servers[b].run(b, vocab) if name == "llama.cpp" else ours_run(engines[name], b)
@@ -285,12 +298,14 @@ def main() -> int:
     finally:
         for s in servers.values():
             s.close()
-    engines.clear()
-    for q in (q for q in ours if q not in VARIANTS):  # each format alone in a fresh process (a variant is native's)
+
+
+def rss_of_formats(res: dict, a) -> None:
+    """Each of our formats' RSS, alone in a fresh process (a variant is native's), and its plan."""
+    for q in (q for q in OURS if q in res["configs"]):
         head = ["--head-quant", a.head_quant] if a.head_quant else []
         out = subprocess.run([sys.executable, __file__, "--rss-child", q, "--threads", str(a.threads), *head],
-                             capture_output=True, text=True,
-                             timeout=900)
+                             capture_output=True, text=True, timeout=900)
         if out.returncode == 0:
             info = json.loads(out.stdout.strip().splitlines()[-1])
             res["rss_mb"][q] = info["rss_mb"]
@@ -298,7 +313,11 @@ def main() -> int:
         else:
             res["rss_mb"][q] = None
             print(out.stderr[-2000:], file=sys.stderr)
-    best = {}
+
+
+def summarise(res: dict, batches: list[int]) -> None:
+    """The best round of each configuration and batch, ours over llama.cpp's, printed."""
+    configs, best = res["configs"], {}
     for run in res["runs"]:
         k = (run["config"], run["batch"])
         if k not in best or run["tok_s"] > best[k]["tok_s"]:
@@ -315,12 +334,6 @@ def main() -> int:
         print(f"  B={b:2d}: " + "  ".join(f"{c} {best[(c, b)]['tok_s']:.1f} / {best[(c, b)]['ms_step']:.1f}"
                                          for c in configs))
     print("RSS MB: " + ", ".join(f"{k} {v:.0f}" for k, v in res["rss_mb"].items() if v))
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "bench_quant.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    plot(res, batches, os.path.join(a.out, "bench_quant.png"))
-    print(f"wrote {a.out}/bench_quant.json and .png")
-    return 0
 
 
 def plot(res: dict, batches: list[int], path: str) -> None:

@@ -225,20 +225,6 @@ class Model:
                 hidden[i + 1] = h[last_rows]
         return h
 
-    def _stack_layers(self, h: torch.Tensor, cis: torch.Tensor, positions: torch.Tensor, meta: AttnMeta, kv: KVCache,
-                      last_rows: torch.Tensor, want: set[int], hidden: dict[int, torch.Tensor]) -> torch.Tensor:
-        """`_fused_layers` as one C call for the layers between two wanted hidden states (`stack.py`):
-        the same calls in the same order, so the same bits."""
-        if self._stack is None or self._stack[0] is not kv:
-            self._stack = (kv, build_stack(self, kv))
-        n = meta.native
-        self.stack_steps += 1
-        for l0, l1 in segments(len(self.layers), want):
-            self._stack[1].run(h, l0, l1, cis, positions, meta.slot_mapping, n.tables, n.rows, n.reqs, n.lens)
-            if l1 in want:
-                hidden[l1] = h[last_rows]
-        return h
-
     def _fused_layers(self, h: torch.Tensor, positions: torch.Tensor, meta: AttnMeta, kv: KVCache,
                       last_rows: torch.Tensor, want: set[int], hidden: dict[int, torch.Tensor]) -> torch.Tensor:
         """`_torch_layers` for a quantised model, with the element-wise work between the matrix
