@@ -170,7 +170,9 @@ class Model:
         file's own codes: those rows cost nothing next to the whole head, and the greedy token
         (and the top of the distribution) is then the file's own whenever it is among them."""
         lg = linear(h, self.lm_head)
-        if self.head_exact is not None:
+        if self.head_exact is not None and self._c_rescore(lg, h):
+            bindings.rescore_top(lg, h, self.head_exact.codes, self.head_exact.scale, min(self.RESCORE, lg.shape[1]))
+        elif self.head_exact is not None:
             n, k = h.shape[0], min(self.RESCORE, lg.shape[1])
             top = lg.topk(k, dim=-1).indices  # [n, k]
             w = self.head_exact.dequantize(top.reshape(-1)).view(n, k, -1)
@@ -179,6 +181,16 @@ class Model:
             exact = (w * h.to(torch.float32).unsqueeze(1)).sum(-1)
             lg.scatter_(1, top, exact.to(lg.dtype))
         return lg
+
+    def _c_rescore(self, lg: torch.Tensor, h: torch.Tensor) -> bool:
+        """Whether `logits` rescores in C (`csrc/head_rescore.c`: one pass a row, where torch
+        takes six ops a step): float32 logits and states on CPU, int8 codes with float32
+        scales, the C kernels built here. Its sums run in index order, torch's vectorised: the
+        rescored logits differ between the two by float32 rounding."""
+        e = self.head_exact
+        return (lg.dtype == torch.float32 and h.dtype == torch.float32 and lg.device.type == "cpu"
+                and e.codes.dtype == torch.int8 and e.scale.dtype == torch.float32 and e.scale.dim() == 2
+                and available() is None)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMeta, kv: KVCache,
                 last_rows: torch.Tensor, hidden_layers: tuple[int, ...] = ()

@@ -310,6 +310,33 @@ def int4x_quantize(x: torch.Tensor, xbits: int = 16, lib=None) -> tuple[torch.Te
     return q, f[..., 0].clone(), f[..., 1].clone()
 
 
+# ------------------------------------------------------------------ head_rescore.c
+
+RESCORE_MAX_K = 64
+
+
+def rescore_top(lg: torch.Tensor, h: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int) -> None:
+    """In place: each row's k highest logits of lg [T, V] (float32, contiguous rows)
+    recomputed in float32 from int8 `codes` [V, H] with float32 `scales` [V, H / group] and
+    h [T, H] float32 (`csrc/head_rescore.c`: ties to the lower index, each row alone)."""
+    lib = load()
+    t, v = lg.shape
+    hdim = h.shape[1]
+    _rows_ok(lg, t, v, _F32, "lg")
+    _rows_ok(h, t, hdim, _F32, "h")
+    if codes.dtype != torch.int8 or codes.shape != (v, hdim) or not codes.is_contiguous():
+        raise ValueError(f"codes must be contiguous int8 [{v}, {hdim}]")
+    if scales.dtype != _F32 or scales.dim() != 2 or scales.shape[0] != v or not scales.is_contiguous() \
+            or hdim % scales.shape[1]:
+        raise ValueError(f"scales must be contiguous float32 [{v}, groups] with groups dividing {hdim}")
+    if not 1 <= k <= min(v, RESCORE_MAX_K):
+        raise ValueError(f"k must be in 1..{min(v, RESCORE_MAX_K)}, not {k}")
+    rc = lib.tr_rescore_top(lg.data_ptr(), lg.stride(0), t, v, h.data_ptr(), h.stride(0), hdim, codes.data_ptr(),
+                            scales.data_ptr(), hdim // scales.shape[1], k, torch.get_num_threads())
+    if rc:
+        raise ValueError("the rescoring kernel refused its arguments")
+
+
 # ------------------------------------------------------------------ decode_stack.c
 
 class _Stack(ctypes.Structure):
