@@ -61,8 +61,6 @@ def test_workload():
     assert workload.requests_for(8, 4) == 16 and workload.requests_for(1, 4) == 4
     s = workload.sampling(7)
     assert s.max_tokens == 7 and s.temperature == 0.0 and s.stop_token_ids == ()
-    with pytest.raises(ValueError):
-        workload.Workload(0, 5)
 
 
 def test_sweep_candidates_and_profile_sizes():

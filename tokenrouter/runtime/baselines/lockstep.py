@@ -15,9 +15,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from tokenrouter.compiler import ir
+from tokenrouter.compiler.backend.compiled import load_routers
 from tokenrouter.protocol.sampling import SamplingParams
 from tokenrouter.protocol.state import RouteState
+from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.loader import load_model, quant_options
 from tokenrouter.runtime.metrics import PHASES
 from tokenrouter.runtime.subserver.request import Request
 from tokenrouter.runtime.subserver.step import LOOP_ERROR, StepRunner
@@ -35,12 +40,6 @@ class Lockstep:
     def __init__(self, program: ir.Program, models: dict[str, Any] | None = None, block_size: int = 16,
                  num_blocks: int | None = None, threads: int = 0, base_dir: str | None = None,
                  max_model_len: int | None = None):
-        import torch
-
-        from tokenrouter.compiler.backend.compiled import load_routers
-        from tokenrouter.runtime.engine.engine import Engine
-        from tokenrouter.runtime.loader import load_model, quant_options
-
         if threads:
             torch.set_num_threads(threads)
         self.program = program

@@ -6,7 +6,10 @@ it is the oracle this is tested against).
              visit (prefill), a peer's suffix on a return (extend), or one token (decode)
     forward  every member engine once over the whole batch (one, or an ensemble's members)
     combine  an ensemble's member logits into its log-probabilities (compiled `combine`)
-    sample   one token per request (`engine/sampler.py`)
+    sample   one token per request (`engine/sampler.py`) from the logits after the request's
+             penalties, logit bias and structured-output mask (`engine/logits.py`); the
+             log-probabilities of the token, when the request asks for them, are the
+             writer's own distribution's
     route    the compiled `route` for the whole batch: next writer, keep or rewrite
     commit   kept tokens are appended; a request ends at a stop token, at `max_tokens` or
              at the context limit; the others stay or depart, their next writer set
@@ -15,6 +18,11 @@ Invariant 1 of docs/architecture.md holds by construction: a request's KV length
 engine's `seq_len`, and the step feeds exactly the tokens after it. A request with nothing
 to feed came back without a new token (two writers rewriting each other's token): it is
 not stepped but reported as `looped`, since the program would never make progress.
+
+A request with structured output has a grammar state here (`Request.grammar`), advanced
+before each step by the output tokens it has not consumed: this writer's last token, or the
+suffix other writers wrote while the request was away. Output its grammar refuses fails
+that request alone (`failed`).
 
 The runner only changes requests (their route state and KV); what is sent where, and how
 the scheduler hears of it, is the caller's business.
@@ -25,7 +33,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from tokenrouter.protocol.step import StepTensors
+from tokenrouter.runtime.engine.grammar import GrammarError, Grammars
+from tokenrouter.runtime.engine.logits import LogitsRow, process_logits
+from tokenrouter.runtime.engine.sampler import TokenLogprobs, sample, token_logprobs
 from tokenrouter.runtime.subserver.request import Request
 
 LOOP_ERROR = "request came back with no new token (two writers rewrite each other's token in a loop)"
@@ -38,12 +51,14 @@ class StepFailure(RuntimeError):
 @dataclass
 class StepResult:
     looped: list[Request] = field(default_factory=list)  # nothing new to feed: not stepped
+    failed: list[tuple[Request, str]] = field(default_factory=list)  # its grammar refused its output: not stepped
     stepped: list[Request] = field(default_factory=list)  # the others, in batch order
     error: Exception | None = None  # the step raised before its commit: `stepped` are unchanged
     fed_tokens: int = 0
     committed: list[tuple[Request, int, int]] = field(default_factory=list)  # (request, output position, token)
     rewritten: int = 0  # sampled tokens dropped (their next writer writes that position)
     ended: list[tuple[Request, str]] = field(default_factory=list)  # reason: "stop" | "length"
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)  # rid -> its committed token's, when asked
     stayed: list[Request] = field(default_factory=list)
     departing: list[tuple[Request, str]] = field(default_factory=list)  # and their next writer
 
@@ -52,11 +67,8 @@ class StepRunner:
     """Steps one writer: its member engines (a model, or an ensemble's models) and its router."""
 
     def __init__(self, writer: str, writers: list[str], members: tuple[str, ...], engines: dict,
-                 router, phase_s: dict[str, float]):
-        import torch
-        self._torch = torch
-        from tokenrouter.runtime.engine.sampler import sample
-        self._sample = sample
+                 router, phase_s: dict[str, float], grammars: Grammars | None = None):
+        self.grammars = grammars  # compiles structured-output specs (None: such requests fail)
         self.writer, self.writers, self.index = writer, list(writers), writers.index(writer)
         self.members = tuple(members)
         self.engines = {m: engines[m] for m in self.members}
@@ -74,22 +86,29 @@ class StepRunner:
     def run(self, reqs: list[Request]) -> StepResult:
         res = StepResult()
         for r in reqs:
-            (res.looped if self.fed(r) >= len(r.state.tokens) else res.stepped).append(r)
+            if self.fed(r) >= len(r.state.tokens):
+                res.looped.append(r)
+                continue
+            why = self._advance_grammar(r)
+            if why:
+                res.failed.append((r, why))
+            else:
+                res.stepped.append(r)
         if not res.stepped:
             return res
         try:
-            sampled, dests, keeps = self._forward(res)
+            sampled, dests, keeps, logprobs = self._forward(res)
         except Exception as exc:
             res.error = exc
             return res
         t0 = time.perf_counter()
-        self._commit(res, sampled, dests, keeps)
+        self._commit(res, sampled, dests, keeps, logprobs)
         self.phase_s["bookkeeping"] += time.perf_counter() - t0
         return res
 
     def _forward(self, res: StepResult):
         """Feed, forward, combine, sample and route: (sampled, dests, keeps) as lists."""
-        torch, reqs, ph = self._torch, res.stepped, self.phase_s
+        reqs, ph = res.stepped, self.phase_s
         if self.fail_next > 0:
             self.fail_next -= 1
             raise StepFailure(f"{self.writer}: injected step failure (debug_fail)")
@@ -116,7 +135,9 @@ class StepRunner:
         else:
             member_logits = ()
             logits = outs[0].logits
-        sampled = self._sample(logits, [r.params for r in reqs], positions.tolist())
+        rows = [LogitsRow(r.params, r.state.tokens, r.state.prompt_len, r.grammar) for r in reqs]
+        sampled = sample(process_logits(logits, rows), [r.params for r in reqs], positions.tolist())
+        logprobs = token_logprobs(logits, sampled, [r.params.logprobs for r in reqs])
         t2 = time.perf_counter()
         ph["sample"] += t2 - t1
 
@@ -128,12 +149,30 @@ class StepRunner:
             step.token_embedding = self.engines[self.writer].embed(sampled)
         dests, keeps = self.router.route(step).tolist()
         ph["route"] += time.perf_counter() - t2
-        return sampled.tolist(), dests, keeps
+        return sampled.tolist(), dests, keeps, logprobs
 
-    def _commit(self, res: StepResult, sampled, dests, keeps) -> None:
-        for r, tok, dest, keep in zip(res.stepped, sampled, dests, keeps):
+    def _advance_grammar(self, r: Request) -> str | None:
+        """Bring a structured-output request's grammar state up to its output (created at its
+        first step here); why it fails, if it does."""
+        spec = r.params.structured
+        if spec is None:
+            return None
+        try:
+            if r.grammar is None:
+                if self.grammars is None:
+                    return f"{self.writer}: structured output is not available on this writer"
+                r.grammar = self.grammars.state(spec)
+            r.grammar.advance(r.state.tokens[r.state.prompt_len:])
+        except GrammarError as exc:
+            return f"{self.writer}: {exc}"
+        return None
+
+    def _commit(self, res: StepResult, sampled, dests, keeps, logprobs) -> None:
+        for r, tok, dest, keep, lp in zip(res.stepped, sampled, dests, keeps, logprobs):
             if keep:
                 res.committed.append((r, r.n_out, tok))
+                if lp is not None:
+                    res.logprobs[r.rid] = lp
                 r.commit(tok, self.writer)
                 reason = r.end_reason(tok, self.max_model_len)
                 if reason is not None:
