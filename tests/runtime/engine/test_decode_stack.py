@@ -56,6 +56,18 @@ def test_the_stack_gives_the_fused_paths_bits(tmp_path, family, kernel):
     assert stacked.model.stack_steps == 5 and calls.model.stack_steps == 0  # the stack ran, but not the prefill
 
 
+def test_a_step_over_the_kept_buffers_rows_allocates_its_own_and_gives_the_same_bits(tmp_path):
+    m = _model(tmp_path, "llama", layers=2)
+    stacked, calls = _engine(m), _engine(m, decode_stack=False)
+    g = torch.Generator().manual_seed(3)
+    for step in range(2):  # 5 requests x 16-token extends: 80 rows, over the 64 kept
+        batch = [(i, torch.randint(0, VOCAB, (16,), generator=g).tolist()) for i in range(5)]
+        if step == 0:
+            batch = [(i, t[:3]) for i, t in batch]  # a short first visit: the next step is all extends
+        assert torch.equal(stacked.step(batch).logits, calls.step(batch).logits)
+    assert stacked.model.stack_steps == 2
+
+
 def test_the_stack_gives_a_request_the_same_bits_in_any_batch(tmp_path):
     m = _model(tmp_path, "qwen3")
     g = torch.Generator().manual_seed(4)

@@ -391,11 +391,18 @@ class DecodeStack:
         self._rows = 0
         self._work = self._scratch = None
 
-    def _buffers(self, rows: int) -> None:
-        if rows > self._rows:
-            self._rows = rows
-            self._work = torch.empty(self._lib.tr_decode_stack_work_floats(self._ref, rows), dtype=_F32)
-            self._scratch = torch.empty(self._lib.tr_i4x_scratch_bytes(rows, self._widest), dtype=torch.uint8)
+    KEEP_ROWS = 64  # buffers for steps up to this many rows are kept; larger steps allocate their own
+
+    def _buffers(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(work, scratch) for a step of `rows` rows: kept from step to step up to `KEEP_ROWS`
+        rows (a decode batch), so a rare large step does not hold its memory for good."""
+        if rows <= self._rows:
+            return self._work, self._scratch
+        work = torch.empty(self._lib.tr_decode_stack_work_floats(self._ref, rows), dtype=_F32)
+        scratch = torch.empty(self._lib.tr_i4x_scratch_bytes(rows, self._widest), dtype=torch.uint8)
+        if rows <= self.KEEP_ROWS:
+            self._rows, self._work, self._scratch = rows, work, scratch
+        return work, scratch
 
     def run(self, h: torch.Tensor, l0: int, l1: int, cis: torch.Tensor, positions: torch.Tensor,
             slots: torch.Tensor, tables: torch.Tensor, rows: torch.Tensor, reqs: torch.Tensor,
@@ -408,9 +415,9 @@ class DecodeStack:
         s = self._struct
         if h.dtype != _F32 or not h.is_contiguous() or h.shape[1] != s.hidden or rows.numel() != t:
             raise ValueError("h must be contiguous float32 [T, hidden] and every token's attention in the call")
-        self._buffers(t)
+        work, scratch = self._buffers(t)
         rc = self._lib.tr_decode_stack(self._ref, l0, l1, h.data_ptr(), t, cis.data_ptr(), positions.data_ptr(),
                                        slots.data_ptr(), tables.data_ptr(), tables.stride(0), rows.data_ptr(),
-                                       reqs.data_ptr(), lens.data_ptr(), self._work.data_ptr(),
-                                       self._scratch.data_ptr(), torch.get_num_threads())
+                                       reqs.data_ptr(), lens.data_ptr(), work.data_ptr(), scratch.data_ptr(),
+                                       torch.get_num_threads())
         _i4x_rc(rc, "decode stack")
