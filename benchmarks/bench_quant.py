@@ -9,11 +9,14 @@ many), batches 1, 4, 8 and 16. Configurations:
   (the file's Q8_0 embedding) as int4 (`--head-quant` to change), one row-invariant kernel per shape, chosen by
   the plan measured on this host at first load;
 - `int4`, `int8`: the float32 weights quantised on load (int4: min/max per group of 32);
-- `native-torch-attention`, `native-unfused`, `native-torch-int4`, `native-int4dp`,
-  `native-int4amx` (not run by default): `native` without the C decode-attention kernel,
-  without the C element-wise ops between the matrix products (`fused_ops=False`), or with
-  every matrix on torch's int4 kernel or on one of the C ones (`csrc/int4_matmul.c`:
-  AVX-512 dot products, AMX tiles) instead of the measured plan, to measure what each gives;
+- `native-torch-attention`, `native-unfused`, `native-per-call`, `native-f32kv`,
+  `native-torch-int4`, `native-int4dp`, `native-int4amx`, `native-int4avx2`,
+  `native-int4avx2-x8` (not run by default): `native` without the C decode-attention kernel,
+  without the C element-wise ops between the matrix products (`fused_ops=False`), with the
+  decode stack's layers as one call each (`decode_stack=False`), with a float32 KV cache, or
+  with every matrix on torch's int4 kernel or on one of the C ones (`csrc/int4_matmul.c`:
+  AVX-512 dot products, AMX tiles; `csrc/int4_avx2.c`: integer dot products, x at ~15 bits or,
+  opt-in, int8) instead of the measured plan, to measure what each gives;
 - `llama.cpp`: upstream llama.cpp's server (the `xllamacpp` wheel, in its own process) with
   as many slots as concurrent requests, continuous batching, requests over loopback HTTP.
 
@@ -21,8 +24,11 @@ Configurations alternate within each round, batch by batch, so the shared machin
 hits all alike; the best round counts, and the load average is recorded with every figure.
 Tokens/s is end to end (prefill included) over all requests of a batch; ms/step is the mean
 decode step (ours: timed per step; llama.cpp: its own `predicted_per_token_ms`); ours also
-time their matrix products alone at the batch's rows (`ms_matrices`, `matrices_ms`). RSS is
-measured per configuration in a fresh process after loading and one step.
+time their matrix products alone at the batch's rows (`ms_matrices`, `matrices_ms`) and what
+that streams (`matrices_gb_s`: the held matrices' bytes over that time, against the host's
+read bandwidth: `read_gb_per_s` single-threaded as every figure's host line, and
+`read_gb_per_s_threads` at the run's threads). RSS is measured per configuration in a fresh
+process after loading and one step.
 
     python benchmarks/bench_quant.py            # ~15-30 min on 2 busy cores
     python benchmarks/bench_quant.py --quick    # 1 round, batches 1 and 8
@@ -42,15 +48,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from tokenrouter.runtime.host import host_info, load_average
+from tokenrouter.runtime.host import cpu_flags, host_info, load_average
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROMPT, NEW = 32, 128
 OURS = ("none", "native", "int4", "int8")
 # `native` with one of the engine's C paths turned off, to measure what it gives
 VARIANTS = {"native-torch-attention": {"attention": "torch"}, "native-unfused": {"fused_ops": False},
+            "native-per-call": {"decode_stack": False},
+            "native-f32kv": {"kv_dtype": "float32"},
             "native-torch-int4": {"kernel_plan": "int4"}, "native-int4dp": {"kernel_plan": "int4dp"},
-            "native-int4amx": {"kernel_plan": "int4amx"}}
+            "native-int4amx": {"kernel_plan": "int4amx"}, "native-int4avx2": {"kernel_plan": "int4avx2"},
+            "native-int4avx2-x8": {"kernel_plan": "int4avx2-x8"}}
+FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
 def prompts(batch: int, vocab: int) -> list[list[int]]:
@@ -91,8 +101,10 @@ def ours_run(eng, batch: int) -> dict:
     t2 = time.perf_counter()
     for i in range(batch):
         eng.free(i)
-    return {"tok_s": batch * NEW / (t2 - t0), "ms_step": (t2 - t1) / (NEW - 1) * 1e3,
-            "ms_matrices": matrices_ms(eng, batch), "load": os.getloadavg()[0]}
+    ms = matrices_ms(eng, batch)
+    nbytes = sum(lin.nbytes() for lin in eng.model.linears())
+    return {"tok_s": batch * NEW / (t2 - t0), "ms_step": (t2 - t1) / (NEW - 1) * 1e3, "ms_matrices": ms,
+            "matrices_gb_s": nbytes / ms / 1e6 if ms else None, "load": os.getloadavg()[0]}
 
 
 def matrices_ms(eng, rows: int, passes: int = 5) -> float | None:
@@ -112,6 +124,24 @@ def matrices_ms(eng, rows: int, passes: int = 5) -> float | None:
                 lin(x)
             best = min(best, time.perf_counter() - t0)
     return best * 1e3
+
+
+def threaded_read_gb_s(mb: int = 256, repeats: int = 5) -> float:
+    """Read bandwidth at torch's thread count: the best of a few sums over a buffer far larger
+    than the caches (host.py's figure is one thread's)."""
+    a = torch.ones(mb * 2 ** 20 // 4)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a.sum()
+        best = min(best, time.perf_counter() - t0)
+    return round(a.numel() * 4 / best / 1e9, 2)
+
+
+def int4x_isa_or_none() -> str | None:
+    """The instructions the integer int4 kernel runs on here (None: not built)."""
+    from tokenrouter.runtime.kernels import bindings
+    return None if bindings.int4x_problem() else bindings.int4x_isa()
 
 
 def rss_child(quant: str, head_quant: str | None, threads: int) -> None:
@@ -201,9 +231,8 @@ def main() -> int:
     ap.add_argument("--batches", default=None, help="comma-separated (default 1,4,8,16)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--configs", default=",".join((*OURS, "llama.cpp")),
-                    help="comma-separated subset of none,native,int4,int8,llama.cpp (default: these) and "
-                         "native-torch-attention, native-unfused (native without the C attention kernel, or "
-                         "without the C element-wise ops)")
+                    help="comma-separated subset of none,native,int4,int8,llama.cpp (default: these) and the "
+                         f"variants of native: {', '.join(VARIANTS)}")
     ap.add_argument("--head-quant", choices=("int4", "int8", "none"), default=None,
                     help="the LM head's format in the quantised configurations (default: the engine's)")
     ap.add_argument("--out", default="bench-results")
@@ -217,34 +246,51 @@ def main() -> int:
         rss_child(a.rss_child, a.head_quant, a.threads)
         return 0
     from tokenrouter.runtime.loader.builtin.registry import embedded_gguf
-    torch.set_num_threads(a.threads)
+    torch.set_num_threads(a.threads)  # (before the host line: its threaded bandwidth runs at this count)
     batches = [int(b) for b in (a.batches or ("1,8" if a.quick else "1,4,8,16")).split(",")]
-    rounds = a.rounds or (1 if a.quick else 3)
-    gguf = embedded_gguf()
-    res = {"host": {**host_info(), "torch": torch.__version__}, "threads": a.threads, "gguf": os.path.basename(gguf), "prompt": PROMPT,
-           "new_tokens": NEW, "head_quant": a.head_quant or "the engine's default", "rounds": rounds, "runs": [], "rss_mb": {}, "plans": {}}
-    print(f"host: {res['host']}", flush=True)
     configs = [c for c in a.configs.split(",") if c]
     bad = set(configs) - {*OURS, *VARIANTS, "llama.cpp"}
     if bad:
         ap.error(f"unknown configs {sorted(bad)}")
+    gguf = embedded_gguf()
+    res = {"host": {**host_info(), "torch": torch.__version__, "read_gb_per_s_threads": threaded_read_gb_s(),
+                    "flags": [f for f in FLAGS if f in cpu_flags().split()], "int4avx2_isa": int4x_isa_or_none()},
+           "threads": a.threads, "gguf": os.path.basename(gguf), "prompt": PROMPT, "new_tokens": NEW,
+           "head_quant": a.head_quant or "the engine's default", "rounds": a.rounds or (1 if a.quick else 3),
+           "configs": configs, "runs": [], "rss_mb": {}, "plans": {}}
+    print(f"host: {res['host']}", flush=True)
+    run_rounds(res, gguf, batches, a)
+    rss_of_formats(res, a)
+    summarise(res, batches)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "bench_quant.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    plot(res, batches, os.path.join(a.out, "bench_quant.png"))
+    print(f"wrote {a.out}/bench_quant.json and .png")
+    return 0
+
+
+def run_rounds(res: dict, gguf: str, batches: list[int], a) -> None:
+    """Every configuration at every batch, alternating batch by batch, `res["rounds"]` times,
+    into res["runs"] (and llama.cpp's RSS per slot count into res["rss_mb"])."""
+    configs = res["configs"]
     ours = [c for c in (*OURS, *VARIANTS) if c in configs]
-    res["configs"] = configs
-    engines = {}
+    engines, m = {}, None
     for q in ours:
         t0 = time.perf_counter()
         m, engines[q] = build_engine(q, a.head_quant)
         res.setdefault("engine_build_s", {})[q] = time.perf_counter() - t0
         print(f"built {q} in {res['engine_build_s'][q]:.1f} s", flush=True)
-    vocab = 49152 if not ours else m.config.vocab_size
+    vocab = 49152 if m is None else m.config.vocab_size
     servers = {b: LlamaCpp(gguf, b, a.threads) for b in batches} if "llama.cpp" in configs else {}
     try:
-        for r in range(rounds):
+        for r in range(res["rounds"]):
             for b in batches:
                 for name in configs:
                     run = servers[b].run(b, vocab) if name == "llama.cpp" else ours_run(engines[name], b)
                     res["runs"].append({"config": name, "batch": b, "round": r, **run})
-                    floor = f" ({run['ms_matrices']:.1f} in the matrices)" if run.get("ms_matrices") else ""
+                    floor = (f" ({run['ms_matrices']:.1f} in the matrices, {run['matrices_gb_s']:.1f} GB/s)"
+                             if run.get("ms_matrices") else "")
                     print(f"round {r} B={b:2d} {name:22s} {run['tok_s']:7.1f} tok/s {run['ms_step']:7.1f} ms/step{floor} "
                           f"(load {run['load']:.1f})", flush=True)
         for b, s in servers.items():
@@ -252,12 +298,14 @@ def main() -> int:
     finally:
         for s in servers.values():
             s.close()
-    engines.clear()
-    for q in (q for q in ours if q not in VARIANTS):  # each format alone in a fresh process (a variant is native's)
+
+
+def rss_of_formats(res: dict, a) -> None:
+    """Each of our formats' RSS, alone in a fresh process (a variant is native's), and its plan."""
+    for q in (q for q in OURS if q in res["configs"]):
         head = ["--head-quant", a.head_quant] if a.head_quant else []
         out = subprocess.run([sys.executable, __file__, "--rss-child", q, "--threads", str(a.threads), *head],
-                             capture_output=True, text=True,
-                             timeout=900)
+                             capture_output=True, text=True, timeout=900)
         if out.returncode == 0:
             info = json.loads(out.stdout.strip().splitlines()[-1])
             res["rss_mb"][q] = info["rss_mb"]
@@ -265,26 +313,27 @@ def main() -> int:
         else:
             res["rss_mb"][q] = None
             print(out.stderr[-2000:], file=sys.stderr)
-    best = {}
+
+
+def summarise(res: dict, batches: list[int]) -> None:
+    """The best round of each configuration and batch, ours over llama.cpp's, printed."""
+    configs, best = res["configs"], {}
     for run in res["runs"]:
         k = (run["config"], run["batch"])
         if k not in best or run["tok_s"] > best[k]["tok_s"]:
             best[k] = run
     res["best"] = [{"config": c, "batch": b, "tok_s": v["tok_s"], "ms_step": v["ms_step"],
-                    "ms_matrices": v.get("ms_matrices"), "load": v["load"]}
+                    "ms_matrices": v.get("ms_matrices"), "matrices_gb_s": v.get("matrices_gb_s"), "load": v["load"]}
                    for (c, b), v in sorted(best.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
+    if "llama.cpp" in configs:  # each of ours against llama.cpp, batch by batch (best rounds)
+        res["over_llama_cpp"] = {str(b): {c: best[(c, b)]["tok_s"] / best[("llama.cpp", b)]["tok_s"]
+                                          for c in configs if c != "llama.cpp"} for b in batches}
     res["host"]["load_average_at_end"] = load_average()
     print("\nbest of rounds (tok/s, ms/step):")
     for b in batches:
         print(f"  B={b:2d}: " + "  ".join(f"{c} {best[(c, b)]['tok_s']:.1f} / {best[(c, b)]['ms_step']:.1f}"
                                          for c in configs))
     print("RSS MB: " + ", ".join(f"{k} {v:.0f}" for k, v in res["rss_mb"].items() if v))
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "bench_quant.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    plot(res, batches, os.path.join(a.out, "bench_quant.png"))
-    print(f"wrote {a.out}/bench_quant.json and .png")
-    return 0
 
 
 def plot(res: dict, batches: list[int], path: str) -> None:

@@ -9,7 +9,7 @@ from tokenrouter.compiler import ir
 from tokenrouter.compiler.pipeline import load_program
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.loader import model_facts
-from tokenrouter.tuner.profile import Profile
+from tokenrouter.tuner.profile import Curve, ModelProfile, Profile
 
 
 @pytest.fixture
@@ -82,3 +82,21 @@ def test_predict_uses_the_tuner_and_b1_matches_no_delay(bench_program):
     assert p1["tokens_per_s"] == pytest.approx(1000 * 20 / (20 * 6.0 + 27.9), rel=1e-6)
     b = tuning.tuned_thresholds(bench_program, 2, prof)
     assert b["small"] == 1 and b["large"] >= 1
+
+
+def test_the_prediction_for_the_workload_counts_its_prompts(bench_program):
+    """A request's prompt is fed once to each model: per request-step, prompt / request tokens
+    times the committed tokens a step stands for (small: 1, large: the 20 of its cycle)."""
+    base = Profile.affine({"small": (6.0, 0.12), "large": (27.9, 0.558)}, colocation=0.5)
+    models = {}
+    for name, mp in base.models.items():  # extends: 0.3 ms more per token a request
+        bs = mp.alone.batch_sizes
+        ext = {k: Curve(bs, tuple(mp.alone(b) + 0.3 * (k - 1) * b for b in bs)) for k in (4, 16)}
+        models[name] = ModelProfile(name, mp.alone, mp.co_located, ext)
+    prof = Profile(models)
+    plain = tuning.predict(bench_program, prof, 8, {"small": 1, "large": 4})
+    fed = tuning.predict(bench_program, prof, 8, {"small": 1, "large": 4}, prompt_tokens=32, request_tokens=128)
+    assert not plain["prefills_counted"] and fed["prefills_counted"]
+    assert plain["tokens_per_request_step"] == pytest.approx({"small": 1.0, "large": 20.0})
+    assert fed["tokens_per_request_step"] == pytest.approx({"small": 1.25, "large": 25.0})
+    assert fed["tokens_per_s"] < plain["tokens_per_s"]

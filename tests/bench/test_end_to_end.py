@@ -50,7 +50,7 @@ def test_every_configuration_runs_side_by_side(route_file, tmp_path, monkeypatch
     details, summary = run_bench(opts)
     assert list(summary) == ["1", "2"]
     for n, row in summary.items():
-        assert set(row) == set(CONFIGS) | {"B_i", "of_bound"}
+        assert set(row) == set(CONFIGS) | {"B_i", "of_bound", "predicted", "of_predicted"}
         assert all(row[c] > 0 for c in CONFIGS)
         assert row["of_bound"]["tokenrouter"] == pytest.approx(row["tokenrouter"] / row["bound"])
         assert set(row["B_i"]) == {"small", "large"}
@@ -79,6 +79,7 @@ def test_every_configuration_runs_side_by_side(route_file, tmp_path, monkeypatch
         steps = {w: v["request_steps_per_token"] * tr["tokens"] for w, v in b["models"].items()}
         assert set(steps) == {"small", "large"}
         assert steps["small"] > 0 and steps["large"] > 0  # the runtime's step counters (read as the run ends)
+        assert b["extends_counted"] and b["models"]["large"]["tokens_per_request_step"] > 1  # prefills, extends
         assert lv["load_average"]["before"] is not None
     sw = details["levels"]["2"]["sweep"]
     assert [p["B"] for p in sw["points"]] == [1, 2]

@@ -1,5 +1,6 @@
 """The suite's own arithmetic: medians, percentiles, shares, breakdowns, summary keys."""
 
+import dataclasses
 import json
 
 import pytest
@@ -8,7 +9,7 @@ from tokenrouter.bench import results as R
 from tokenrouter.bench.configs import CONFIGS
 from tokenrouter.bench.deploy import Measurement
 from tokenrouter.bench.runner import calibrated_requests, official_requests
-from tokenrouter.tuner.profile import Profile
+from tokenrouter.tuner.profile import Curve, ModelProfile, Profile
 
 
 def meas(name, wall, tokens, lat=None, outputs=None, **kw):
@@ -57,8 +58,11 @@ def test_summary_has_exactly_the_issue_keys_per_level(tmp_path):
           "configs": {"tokenrouter": {"tokens_per_s": 30.0}, "naive": {"tokens_per_s": 10.0}}}
     s = R.summary({8: lv, 1: dict(lv, batch_thresholds={"small": 1, "large": 1})})
     assert list(s) == ["1", "8"]
-    assert set(s["8"]) == set(CONFIGS) | {"B_i", "of_bound"}
+    assert set(s["8"]) == set(CONFIGS) | {"B_i", "of_bound", "predicted", "of_predicted"}
     assert s["8"]["tokenrouter"] == 30.0 and s["8"]["lockstep"] is None and s["8"]["B_i"]["large"] == 3
+    assert s["8"]["predicted"] is None and s["8"]["of_predicted"] is None  # no profile, no prediction
+    s = R.summary({8: dict(lv, predicted={"tokenrouter": {"tokens_per_s": 40.0}})})
+    assert s["8"]["predicted"] == 40.0 and s["8"]["of_predicted"] == pytest.approx(0.75)
     R.write_json(str(tmp_path / "s.json"), s)
     assert json.loads((tmp_path / "s.json").read_text()) == s
 
@@ -92,7 +96,37 @@ def test_bound_prices_every_request_step_at_the_full_batch():
     assert b["tokens_per_s"] == pytest.approx(100 / cost)
     assert b["models"]["small"]["request_steps_per_token"] == pytest.approx(1.05)
     assert R.bound(8, None, m) is None
+    assert not b["extends_counted"]  # no fed-token counters: every request-step a decode
     assert R.of_bound({"bound": 200.0, "tokenrouter": 150.0}) == {"tokenrouter": 0.75}
+
+
+def _with_extends(prof: Profile, ms_per_token: float) -> Profile:
+    """`prof` with extend curves: a step of k tokens a request costs (k - 1) ms_per_token more per request."""
+    models = {}
+    for name, mp in prof.models.items():
+        bs = mp.alone.batch_sizes
+        ext = {k: Curve(bs, tuple(mp.alone(b) + (k - 1) * ms_per_token * b for b in bs)) for k in (4, 16)}
+        models[name] = ModelProfile(name, mp.alone, mp.co_located, ext)
+    return Profile(models)
+
+
+def test_bound_counts_the_tokens_each_request_step_fed():
+    """A returning request's extend and a visit's prefill cost more than a decode: the bound
+    prices each model's request-steps at its mean fed tokens, so extends lower it."""
+    prof = _with_extends(Profile.affine({"small": (6.0, 0.5), "large": (20.0, 2.0)}), 0.25)
+    decodes = meas("tokenrouter", 1.0, 100, batch_sum={"small": 105, "large": 5})
+    fed = meas("tokenrouter", 1.0, 100, batch_sum={"small": 105, "large": 5},
+               fed_tokens={"small": 105 + 21, "large": 5 * 20})  # small: 1.2 a step; large: 20-token extends
+    b0, b = R.bound(8, prof, decodes), R.bound(8, prof, fed)
+    assert b["extends_counted"] and b["models"]["large"]["tokens_per_request_step"] == 20.0
+    small, large = prof.models["small"], prof.models["large"]
+    cost = (105 * small.step_ms(8, tokens=1.2) + 5 * large.step_ms(8, tokens=20.0)) / 1000 / 8
+    assert b["tokens_per_s"] == pytest.approx(100 / cost)
+    assert b["tokens_per_s"] < b0["tokens_per_s"]
+    g = R.gap(8, prof, dataclasses.replace(fed, steps={"small": 20, "large": 5},
+                                           phase_s={"small": {"forward": 0.4}, "large": {"forward": 0.1}}))
+    assert g["large"]["tokens_per_request_step"] == 20.0
+    assert g["large"]["profile_step_ms_at_mean_batch"] == pytest.approx(large.step_ms(1, tokens=20.0))
 
 
 def test_calibrated_requests():

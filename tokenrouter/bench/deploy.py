@@ -38,6 +38,7 @@ class Measurement:
     phase_s: dict[str, dict[str, float]] = field(default_factory=dict)  # writer -> phase -> seconds
     steps: dict[str, int] = field(default_factory=dict)
     batch_sum: dict[str, float] = field(default_factory=dict)  # sum of batch sizes over steps
+    fed_tokens: dict[str, int] = field(default_factory=dict)  # tokens fed to the engine: prefills, extends, decodes
     launch_reasons: dict[str, dict[str, int]] = field(default_factory=dict)
     threads: dict[str, int] = field(default_factory=dict)
 
@@ -79,6 +80,7 @@ class RuntimeDeployment(LLM):
             m.phase_s[w] = _delta(a["phase_s"], b.get("phase_s", {}))
             m.steps[w] = a["steps"] - b.get("steps", 0)
             m.batch_sum[w] = a["batch_size"]["sum"] - b.get("batch_size", {}).get("sum", 0)
+            m.fed_tokens[w] = a["prefill_tokens"] - b.get("prefill_tokens", 0)
             m.launch_reasons[w] = _delta(a["launch_reasons"], b.get("launch_reasons", {}))
             m.batch_threshold[w] = a["batch_threshold"]
             m.threads[w] = a["threads"]

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from tokenrouter.bench.configs import CONFIGS, PEERS_ROUTED, ROUTED
+from tokenrouter.tuner.profile import ProfileError
 
 SUMMARY_B_KEY = "B_i"
 
@@ -107,26 +108,44 @@ def peer_agreement(by_config: dict[str, list]) -> dict[str, Any]:
 def bound(concurrency: int, profile, m) -> dict[str, Any] | None:
     """The profile's upper bound for the work a tokenrouter measurement did: every
     request-step it took on model w (its batch sizes summed) run at the full batch N with
-    no waiting, costing L_w(N) / N each (the profile's step time alone at batch N):
-    tokens/s = tokens / sum_w (request-steps_w L_w(N) / N)."""
+    no waiting, each feeding the tokens it fed (`tokens_per_request_step`: a decode's one, a
+    returning request's extend of what the other model wrote, a first visit's prefill; from
+    the subservers' fed-token counters), costing L_w(N, k_w) / N each (the profile's step time
+    at batch N with k_w tokens a request, its extend curves interpolated):
+    tokens/s = tokens / sum_w (request-steps_w L_w(N, k_w) / N). Without the fed-token counts
+    every request-step is costed as a decode (`extends_counted` False), which leaves out the
+    extends and overstates the bound."""
     if profile is None or m is None or not m.batch_sum:
         return None
     cost_s, per = 0.0, {}
+    counted = all(m.fed_tokens.get(w) for w in m.batch_sum)
     for w, req_steps in m.batch_sum.items():
         if w not in profile.models:
             return None
-        ms = profile.models[w].step_ms(concurrency)
-        per[w] = {"request_steps_per_token": req_steps / m.tokens, "step_ms_at_N": ms}
+        k = tokens_per_request_step(m, w)
+        try:
+            ms = profile.models[w].step_ms(concurrency, tokens=k)
+        except ProfileError as exc:
+            return {"tokens_per_s": None, "error": str(exc)}
+        per[w] = {"request_steps_per_token": req_steps / m.tokens, "tokens_per_request_step": k,
+                  "step_ms_at_N": ms, "decode_step_ms_at_N": profile.models[w].step_ms(concurrency)}
         cost_s += req_steps * ms / 1000.0 / concurrency
-    return {"tokens_per_s": m.tokens / cost_s if cost_s > 0 else None, "models": per}
+    return {"tokens_per_s": m.tokens / cost_s if cost_s > 0 else None, "extends_counted": counted, "models": per}
+
+
+def tokens_per_request_step(m, w: str) -> float:
+    """Mean tokens model w was fed per request-step (1 where the counters are missing)."""
+    req_steps, fed = m.batch_sum.get(w, 0), m.fed_tokens.get(w, 0)
+    return max(1.0, fed / req_steps) if req_steps and fed else 1.0
 
 
 def gap(concurrency: int, profile, m) -> dict[str, Any] | None:
     """Where a tokenrouter measurement's time went against the bound, per model: how much of
     the wall it was busy (the rest it waited for requests), the mean batch it formed against
     N (a step of b requests costs L(b)/b per request-step instead of L(N)/N: `underfill`),
-    and its measured step against the profile's at that mean batch (`step_over_profile`:
-    co-location, longer contexts, extends, the frontend's CPU use)."""
+    and its measured step against the profile's at that mean batch and tokens a request
+    (`step_over_profile`: co-location, longer contexts, the frontend's CPU use, the step's
+    work outside the forward)."""
     if profile is None or m is None or not m.batch_sum:
         return None
     out = {}
@@ -137,13 +156,18 @@ def gap(concurrency: int, profile, m) -> dict[str, Any] | None:
         busy = sum(m.phase_s.get(w, {}).values())
         mean_b = req_steps / steps
         prof = profile.models[w]
-        at_b = prof.step_ms(max(1, int(round(mean_b))))
-        at_n = prof.step_ms(concurrency)
+        k = tokens_per_request_step(m, w)
+        try:
+            at_b = prof.step_ms(max(1, int(round(mean_b))), tokens=k)
+            at_n = prof.step_ms(concurrency, tokens=k)
+        except ProfileError:
+            continue
         out[w] = {"busy_share_of_wall": busy / m.wall_s if m.wall_s > 0 else None, "mean_batch": mean_b,
-                  "measured_step_ms": 1000 * busy / steps, "profile_step_ms_at_mean_batch": at_b,
-                  "profile_step_ms_at_N": at_n,
+                  "tokens_per_request_step": k, "measured_step_ms": 1000 * busy / steps,
+                  "profile_step_ms_at_mean_batch": at_b, "profile_step_ms_at_N": at_n,
                   "underfill": (at_b / max(1, round(mean_b))) / (at_n / concurrency),
-                  "step_over_profile": 1000 * busy / steps / at_b}
+                  "step_over_profile": 1000 * busy / steps / at_b,
+                  "forward_share_of_step": (m.phase_s.get(w, {}).get("forward", 0.0) / busy) if busy else None}
     return out
 
 
@@ -162,11 +186,16 @@ def of_bound(tps: dict[str, float | None]) -> dict[str, float]:
 
 def summary(levels: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """summary.json: per concurrency level, tokens/s under each configuration key (null
-    when not run), each one's fraction of `bound` and the B_i used."""
+    when not run), each one's fraction of `bound`, the tuner chain's predicted tokens/s for
+    tokenrouter's schedule (`predicted`, null without a profile or fixed routing
+    probabilities) and tokenrouter's measured/predicted (`of_predicted`), and the B_i used."""
     out = {}
     for n, lv in sorted(levels.items()):
         row = {c: (lv["configs"][c]["tokens_per_s"] if c in lv["configs"] else None) for c in CONFIGS}
         row["of_bound"] = lv.get("of_bound") or None
+        pred = ((lv.get("predicted") or {}).get("tokenrouter") or {}).get("tokens_per_s")
+        row["predicted"] = pred
+        row["of_predicted"] = row["tokenrouter"] / pred if pred and row.get("tokenrouter") else None
         row[SUMMARY_B_KEY] = lv["batch_thresholds"]
         out[str(n)] = row
     return out

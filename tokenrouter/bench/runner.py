@@ -381,8 +381,12 @@ def _level_doc(n: int, measured: _Measured, setup: _Setup, opts: BenchOptions) -
           "of_bound": R.of_bound(tps), "identical_outputs": R.identical_outputs(per),
           "peer_agreement": R.peer_agreement(per), "load_average": measured.load.get(n)}
     if profile is not None and setup.auto:
-        lv["predicted"] = {"tokenrouter": tuning.predict(setup.program, profile, n, tuned),
-                           "no_delay": tuning.predict(setup.program, profile, n, {w: 1 for w in setup.writers})}
+        # the chain for the measured workload (prompts counted), and as the tuner sees it (decodes and extends)
+        ids = setup.ids[:measured.requests[n].get("tokenrouter", len(setup.ids))]
+        work = {"prompt_tokens": sum(map(len, ids)) / max(1, len(ids)), "request_tokens": opts.max_tokens}
+        lv["predicted"] = {"tokenrouter": tuning.predict(setup.program, profile, n, tuned, **work),
+                           "no_delay": tuning.predict(setup.program, profile, n, {w: 1 for w in setup.writers}, **work),
+                           "tokenrouter_without_prefills": tuning.predict(setup.program, profile, n, tuned)}
     sw = {c: ms for c, ms in per.items() if c.startswith("tokenrouter@")}
     if sw:
         lv["sweep"] = _sweep_doc(n, sw, setup)

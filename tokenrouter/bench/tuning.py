@@ -10,6 +10,7 @@ say how far the chain is from the runtime.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -43,19 +44,43 @@ def tuned_thresholds(program, concurrency: int, profile) -> dict[str, int]:
                             tuned=auto_thresholds(program, profile, concurrency, writers))
 
 
-def predict(program, profile, concurrency: int, batch: dict[str, int]) -> dict[str, Any] | None:
+def predict(program, profile, concurrency: int, batch: dict[str, int], prompt_tokens: float = 0.0,
+            request_tokens: float = 0.0) -> dict[str, Any] | None:
     """The tuner's predicted tokens/s for this schedule, or None when the program does
-    not fix its routing probabilities (then they must be measured first)."""
+    not fix its routing probabilities (then they must be measured first). With the
+    workload's mean prompt and request lengths, each request's prompt prefills are counted
+    too (`with_prefills`: the chain's own steps feed only decodes and extends), so the
+    prediction prices the work the measurement does, as `results.bound` does."""
     try:
         pi = inputs_from_program(program)
         if not set(pi.route_probs) >= set(pi.models):
             return None
         system = api.build_system(profile, concurrency, pi.route_probs, models=pi.models, start=pi.start,
                                   rewrite=pi.rewrite, batch=batch, max_wait_ms=pi.max_wait_ms)
+        if prompt_tokens > 0 and request_tokens > 0:
+            system = with_prefills(system, prompt_tokens, request_tokens)
         p = api.predict(system)
     except api.TuneError as exc:
         return {"error": str(exc)}
-    return {"tokens_per_s": p.throughput, "method": p.method, "batch": p.batch}
+    return {"tokens_per_s": p.throughput, "method": p.method, "batch": p.batch,
+            "tokens_per_request_step": dict(system.tokens_per_step),
+            "prefills_counted": prompt_tokens > 0 and request_tokens > 0}
+
+
+def with_prefills(system, prompt_tokens: float, request_tokens: float):
+    """`system` with each request's prompt fed once to each model of a pair (on its first visit
+    there), spread over that model's request-steps: a cycle of the two models' mean runs r_a,
+    r_b commits r_a + r_b tokens less the rewritten ones, so model m takes r_m / cycle
+    request-steps per committed token and feeds prompt / request tokens more per committed
+    token, i.e. (prompt / request) cycle / r_m more per request-step. Other systems unchanged."""
+    if len(system.models) != 2:
+        return system
+    a, b = system.models
+    r = {m: system.runlength[m].mean() for m in system.models}
+    cycle = r[a] + r[b] - system.is_rewrite(a, b) - system.is_rewrite(b, a)
+    share = prompt_tokens / request_tokens
+    k = {m: system.tokens_per_step.get(m, 1.0) + share * cycle / r[m] for m in system.models}
+    return dataclasses.replace(system, tokens_per_step=k)
 
 
 def sweep_candidates(concurrency: int, tuned: int) -> list[int]:

@@ -125,8 +125,8 @@ def test_options_default_to_what_an_engine_without_them_runs(llama):
     o = EngineOptions()
     assert (o.device, o.dtype, o.block_size, o.num_blocks, o.max_model_len, o.prefix_reuse, o.max_batched_tokens,
             o.cuda_graphs, o.quant, o.act_dtype, o.head_quant, o.kernel_plan, o.plan_cache, o.attention,
-            o.fused_ops) == ("cpu", torch.float32, 16, None, None, False, 2048, True, "none", torch.bfloat16, "auto",
-                             None, None, None, None)
+            o.fused_ops, o.kv_dtype, o.decode_stack) == ("cpu", torch.float32, 16, None, None, False, 2048, True, "none",
+                                                         torch.bfloat16, "auto", None, None, None, None, None, None)
     with pytest.raises(dataclasses.FrozenInstanceError):
         o.block_size = 4
     _, cfg, sd = llama

@@ -13,8 +13,8 @@ from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.engine.options import EngineOptions
 
-CUDA = [pytest.param("cuda", True, marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                            reason="CUDA graphs need a GPU"))]
+CUDA = [pytest.param("cuda", True, marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                              reason="CUDA graphs need a GPU")])]
 
 
 @pytest.mark.parametrize("device,mode", CUDA + [("cpu", "eager")], ids=["cuda-graphs", "cpu-static-eager"])

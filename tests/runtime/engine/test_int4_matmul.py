@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from tokenrouter.runtime.kernels import bindings, build
 from tokenrouter.runtime.kernels.linear import PlannedLinear
 from tokenrouter.runtime.kernels.plan import choose, pick_kernel
-from tokenrouter.runtime.kernels.quant import (Int4DotWeight, QuantError, QuantTensor, int4dp_problem,
-                                              quantize_int4)
+from tokenrouter.runtime.kernels.quant import (Int4Avx2Weight, Int4DotWeight, QuantError, QuantTensor,
+                                              int4avx2_problem, int4dp_problem, quantize_int4)
 
 HOST = bindings.int4dp_problem()
 needs_kernel = pytest.mark.skipif(HOST is not None, reason=f"no int4dp kernel here: {HOST}")
@@ -77,15 +77,22 @@ def test_each_row_gets_the_same_bits_whatever_shares_the_call(threads, amx):
     assert torch.equal(w(x[3:30]), full[3:30])  # rows 3.. in chunks that start elsewhere
 
 
-@needs_kernel
-def test_scales_float16_cannot_hold_keep_the_matrix_off_the_kernel():
+@pytest.mark.parametrize("kernel,weight,problem,host", [
+    ("int4dp", Int4DotWeight, int4dp_problem, HOST),
+    ("int4avx2", Int4Avx2Weight, int4avx2_problem, bindings.int4x_problem())])
+def test_scales_float16_cannot_hold_keep_the_matrix_off_the_kernel(kernel, weight, problem, host):
+    """Both C int4 kernels hold s and m as float16 (`quant.float16_problem`), and round x
+    themselves, so neither is a candidate where float32 activations ask for exactness."""
+    if host is not None:
+        pytest.skip(f"no {kernel} kernel here: {host}")
     qt = quantize_int4(torch.randn(32, 64))
     big = QuantTensor("q4", qt.codes, qt.scale * 1e6, qt.zero * 1e6, 32, "int4")
-    assert "float16" in int4dp_problem(big)
+    assert "float16" in problem(big)
     with pytest.raises(QuantError, match="float16"):
-        Int4DotWeight(big)
-    assert "int4dp" not in PlannedLinear(big, torch.bfloat16).candidates()
-    assert "int4dp" in PlannedLinear(qt, torch.bfloat16).candidates()
+        weight(big)
+    assert kernel not in PlannedLinear(big, torch.bfloat16).candidates()
+    assert kernel in PlannedLinear(qt, torch.bfloat16).candidates()
+    assert kernel not in PlannedLinear(qt, torch.float32).candidates()
 
 
 def test_the_packed_weights_must_match_the_matrix():

@@ -81,3 +81,20 @@ def test_hidden_states_match_transformers(tiny, family):
                                rtol=0, atol=1e-10)
     torch.testing.assert_close(out.hidden[-1][0], hf.hidden_states[-1][0, -1], rtol=0, atol=1e-10)
     torch.testing.assert_close(eng.embed(torch.tensor([9, 60])), sd["model.embed_tokens.weight"][[9, 60]])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cuda_float64_matches_the_cpu_float64_engine(tiny, family):
+    """`device = cuda` in float64: the CPU engine's logits to 1e-10 over prefill, extends and decodes."""
+    _, cfg, sd = tiny(family)
+    rng = random.Random(family)
+    tokens = [rng.randrange(cfg.vocab_size) for _ in range(60)]
+    kw = dict(dtype=torch.float64, block_size=4, num_blocks=64)
+    cpu, gpu = Engine(cfg, sd, EngineOptions(**kw)), Engine(cfg, sd, EngineOptions(device="cuda", **kw))
+    pos = 0
+    for k in [20] + _splits(rng, 40):
+        a, b = cpu.step([("s", tokens[pos:pos + k])]), gpu.step([("s", tokens[pos:pos + k])])
+        pos += k
+        torch.testing.assert_close(b.logits.cpu(), a.logits, rtol=0, atol=1e-10)

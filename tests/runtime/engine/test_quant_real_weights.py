@@ -64,26 +64,30 @@ def reference():
 # (format, kernel, least agreement): torch's int4 kernel rounds its scales, zeros and output to
 # bfloat16; the C kernel (`int4dp` where the CPU has AVX-512 BF16, `int4amx` where it has AMX
 # tiles) rounds only x, and agrees at 807/808 (99.9%) on an Intel Xeon
-CASES = [("native", "int4", 0.98), ("int4", "int4", 0.98), ("int8", "int8", 0.96), ("native", "int4dp", 0.99),
-         ("native", "int4amx", 0.99)]
+CASES = [("native", "int4", "float32", 0.98), ("int4", "int4", "float32", 0.98), ("int8", "int8", "float32", 0.96),
+         ("native", "int4dp", "float32", 0.99), ("native", "int4amx", "float32", 0.99),
+         ("native", "int4avx2", "float32", 0.99), ("native", "int4avx2-x8", "float32", 0.96),
+         ("native", "int4avx2", "float16", 0.99), ("native", "int4avx2", "bfloat16", 0.99),
+         ("native", "int4", "float16", 0.98)]
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("quant,kernel,least", CASES)
-def test_quantised_formats_agree_with_float32_on_greedy_tokens(reference, quant, kernel, least, capsys):
-    """`kernel_plan` puts every matrix on the named integer kernel."""
-    why = bindings.int4dp_problem(amx=kernel == "int4amx") if kernel in ("int4dp", "int4amx") else None
+@pytest.mark.parametrize("quant,kernel,kv,least", CASES)
+def test_quantised_formats_agree_with_float32_on_greedy_tokens(reference, quant, kernel, kv, least, capsys):
+    """`kernel_plan` puts every matrix on the named integer kernel, `kv` is the cache's element type."""
+    why = bindings.int4dp_problem(amx=kernel == "int4amx") if kernel in ("int4dp", "int4amx") else \
+        bindings.int4x_problem() if kernel.startswith("int4avx2") else None
     if why:
         pytest.skip(why)
     m, prompts, ref, toks = reference
     src = load_model("smollm2-135m", quant="native") if quant == "native" else m
     eng = Engine(src.config, src.weights, EngineOptions(num_blocks=80, max_model_len=160, quant=quant,
-                                                         kernel_plan=kernel, attention=ATTENTION))
+                                                         kernel_plan=kernel, attention=ATTENTION, kv_dtype=kv))
     assert {k for lin in eng.model.decoder_linears() for _, k in lin.plan} == {kernel}  # the head: its own format
     got, _ = _run(eng, prompts, forced=toks)
     agree = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
     dmax = (got - ref).abs().max().item()
     with capsys.disabled():
-        print(f"\n[quant={quant}, {kernel}] greedy agreement {100 * agree:.1f}% of {ref.shape[0] * ref.shape[1]} "
+        print(f"\n[quant={quant}, {kernel}, {kv} KV] greedy agreement {100 * agree:.1f}% of {ref.shape[0] * ref.shape[1]} "
               f"teacher-forced positions, max |dlogit| {dmax:.3f}")
     assert agree >= least

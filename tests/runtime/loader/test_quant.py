@@ -199,12 +199,13 @@ def test_the_default_head_is_int4_where_the_kernel_takes_its_shape_and_int8_wher
     (tmp_path / "fits").mkdir()
     (tmp_path / "odd").mkdir()
     fits = _engine(load_model(_gguf(tmp_path / "fits", qtype="F32")), quant="int4")
-    assert f"{VOCAB}x{fits.config.hidden_size}:q4g32" in fits.kernel_plans
+    # tied: its top candidates are rescored from the embedding's codes (the plan's key says so)
+    assert f"{VOCAB}x{fits.config.hidden_size}:q4g32:rescored" in fits.kernel_plans
     odd = VOCAB + 8  # not a multiple of 16 output rows
     m = load_model(_gguf(tmp_path / "odd", qtype="F32", vocab_size=odd))
     assert m.config.vocab_size == odd
     eng = _engine(m, quant="int4")
-    assert f"{odd}x{m.config.hidden_size}:q8g{m.config.hidden_size}" in eng.kernel_plans
+    assert f"{odd}x{m.config.hidden_size}:q8g{m.config.hidden_size}:rescored" in eng.kernel_plans
     with pytest.raises(QuantError, match=rf"lm_head\.weight.*\[{odd}, {m.config.hidden_size}\].*multiple of 16"):
         _engine(m, quant="int4", head_quant="int4")
 
@@ -238,7 +239,7 @@ def test_a_second_head_format_adds_its_shape_to_the_cached_plan(tmp_path, tmp_ca
     second = _engine(m, head_quant="int8", quant=opts.quant, plan_cache=opts.plan_cache)
     with open(opts.plan_cache) as f:
         saved = json.load(f)["plans"]
-    head4 = next(k for k in first.kernel_plans if k.endswith("q4g32") and k.startswith(f"{m.config.vocab_size}x"))
+    head4 = next(k for k in first.kernel_plans if ":q4g32" in k and k.startswith(f"{m.config.vocab_size}x"))
     head8 = next(k for k in second.kernel_plans if k.startswith(f"{m.config.vocab_size}x"))
     assert head4 != head8 and {head4, head8} <= set(saved)
     assert set(saved) == set(first.kernel_plans) | set(second.kernel_plans)

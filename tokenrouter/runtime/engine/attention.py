@@ -210,6 +210,8 @@ def paged_attention(q: torch.Tensor, kv_cache, layer: int, meta: AttnMeta, scale
         # one gather of whole blocks, every head's copy of them, as rows of the flat cache
         # (2x faster here than index_select along the block dimension)
         kv = kv_cache.gather(layer, grp.kv_rows).view(2 * kvh * b, -1, hd)
+        if kv.dtype != q.dtype:  # a half-precision cache, widened for the products
+            kv = kv.to(q.dtype)
         length = kv.shape[1]
         k, v = kv[:kvh * b], kv[kvh * b:]
         if qm <= SHORT_Q:
@@ -250,7 +252,8 @@ def _time_paths(kv_cache, geo, heads: int, layers: int, rounds: int = 3) -> dict
             if b * nb > usable:
                 continue
             tables = [list(range(1 + i * nb, 1 + (i + 1) * nb)) for i in range(b)]
-            q = torch.zeros(b, heads, hd, dtype=kv_cache.kv.dtype)
+            dtype = torch.float32 if kv_cache.kv.dtype in (torch.float16, torch.bfloat16) else kv_cache.kv.dtype
+            q = torch.zeros(b, heads, hd, dtype=dtype)
             metas = {path: build_meta([1] * b, [n] * b, tables, [0] * b, geo, q.dtype, "cpu", native=path == "native")
                      for path in out}
             key = f"{b}x{n}"
@@ -291,8 +294,11 @@ def prefer_native(kv_cache, geo, heads: int, layers: int, cache_path: str | None
     return native
 
 
-def choice_path(geo, heads: int, head_dim: int, layers: int) -> str:
-    """Where the choice for (host, threads, cache geometry) is cached."""
-    key = json.dumps({"host": host_key(), "geometry": [geo.block_size, geo.kv_heads, geo.q_per_kv, heads, head_dim,
-                                                      layers], "source": source_hash()}, sort_keys=True)
+def choice_path(geo, heads: int, head_dim: int, layers: int, kv_dtype: torch.dtype = torch.float32) -> str:
+    """Where the choice for (host, threads, cache geometry and element type) is cached."""
+    key = {"host": host_key(), "geometry": [geo.block_size, geo.kv_heads, geo.q_per_kv, heads, head_dim, layers],
+           "source": source_hash()}
+    if kv_dtype != torch.float32:  # (float32 caches keep the key they had)
+        key["kv_dtype"] = str(kv_dtype)
+    key = json.dumps(key, sort_keys=True)
     return os.path.join(cache_root(), "attention-choice", hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")

@@ -77,9 +77,11 @@ from tokenrouter.runtime.engine.attention import CacheGeometry, build_meta, choi
 from tokenrouter.runtime.engine.block_allocator import BlockAllocator, OutOfBlocks
 from tokenrouter.runtime.engine.config import ModelConfig
 from tokenrouter.runtime.engine.graphs import GraphRunner
-from tokenrouter.runtime.engine.kv_cache import KVCache, default_num_blocks
+from tokenrouter.runtime.engine.kv_cache import KV_DTYPES, KVCache, default_num_blocks, half_kv_dtype
 from tokenrouter.runtime.engine.model import Model
 from tokenrouter.runtime.engine.options import EngineOptions
+from tokenrouter.runtime.engine.stack import stack_problem
+from tokenrouter.runtime.host import cpu_flags
 from tokenrouter.runtime.kernels.build import NativeKernelError, available
 from tokenrouter.runtime.kernels.plan import choose
 
@@ -119,9 +121,10 @@ class Engine:
         self.block_size = block_size = o.block_size
         self.max_model_len = o.max_model_len or config.max_position_embeddings
         self.max_batched_tokens = o.max_batched_tokens
+        self.kv_dtype = self._kv_dtype(o.kv_dtype, o.quant, o.act_dtype)
         num_blocks = o.num_blocks
         if num_blocks is None:
-            num_blocks = default_num_blocks(config, block_size, dtype, self.max_model_len)
+            num_blocks = default_num_blocks(config, block_size, self.kv_dtype, self.max_model_len)
         self.model = Model(config, weights, device=self.device, dtype=dtype, max_len=self.max_model_len,
                            quant=o.quant, act_dtype=o.act_dtype, head_quant=o.head_quant)
         self.quant = o.quant
@@ -135,11 +138,12 @@ class Engine:
         use_graphs = o.cuda_graphs == "eager" or (o.cuda_graphs is True and self.device.type == "cuda")
         # with graphs, one extra block past the allocator's range is the padding rows' scratch
         cache_blocks = num_blocks + use_graphs
-        self.kv = KVCache(config, cache_blocks, block_size, self.device, dtype)
+        self.kv = KVCache(config, cache_blocks, block_size, self.device, self.kv_dtype)
         self.alloc = BlockAllocator(num_blocks, block_size, prefix_reuse=o.prefix_reuse)
         self.q_per_kv = config.num_attention_heads // config.num_key_value_heads
         self.geometry = CacheGeometry(block_size, cache_blocks, config.num_key_value_heads, self.q_per_kv)
         self.native_attention = self._native_attention(o.attention)
+        self.model.stacked = self._decode_stack(o.decode_stack)
         self.graphs = None
         if use_graphs:
             self.graphs = GraphRunner(self.model, self.kv, self.geometry, pad_block=num_blocks,
@@ -148,8 +152,9 @@ class Engine:
     def _native_attention(self, attention: str) -> bool:
         """Whether decodes and short extends go to the C kernel (`bindings.paged_attention`):
         "native" demands it, "torch" refuses it, "auto" (the default) takes it on CPU in float32
-        where it builds and, measured on this host at this thread count and cache geometry
-        (cached), is the faster. One choice per engine, so every step of a request runs the same arithmetic."""
+        where it builds and either the model's decode steps can run as one C call (`stack.py`)
+        or, measured on this host at this thread count and cache geometry (cached), it is the
+        faster. One choice per engine, so every step of a request runs the same arithmetic."""
         if attention is None:
             attention = os.environ.get("TOKENROUTER_ATTENTION", "auto")
         if attention not in ("auto", "native", "torch"):
@@ -163,15 +168,34 @@ class Engine:
             return False
         why = available()
         if why is None:
-            if attention == "native":
+            if attention == "native" or stack_problem(self.model, True) is None:
+                # a model whose decode steps can run as one C call takes the C kernel without
+                # timing it: the stack needs it, and it saves more than the two paths differ by
                 return True
             c = self.config
             return prefer_native(self.kv, self.geometry, c.num_attention_heads, c.num_hidden_layers,
-                                 choice_path(self.geometry, c.num_attention_heads, c.head_dim, c.num_hidden_layers))
+                                 choice_path(self.geometry, c.num_attention_heads, c.head_dim, c.num_hidden_layers,
+                                             self.kv_dtype))
         if attention == "native":
             raise NativeKernelError(f"attention=native: {why}")
         log.warning("C attention kernel unavailable (%s); using torch's attention path", why)
         return False
+
+    def _kv_dtype(self, want: str | None, quant: str, act_dtype: torch.dtype) -> torch.dtype:
+        """The cache's element type (`EngineOptions.kv_dtype`): a name as given; None: half
+        precision for a quantised float32 model on CPU with half-precision activations (float32
+        ones ask for float32's exactness) where the C kernels build (they read and write it; its
+        tolerance: `tests/runtime/engine/test_kv_half.py`), else the model's dtype."""
+        if want is not None:
+            if want not in KV_DTYPES:
+                raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)} or None, not {want!r}")
+            if KV_DTYPES[want] != self.dtype and (self.device.type != "cpu" or self.dtype != torch.float32):
+                raise ValueError(f"kv_dtype={want} runs with float32 models on CPU, not {self.dtype} on {self.device}")
+            return KV_DTYPES[want]
+        if (quant != "none" and act_dtype != torch.float32 and self.device.type == "cpu" and self.dtype == torch.float32
+                and available() is None):
+            return half_kv_dtype(cpu_flags())
+        return self.dtype
 
     def _fused_ops(self, want: bool | None) -> bool:
         """Whether a quantised model's element-wise work runs in C (`Model.fused_problem`):
@@ -182,6 +206,17 @@ class Engine:
         why = self.model.fused_problem()
         if why is not None and want:
             raise ValueError(f"fused_ops=True: {why}")
+        return why is None
+
+    def _decode_stack(self, want: bool | None) -> bool:
+        """Whether decode steps run all layers in one C call (`stack.stack_problem`): where they
+        can unless `decode_stack=False`; `True` demands it. The same bits as the fused path, so
+        no measured choice."""
+        if want is False:
+            return False
+        why = stack_problem(self.model, self.native_attention)
+        if why is not None and want:
+            raise ValueError(f"decode_stack=True: {why}")
         return why is None
 
     # ---- bookkeeping -----------------------------------------------------------------

@@ -1,7 +1,10 @@
 """The KV cache tensors: per layer, K's heads then V's, each a run of fixed-size blocks.
 
 Layout [layers, 2 * kv_heads, num_blocks, block_size, head_dim]; a token's slot is
-`block * block_size + offset`. Writing a step's new tokens is one `index_copy_` per
+`block * block_size + offset`. Its elements are the model's dtype, or a half-precision
+type (`half_kv_dtype`, `Engine`'s `kv_dtype`): written rounded to nearest even, read back
+widened to float32 (the C attention kernel widens as it reads; torch's path converts what it
+gathers). Writing a step's new tokens is one `index_copy_` per
 layer. The portable attention path gathers whole blocks with one `index_select` per
 layer (each index a block_size x head_dim row of the flat cache), and the result is
 already [heads, batch, blocks * block_size, head_dim] contiguous, the layout a batched
@@ -19,6 +22,15 @@ import torch
 from tokenrouter.runtime.engine.config import ModelConfig
 
 DEFAULT_BUDGET_BYTES = 1 << 30  # 1 GiB of K+V unless num_blocks is given
+KV_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def half_kv_dtype(flags: str) -> torch.dtype:
+    """The half-precision cache type for a CPU with these flags: float16 where F16C converts it
+    in one instruction each way (11 significant bits: 8x finer than bfloat16's 8; its range,
+    to 65504, holds K and V of the models served here), else bfloat16, whose conversion is a
+    shift on any CPU and whose range is float32's."""
+    return torch.float16 if "f16c" in flags.split() else torch.bfloat16
 
 
 def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -71,4 +83,4 @@ class KVCache:
 
     def write(self, layer: int, slots: torch.Tensor, kv: torch.Tensor) -> None:
         """Store the new tokens' K and V, kv [T, 2 * kv_heads, head_dim], at their slots [T]."""
-        self._by_slot[layer].index_copy_(1, slots, kv.transpose(0, 1))
+        self._by_slot[layer].index_copy_(1, slots, kv.transpose(0, 1).to(self.kv.dtype))

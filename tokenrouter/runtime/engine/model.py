@@ -19,11 +19,12 @@ from tokenrouter.runtime.engine.attention import AttnMeta, paged_attention
 from tokenrouter.runtime.engine.config import ModelConfig
 from tokenrouter.runtime.engine.kv_cache import KVCache
 from tokenrouter.runtime.engine.layers import LinearWeight, Rotary, interleave, linear, rms_norm, silu_mul
+from tokenrouter.runtime.engine.stack import build_stack, segments
 from tokenrouter.runtime.kernels import bindings
 from tokenrouter.runtime.kernels.build import available
 from tokenrouter.runtime.engine.weights import (WeightError, check_formats, embedding_codes, fuse, map_rows,
                                                 matrix_format, quantised_head, reader)
-from tokenrouter.runtime.kernels.linear import INT_KERNELS, PlannedLinear
+from tokenrouter.runtime.kernels.linear import C_INT_KERNELS, INT_KERNELS, PlannedLinear
 from tokenrouter.runtime.kernels.quant import QuantTensor
 
 
@@ -62,7 +63,11 @@ class Model:
         self.rotary = Rotary(self.hd, c.rope_theta, scaling, max_len, device, dtype)
         self.scale = self.hd ** -0.5
         self.fused = False  # the C element-wise path (`fused_problem`, `_fused_layers`); the engine sets it
+        self.stacked = False  # decode steps as one C call (`stack.py`); the engine sets it
+        self._stack: tuple | None = None  # (the cache it was built over, its DecodeStack)
+        self.stack_steps = 0  # forwards run as stack calls
         self.act_dtype = act_dtype
+        self._fused_dtype: torch.dtype | None = None  # `fused_input_dtype`, once known
 
     def _init_head(self, get, matrix, head_quant: str, act_dtype: torch.dtype) -> None:
         """The embedding, the final norm and the LM head: in a float model as the checkpoint
@@ -79,13 +84,13 @@ class Model:
             self.lm_head = matrix(embed if head is None else head, "lm_head.weight")
             return
         head_w = quantised_head(embed if head is None else head, head_quant)
-        self.lm_head = PlannedLinear(head_w, act_dtype)
         self.embed_q = embedding_codes(embed, head, head_w)
         self.embed_tokens = None if self.embed_q is not None else embed
         # tied, with the embedding's own codes at hand and a coarser head: rescore the head's
         # top candidates exactly from those codes (`logits`)
         if head is None and self.embed_q is not None and self.embed_q is not head_w:
             self.head_exact = self.embed_q
+        self.lm_head = PlannedLinear(head_w, act_dtype, rescored=self.head_exact is not None)
 
     def _layer(self, get, matrix, i: int) -> _Layer:
         """Decoder layer `i`: q/k/v and gate/up fused, q and k rows interleaved per head."""
@@ -143,6 +148,13 @@ class Model:
             return f"matrices {', '.join(floats)} run a float kernel on this host"
         return available()
 
+    def fused_input_dtype(self) -> torch.dtype:
+        """The dtype the fused path hands the decoder's products: float32 where every one runs a
+        C kernel (they take float32 and round it themselves: `int4avx2` to ~15 bits, finer than
+        bfloat16, and no cast is needed), else `act_dtype` (torch's kernels compute in it)."""
+        kernels = {k for lin in self.decoder_linears() for _, k in lin.plan}
+        return torch.float32 if kernels <= set(C_INT_KERNELS) else self.act_dtype
+
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_q is not None:
             return self.embed_q.dequantize(token_ids, self.dtype)
@@ -158,7 +170,9 @@ class Model:
         file's own codes: those rows cost nothing next to the whole head, and the greedy token
         (and the top of the distribution) is then the file's own whenever it is among them."""
         lg = linear(h, self.lm_head)
-        if self.head_exact is not None:
+        if self.head_exact is not None and self._c_rescore(lg, h):
+            bindings.rescore_top(lg, h, self.head_exact.codes, self.head_exact.scale, min(self.RESCORE, lg.shape[1]))
+        elif self.head_exact is not None:
             n, k = h.shape[0], min(self.RESCORE, lg.shape[1])
             top = lg.topk(k, dim=-1).indices  # [n, k]
             w = self.head_exact.dequantize(top.reshape(-1)).view(n, k, -1)
@@ -167,6 +181,16 @@ class Model:
             exact = (w * h.to(torch.float32).unsqueeze(1)).sum(-1)
             lg.scatter_(1, top, exact.to(lg.dtype))
         return lg
+
+    def _c_rescore(self, lg: torch.Tensor, h: torch.Tensor) -> bool:
+        """Whether `logits` rescores in C (`csrc/head_rescore.c`: one pass a row, where torch
+        takes six ops a step): float32 logits and states on CPU, int8 codes with float32
+        scales, the C kernels built here. Its sums run in index order, torch's vectorised: the
+        rescored logits differ between the two by float32 rounding."""
+        e = self.head_exact
+        return (lg.dtype == torch.float32 and h.dtype == torch.float32 and lg.device.type == "cpu"
+                and e.codes.dtype == torch.int8 and e.scale.dtype == torch.float32 and e.scale.dim() == 2
+                and available() is None)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMeta, kv: KVCache,
                 last_rows: torch.Tensor, hidden_layers: tuple[int, ...] = ()
@@ -227,7 +251,12 @@ class Model:
             h = h.contiguous()
         t, width = h.shape
         cis = torch.view_as_real(self.rotary.cis)
-        x = h.new_empty(t, width, dtype=self.act_dtype)
+        if self.stacked and not meta.groups and meta.native is not None:  # every token on the C attention
+            return self._stack_layers(h, cis, positions, meta, kv, last_rows, want, hidden)
+        if self._fused_dtype is None:  # the plans are fixed once the engine chose them
+            self._fused_dtype = self.fused_input_dtype()
+        act_dtype = self._fused_dtype
+        x = h.new_empty(t, width, dtype=act_dtype)
         q = h.new_empty(t, self.nh, self.hd)
         act = None
         bindings.add_rmsnorm(h, None, self.layers[0].ln1, eps, x)
@@ -237,7 +266,7 @@ class Model:
             bindings.rope_write(qkv, self.nh, self.kvh, cis, positions, ly.qk_norm, eps, kv.layers[i], meta.slot_mapping,
                           q.view(t, -1), check=first)
             o = paged_attention(q, kv, i, meta, self.scale)
-            bindings.add_rmsnorm(h, ly.o(o.to(self.act_dtype), ly.o_bias), ly.ln2, eps, x, check=first)
+            bindings.add_rmsnorm(h, ly.o(o.to(act_dtype), ly.o_bias), ly.ln2, eps, x, check=first)
             gu = ly.gate_up(x)
             if act is None:
                 act = gu.new_empty(t, gu.shape[1] // 2)
@@ -246,4 +275,18 @@ class Model:
             bindings.add_rmsnorm(h, ly.down(act), nxt, eps, None if nxt is None else x, check=first or nxt is None)
             if i + 1 in want:
                 hidden[i + 1] = h[last_rows]
+        return h
+
+    def _stack_layers(self, h: torch.Tensor, cis: torch.Tensor, positions: torch.Tensor, meta: AttnMeta, kv: KVCache,
+                      last_rows: torch.Tensor, want: set[int], hidden: dict[int, torch.Tensor]) -> torch.Tensor:
+        """`_fused_layers` as one C call for the layers between two wanted hidden states (`stack.py`):
+        the same calls in the same order, so the same bits."""
+        if self._stack is None or self._stack[0] is not kv:
+            self._stack = (kv, build_stack(self, kv))
+        n = meta.native
+        self.stack_steps += 1
+        for l0, l1 in segments(len(self.layers), want):
+            self._stack[1].run(h, l0, l1, cis, positions, meta.slot_mapping, n.tables, n.rows, n.reqs, n.lens)
+            if l1 in want:
+                hidden[l1] = h[last_rows]
         return h

@@ -39,3 +39,10 @@ class EngineOptions:
     attention: str | None = None
     # a quantised model's element-wise work in C: None where it can run, True demands it, False never
     fused_ops: bool | None = None
+    # the KV cache's elements: "float32", "float16", "bfloat16", or None: a quantised model's on
+    # CPU with half-precision activations half precision (kv_cache.half_kv_dtype: float16 where
+    # the CPU converts it in hardware, else bfloat16) where the C kernels build, any other its own dtype
+    kv_dtype: str | None = None
+    # a quantised model's decode steps as one C call for all layers (engine/stack.py): None where
+    # it can run, True demands it, False never
+    decode_stack: bool | None = None

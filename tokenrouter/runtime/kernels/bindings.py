@@ -19,9 +19,14 @@ range.
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from tokenrouter.runtime.kernels.build import NativeKernelError, available, load
+
+# the KV cache's element types the C kernels read and write, and their codes
+KV_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 def paged_attention(q: torch.Tensor, kv_layer: torch.Tensor, tables: torch.Tensor, rows: torch.Tensor,
@@ -31,7 +36,8 @@ def paged_attention(q: torch.Tensor, kv_layer: torch.Tensor, tables: torch.Tenso
     requests' first `lens` keys, written into `out` [T, heads * head_dim].
 
     q [T, heads, head_dim] float32 (rows may be strided, each row's heads contiguous);
-    kv_layer [2 * kv_heads, num_blocks, block_size, head_dim] contiguous float32; tables
+    kv_layer [2 * kv_heads, num_blocks, block_size, head_dim] contiguous float32, float16 or
+    bfloat16 (`KV_TYPES`; read widened to float32, exactly); tables
     [b, nb] int64 block tables; rows, reqs (index into tables), lens: [n] int64. The
     indices are the caller's to keep in range (`attention.build_meta` checks them once per
     step): the kernel reads where they point. `check=False` skips the dtype and layout checks
@@ -42,10 +48,10 @@ def paged_attention(q: torch.Tensor, kv_layer: torch.Tensor, tables: torch.Tenso
     n = rows.numel()
     if check:
         _check_attention(q, kv_layer, tables, rows, reqs, lens, out)
-    rc = lib.tr_paged_attention_f32(q.data_ptr(), q.stride(0), kv_layer.data_ptr(), num_blocks, block_size,
-                                    kvh, nh // kvh, hd, tables.data_ptr(), tables.stride(0), rows.data_ptr(),
-                                    reqs.data_ptr(), lens.data_ptr(), n, float(scale), out.data_ptr(),
-                                    out.stride(0), torch.get_num_threads())
+    rc = lib.tr_paged_attention(q.data_ptr(), q.stride(0), kv_layer.data_ptr(), KV_TYPES[kv_layer.dtype], num_blocks,
+                                block_size, kvh, nh // kvh, hd, tables.data_ptr(), tables.stride(0), rows.data_ptr(),
+                                reqs.data_ptr(), lens.data_ptr(), n, float(scale), out.data_ptr(), out.stride(0),
+                                torch.get_num_threads())
     if rc:
         raise MemoryError("the C attention kernel could not allocate its scores")
 
@@ -53,8 +59,8 @@ def paged_attention(q: torch.Tensor, kv_layer: torch.Tensor, tables: torch.Tenso
 def _check_attention(q, kv_layer, tables, rows, reqs, lens, out) -> None:
     kvh2, _, _, hd = kv_layer.shape
     t, nh, qhd = q.shape
-    if q.dtype != torch.float32 or kv_layer.dtype != torch.float32 or out.dtype != torch.float32:
-        raise TypeError("the C attention kernel takes float32 q, cache and output")
+    if q.dtype != torch.float32 or kv_layer.dtype not in KV_TYPES or out.dtype != torch.float32:
+        raise TypeError("the C attention kernel takes float32 q and output, and a float32/float16/bfloat16 cache")
     if q.device.type != "cpu" or kv_layer.device.type != "cpu":
         raise TypeError("the C attention kernel runs on CPU tensors")
     if qhd != hd or q.stride(2) != 1 or q.stride(1) != hd or not kv_layer.is_contiguous():
@@ -127,7 +133,8 @@ def rope_write(qkv: torch.Tensor, heads: int, kv_heads: int, cis: torch.Tensor, 
                q_out: torch.Tensor, check: bool = True) -> None:
     """Rotate q and k (after Qwen3's per-head RMSNorm when `qk_norm` [heads + kv_heads, hd] is
     given), write q to q_out [T, heads * hd] float32 and K/V to their `slots` of kv_layer
-    [2 * kv_heads, num_blocks, block_size, hd] float32. qkv [T, (heads + 2 kv_heads) * hd] bf16
+    [2 * kv_heads, num_blocks, block_size, hd] float32, float16 or bfloat16 (rounded to nearest
+    even, as torch's casts). qkv [T, (heads + 2 kv_heads) * hd] bf16
     or float32, interleaved heads; cis [max_len, hd / 2, 2] float32 (cos, sin); positions and
     slots [T] int64 (the caller's to keep in range: the engine's block tables)."""
     lib = load()
@@ -137,7 +144,8 @@ def rope_write(qkv: torch.Tensor, heads: int, kv_heads: int, cis: torch.Tensor, 
         _check_rope(qkv, heads, kv_heads, cis, positions, qk_norm, kv_layer, slots, q_out)
     lib.tr_rope_write(qkv.data_ptr(), int(qkv.dtype == _BF16), qkv.stride(0), t, heads, kv_heads, hd,
                       cis.data_ptr(), positions.data_ptr(), None if qk_norm is None else qk_norm.data_ptr(),
-                      float(eps), kv_layer.data_ptr(), nb * bs, slots.data_ptr(), q_out.data_ptr(),
+                      float(eps), kv_layer.data_ptr(), KV_TYPES[kv_layer.dtype], nb * bs, slots.data_ptr(),
+                      q_out.data_ptr(),
                       q_out.stride(0), torch.get_num_threads())
 
 
@@ -146,9 +154,9 @@ def _check_rope(qkv, heads, kv_heads, cis, positions, qk_norm, kv_layer, slots, 
     t = qkv.shape[0]
     _rows_ok(qkv, t, (heads + kvh2) * hd, _act(qkv), "qkv")
     _rows_ok(q_out, t, heads * hd, _F32, "q_out")
-    if kvh2 != 2 * kv_heads or kv_layer.dtype != _F32 or not kv_layer.is_contiguous() or hd % 2 or hd > 1024:
-        raise ValueError("kv_layer must be a contiguous float32 [2 * kv_heads, blocks, block_size, head_dim] "
-                         "tensor with an even head_dim of at most 1024")
+    if kvh2 != 2 * kv_heads or kv_layer.dtype not in KV_TYPES or not kv_layer.is_contiguous() or hd % 2 or hd > 1024:
+        raise ValueError("kv_layer must be a contiguous float32/float16/bfloat16 [2 * kv_heads, blocks, block_size, "
+                         "head_dim] tensor with an even head_dim of at most 1024")
     if cis.dtype != _F32 or not cis.is_contiguous() or cis.shape[1:] != (hd // 2, 2):
         raise ValueError(f"cis must be a contiguous float32 [max_len, {hd // 2}, 2] tensor")
     for name, a in (("positions", positions), ("slots", slots)):
@@ -206,3 +214,210 @@ def _check_int4dp_packing(codes: torch.Tensor, sm: torch.Tensor, n: int, k: int)
     if k % 32 or n % 16 or codes.shape != (n // 16, k // 32, 4, 16) or sm.shape != (n // 16, k // 32, 2, 16) \
             or codes.dtype != torch.int32 or sm.dtype != torch.float16 or not (codes.is_contiguous() and sm.is_contiguous()):
         raise ValueError(f"packed int4 weights do not match a [{n}, {k}] matrix")
+
+
+# ------------------------------------------------------------------ int4_avx2.c
+
+I4X_ISAS = {0: None, 1: "avx2", 2: "avx-vnni", 3: "avx512-vnni"}
+I4X_BITS = (8, 16)  # activations as int8, or as two int8 digits (~15 bits)
+
+
+def int4x_problem(lib=None) -> str | None:
+    """Why the integer int4 kernel (`csrc/int4_avx2.c`) cannot run here, or None: it needs the
+    C kernels and AVX2 with FMA and F16C, as the build for this host saw them."""
+    if lib is None:
+        why = available()
+        if why is not None:
+            return why
+        lib = load()
+    if not lib.tr_i4x_isa():
+        return "this CPU has no AVX2 with FMA and F16C (the build for it leaves the integer int4 kernel out)"
+    return None
+
+
+def int4x_isa(lib=None) -> str | None:
+    """The instructions the integer int4 kernel runs on in this build: "avx2", "avx-vnni",
+    "avx512-vnni", or None."""
+    return I4X_ISAS[(lib or load()).tr_i4x_isa()]
+
+
+def _i4x_rc(rc: int, what: str) -> None:
+    if rc == 1:
+        raise MemoryError(f"the integer int4 kernel's {what} could not allocate its scratch")
+    if rc == 2:
+        raise NativeKernelError("the integer int4 kernel is not built for this CPU (no AVX2 + FMA + F16C)")
+    if rc:
+        raise ValueError(f"the integer int4 kernel's {what} refused its arguments")
+
+
+def int4x_pack(codes: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None, lib=None) -> torch.Tensor:
+    """The kernel's packed form (uint8, `tr_i4x_packed_bytes` long) of the [N, K] matrix
+    w = s q + m: codes in 0..15, s and m [N, K / 32] float32 (m None: 0), held as float16."""
+    lib = lib or load()
+    n, k = codes.shape
+    if k % 32 or s.shape != (n, k // 32) or (m is not None and m.shape != s.shape):
+        raise ValueError(f"codes [{n}, {k}] need K % 32 == 0 and scales/mins of shape [{n}, {k // 32}]")
+    codes = codes.to(torch.uint8).contiguous()
+    s = s.to(_F32).contiguous()
+    m = None if m is None else m.to(_F32).contiguous()
+    packed = torch.empty(lib.tr_i4x_packed_bytes(n, k), dtype=torch.uint8)
+    _i4x_rc(lib.tr_i4x_pack(codes.data_ptr(), s.data_ptr(), None if m is None else m.data_ptr(), n, k,
+                            packed.data_ptr()), "packing")
+    return packed
+
+
+def int4x_mm(x: torch.Tensor, packed: torch.Tensor, n: int, xbits: int = 16, out: torch.Tensor | None = None,
+             checked: bool = False, threads: int | None = None, lib=None) -> torch.Tensor:
+    """x [T, K] (bf16 or float32, contiguous rows, any row stride) @ W.T -> [T, n] float32 (into
+    `out`'s first n columns when given: float32 rows, any row stride), W as `int4x_pack` packed
+    it, x quantised per row and group of 32 to `xbits` (16: exact enough for the 99% bar; 8:
+    llama.cpp's int8). Checks what would make the C code read or write out of bounds;
+    `checked=True` skips the packed weights' size check for a caller that made it once."""
+    lib = lib or load()
+    t, k = x.shape
+    if x.dtype not in (_BF16, _F32) or x.stride(1) != 1 or x.device.type != "cpu":
+        raise ValueError(f"x must be a CPU bf16/float32 tensor with contiguous rows, not {x.dtype} {x.stride()}")
+    if xbits not in I4X_BITS:
+        raise ValueError(f"xbits must be 8 or 16, not {xbits}")
+    if not checked and (k % 32 or packed.dtype != torch.uint8 or not packed.is_contiguous()
+                        or packed.numel() != lib.tr_i4x_packed_bytes(n, k)):
+        raise ValueError(f"the packed int4 weights do not match a [{n}, {k}] matrix")
+    if out is None:
+        out = torch.empty(t, n, dtype=_F32)
+    elif not checked:
+        _rows_ok(out, t, n, _F32, "out")
+    _i4x_rc(lib.tr_i4x_mm(x.data_ptr(), int(x.dtype == _BF16), x.stride(0), t, k, xbits, packed.data_ptr(), n,
+                          out.data_ptr(), out.stride(0), None,
+                          torch.get_num_threads() if threads is None else threads), "product")
+    return out
+
+
+def int4x_quantize(x: torch.Tensor, xbits: int = 16, lib=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernel's own quantisation of x's rows (for tests): (Q int32 [T, K], dx, sx [T, K / 32]),
+    x ~ Q dx per group of 32, sx = dx sum Q; 16 bits: Q = 254 q1 + q2 from its two int8 digits."""
+    lib = lib or load()
+    t, k = x.shape
+    if k % 32 or x.stride(1) != 1 or x.dtype not in (_BF16, _F32) or xbits not in I4X_BITS:
+        raise ValueError("x must be bf16/float32 with contiguous rows of a multiple of 32 columns")
+    buf = torch.zeros(lib.tr_i4x_scratch_bytes(t, k), dtype=torch.uint8)
+    _i4x_rc(lib.tr_i4x_quantize(x.data_ptr(), int(x.dtype == _BF16), x.stride(0), t, k, xbits, buf.data_ptr()),
+            "quantisation")
+    plane = (t * k + 63) // 64 * 64  # the scratch layout: two code planes, then (dx, sx) pairs
+    q = buf[:t * k].view(torch.int8).view(t, k).to(torch.int32)
+    if xbits == 16:
+        q = 254 * q + buf[plane:plane + t * k].view(torch.int8).view(t, k).to(torch.int32)
+    f = buf[2 * plane:2 * plane + t * (k // 32) * 8].view(_F32).view(t, k // 32, 2)
+    return q, f[..., 0].clone(), f[..., 1].clone()
+
+
+# ------------------------------------------------------------------ head_rescore.c
+
+RESCORE_MAX_K = 64
+
+
+def rescore_top(lg: torch.Tensor, h: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, k: int) -> None:
+    """In place: each row's k highest logits of lg [T, V] (float32, contiguous rows)
+    recomputed in float32 from int8 `codes` [V, H] with float32 `scales` [V, H / group] and
+    h [T, H] float32 (`csrc/head_rescore.c`: ties to the lower index, each row alone)."""
+    lib = load()
+    t, v = lg.shape
+    hdim = h.shape[1]
+    _rows_ok(lg, t, v, _F32, "lg")
+    _rows_ok(h, t, hdim, _F32, "h")
+    if codes.dtype != torch.int8 or codes.shape != (v, hdim) or not codes.is_contiguous():
+        raise ValueError(f"codes must be contiguous int8 [{v}, {hdim}]")
+    if scales.dtype != _F32 or scales.dim() != 2 or scales.shape[0] != v or not scales.is_contiguous() \
+            or hdim % scales.shape[1]:
+        raise ValueError(f"scales must be contiguous float32 [{v}, groups] with groups dividing {hdim}")
+    if not 1 <= k <= min(v, RESCORE_MAX_K):
+        raise ValueError(f"k must be in 1..{min(v, RESCORE_MAX_K)}, not {k}")
+    rc = lib.tr_rescore_top(lg.data_ptr(), lg.stride(0), t, v, h.data_ptr(), h.stride(0), hdim, codes.data_ptr(),
+                            scales.data_ptr(), hdim // scales.shape[1], k, torch.get_num_threads())
+    if rc:
+        raise ValueError("the rescoring kernel refused its arguments")
+
+
+# ------------------------------------------------------------------ decode_stack.c
+
+class _Stack(ctypes.Structure):
+    """`tr_stack` of csrc/decode_stack.c, field for field."""
+    _pp = ctypes.POINTER(ctypes.c_void_p)
+    _fields_ = [("layers", ctypes.c_int64), ("hidden", ctypes.c_int64), ("inter", ctypes.c_int64),
+                ("heads", ctypes.c_int64), ("kv_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64),
+                ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("num_blocks", ctypes.c_int64),
+                ("block_size", ctypes.c_int64), ("ln1", _pp), ("ln2", _pp), ("qk_norm", _pp), ("qkv_bias", _pp),
+                ("o_bias", _pp), ("w_qkv", _pp), ("w_o", _pp), ("w_gu", _pp), ("w_down", _pp),
+                ("xbits", ctypes.POINTER(ctypes.c_int32)), ("kv", _pp), ("kv_type", ctypes.c_int64)]
+
+
+class DecodeStack:
+    """A decoder's layers as one C call per decode step (`csrc/decode_stack.c`): every matrix
+    on the integer int4 kernel, attention on the paged C kernel. Built once per model and
+    cache from per-layer tensors (`layers`: dicts with ln1, ln2, qk_norm, qkv_bias, o_bias
+    [float32 or None], qkv, o, gate_up, down [packed int4x weights], xbits [4 ints], kv [the
+    layer's cache]); it keeps them alive, and its own work and scratch buffers, grown to the
+    largest step seen. `run` computes layers l0..l1-1 in place on h."""
+
+    def __init__(self, layers: list[dict], hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int,
+                 eps: float, scale: float):
+        lib = load()
+        kv0 = layers[0]["kv"]
+        if kv0.dtype not in KV_TYPES or any(not ly["kv"].is_contiguous() or ly["kv"].shape != kv0.shape
+                                            or ly["kv"].dtype != kv0.dtype for ly in layers):
+            raise ValueError("the stack takes contiguous float32/float16/bfloat16 cache layers of one shape")
+        if kv0.shape[0] != 2 * kv_heads or kv0.shape[3] != head_dim or heads % kv_heads:
+            raise ValueError("the cache layers do not match the model's heads")
+        self._keep = layers  # the tensors whose addresses the C struct holds
+        n = len(layers)
+
+        def ptrs(key):
+            arr = (ctypes.c_void_p * n)(*[None if ly[key] is None else ly[key].data_ptr() for ly in layers])
+            self._arrays.append(arr)
+            return ctypes.cast(arr, ctypes.POINTER(ctypes.c_void_p))
+
+        self._arrays: list = []
+        self._xbits = (ctypes.c_int32 * (4 * n))(*[b for ly in layers for b in ly["xbits"]])
+        s = _Stack(n, hidden, inter, heads, kv_heads, head_dim, eps, scale, kv0.shape[1], kv0.shape[2])
+        for key in ("ln1", "ln2", "qk_norm", "qkv_bias", "o_bias", "kv"):
+            setattr(s, key, ptrs(key))
+        for key, field in (("qkv", "w_qkv"), ("o", "w_o"), ("gate_up", "w_gu"), ("down", "w_down")):
+            setattr(s, field, ptrs(key))
+        s.xbits = ctypes.cast(self._xbits, ctypes.POINTER(ctypes.c_int32))
+        s.kv_type = KV_TYPES[kv0.dtype]
+        self._struct = s
+        self._ref = ctypes.byref(s)
+        self._widest = max(hidden, inter, heads * head_dim)
+        self._lib = lib
+        self._rows = 0
+        self._work = self._scratch = None
+
+    KEEP_ROWS = 64  # buffers for steps up to this many rows are kept; larger steps allocate their own
+
+    def _buffers(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(work, scratch) for a step of `rows` rows: kept from step to step up to `KEEP_ROWS`
+        rows (a decode batch), so a rare large step does not hold its memory for good."""
+        if rows <= self._rows:
+            return self._work, self._scratch
+        work = torch.empty(self._lib.tr_decode_stack_work_floats(self._ref, rows), dtype=_F32)
+        scratch = torch.empty(self._lib.tr_i4x_scratch_bytes(rows, self._widest), dtype=torch.uint8)
+        if rows <= self.KEEP_ROWS:
+            self._rows, self._work, self._scratch = rows, work, scratch
+        return work, scratch
+
+    def run(self, h: torch.Tensor, l0: int, l1: int, cis: torch.Tensor, positions: torch.Tensor,
+            slots: torch.Tensor, tables: torch.Tensor, rows: torch.Tensor, reqs: torch.Tensor,
+            lens: torch.Tensor) -> None:
+        """Layers l0..l1-1 over h [T, hidden] (float32, contiguous, updated in place) for a step
+        whose every token's attention runs on the C kernel (rows, reqs, lens, tables as
+        `paged_attention` takes them); cis [max_len, head_dim / 2, 2] float32, positions and
+        slots [T] int64. The indices are the caller's to keep in range (`attention.build_meta`)."""
+        t = h.shape[0]
+        s = self._struct
+        if h.dtype != _F32 or not h.is_contiguous() or h.shape[1] != s.hidden or rows.numel() != t:
+            raise ValueError("h must be contiguous float32 [T, hidden] and every token's attention in the call")
+        work, scratch = self._buffers(t)
+        rc = self._lib.tr_decode_stack(self._ref, l0, l1, h.data_ptr(), t, cis.data_ptr(), positions.data_ptr(),
+                                       slots.data_ptr(), tables.data_ptr(), tables.stride(0), rows.data_ptr(),
+                                       reqs.data_ptr(), lens.data_ptr(), work.data_ptr(), scratch.data_ptr(),
+                                       torch.get_num_threads())
+        _i4x_rc(rc, "decode stack")

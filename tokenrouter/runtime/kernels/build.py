@@ -6,9 +6,14 @@ The sources are plain C, no torch headers (`csrc/`; what each kernel does is in
 (`cc -O3 -march=native -ffp-contract=fast -fopenmp`, `$CC` to choose another; without
 OpenMP where the compiler lacks it) into the cache (`ckernels/` under `cache.cache_root`),
 keyed by the sources, the compiler, its flags and the CPU, so a build is never carried to a
-host it was not made for; built in about a second. Where no compiler works, `load` says why
+host it was not made for; built in a few seconds. Where no compiler works, `load` says why
 (`NativeKernelError`, once per process) and the engine keeps torch's path
 (`attention="auto"`) or refuses (`attention="native"`).
+
+`variant(defines)` builds and loads the same sources with extra `-D` macros beside it (the
+tests run the AVX-VNNI and AVX-512 VNNI code paths of `csrc/int4_avx2.c` emulated on AVX2
+hosts this way); `assembly(source, march)` compiles one source for another CPU, so the tests
+can check which instructions a path this host cannot run would use.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -31,8 +37,9 @@ from tokenrouter.runtime.host import cpu_flags, cpu_model
 log = logging.getLogger(__name__)
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-SOURCES = tuple(os.path.join(_CSRC, n) for n in ("paged_attention.c", "decode_ops.c", "int4_matmul.c"))
-HEADERS = tuple(os.path.join(_CSRC, n) for n in ("vexp.h",))
+SOURCES = tuple(os.path.join(_CSRC, n) for n in ("paged_attention.c", "decode_ops.c", "int4_matmul.c",
+                                                  "int4_avx2.c", "decode_stack.c", "head_rescore.c"))
+HEADERS = tuple(os.path.join(_CSRC, n) for n in ("vexp.h", "kernels.h"))
 LIB_PREFIX = "tokenrouter-kernels-"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c11", "-shared", "-fPIC")
 OPENMP = ("-fopenmp",)
@@ -40,15 +47,26 @@ OPENMP = ("-fopenmp",)
 _p, _i32, _i64, _f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 # the library's functions: name -> (return type, argument types), as `csrc/` declares them
 SIGNATURES = {
-    "tr_paged_attention_f32": (ctypes.c_int, [_p, _i64, _p, _i64, _i64, _i64, _i64, _i64, _p, _i64, _p, _p, _p,
-                                              _i64, _f32, _p, _i64, _i64]),
+    "tr_paged_attention": (ctypes.c_int, [_p, _i64, _p, _i32, _i64, _i64, _i64, _i64, _i64, _p, _i64, _p, _p, _p,
+                                          _i64, _f32, _p, _i64, _i64]),
     "tr_add_rmsnorm": (None, [_p, _i64, _p, _i32, _i64, _p, _f32, _p, _i32, _i64, _i64, _i64, _i64]),
     "tr_silu_mul": (None, [_p, _i32, _i64, _p, _i32, _i64, _i64, _i64, _i64]),
-    "tr_rope_write": (None, [_p, _i32, _i64, _i64, _i64, _i64, _i64, _p, _p, _p, _f32, _p, _i64, _p, _p, _i64,
-                             _i64]),
+    "tr_rope_write": (None, [_p, _i32, _i64, _i64, _i64, _i64, _i64, _p, _p, _p, _f32, _p, _i32, _i64, _p, _p,
+                             _i64, _i64]),
     "tr_int4dp_supported": (ctypes.c_int, []),
     "tr_int4dp_mm": (ctypes.c_int, [_p, _i32, _i64, _i64, _i64, _p, _p, _i64, _p, _i64, _i32, _i32]),
     "tr_int4amx_supported": (ctypes.c_int, []),
+    "tr_i4x_isa": (ctypes.c_int, []),
+    "tr_i4x_packed_bytes": (_i64, [_i64, _i64]),
+    "tr_i4x_scratch_bytes": (_i64, [_i64, _i64]),
+    "tr_i4x_pack": (ctypes.c_int, [_p, _p, _p, _i64, _i64, _p]),
+    "tr_i4x_quantize": (ctypes.c_int, [_p, _i32, _i64, _i64, _i64, _i32, _p]),
+    "tr_i4x_mm": (ctypes.c_int, [_p, _i32, _i64, _i64, _i64, _i32, _p, _i64, _p, _i64, _p, _i32]),
+    "tr_i4x_mm_multi": (ctypes.c_int, [_p, _i32, _i64, _i64, _i64, _i32, _i32, _p, _p, _p, _p, _p, _i32]),
+    "tr_i4x_mm_q": (ctypes.c_int, [_p, _i64, _i64, _i32, _i32, _p, _p, _p, _p, _i32]),
+    "tr_decode_stack_work_floats": (_i64, [_p, _i64]),
+    "tr_rescore_top": (ctypes.c_int, [_p, _i64, _i64, _i64, _p, _i64, _i64, _p, _p, _i64, _i64, _i64]),
+    "tr_decode_stack": (ctypes.c_int, [_p, _i64, _i64, _p, _i64, _p, _p, _p, _p, _i64, _p, _p, _p, _p, _p, _i32]),
 }
 
 
@@ -63,20 +81,22 @@ def _compiler() -> str:
     return cc
 
 
-def _build(cc: str) -> str:
+def _build(cc: str, defines: tuple[str, ...] = ()) -> str:
     """The library's path, built if missing: with OpenMP where the compiler has it (loaded
     after torch, it shares torch's libgomp, the same soname, so one thread pool serves both),
     else one thread."""
+    macros = tuple(f"-D{d}" for d in defines)
     try:
-        return _build_with(cc, OPENMP)
+        return _build_with(cc, (*macros, *OPENMP), "".join(f"{d}-" for d in defines))
     except NativeKernelError as first:
         try:
-            return _build_with(cc, ())
+            return _build_with(cc, macros, "".join(f"{d}-" for d in defines))
         except NativeKernelError:
             raise first from None
 
 
-def _build_with(cc: str, extra: tuple[str, ...]) -> str:
+def _build_with(cc: str, extra: tuple[str, ...], tag: str = "") -> str:
+    """Build into the cache as `LIB_PREFIX + tag + key`.so; older builds of the same tag go."""
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
@@ -86,7 +106,7 @@ def _build_with(cc: str, extra: tuple[str, ...]) -> str:
     key = hashlib.sha256(b"\0".join([src, cc.encode(), version.encode(), " ".join(flags).encode(),
                                      cpu_model().encode(), cpu_flags().encode()])).hexdigest()[:20]
     out_dir = os.path.join(cache_root(), "ckernels")
-    lib = os.path.join(out_dir, f"{LIB_PREFIX}{key}.so")
+    lib = os.path.join(out_dir, f"{LIB_PREFIX}{tag}{key}.so")
     if os.path.isfile(lib):
         return lib
     os.makedirs(out_dir, exist_ok=True)
@@ -101,8 +121,9 @@ def _build_with(cc: str, extra: tuple[str, ...]) -> str:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    stale = re.compile(re.escape(LIB_PREFIX + tag) + r"[0-9a-f]{20}\.so")
     for old in os.listdir(out_dir):  # builds of older sources or other flags (a loaded one stays mapped)
-        if old.endswith(".so") and old != os.path.basename(lib):
+        if stale.fullmatch(old) and old != os.path.basename(lib):
             try:
                 os.unlink(os.path.join(out_dir, old))
             except OSError:
@@ -123,15 +144,49 @@ def load():
     if _error is not None:
         raise NativeKernelError(_error)
     try:
-        lib = ctypes.CDLL(_build(_compiler()))
+        lib = _open(_build(_compiler()))
     except (NativeKernelError, OSError) as e:
         _error = str(e)
         raise NativeKernelError(_error) from e
+    _lib = lib
+    return lib
+
+
+def _open(path: str):
+    lib = ctypes.CDLL(path)
     for name, (restype, argtypes) in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
-    _lib = lib
     return lib
+
+
+_variants: dict[tuple[str, ...], object] = {}
+
+
+def variant(defines: tuple[str, ...]):
+    """The library built with the extra macros `defines` (e.g. ("TR_I4X_EMULATE_VNNI",)), kept
+    beside the main one under its own name; raises NativeKernelError where it cannot build."""
+    if defines not in _variants:
+        try:
+            _variants[defines] = _open(_build(_compiler(), defines))
+        except OSError as e:
+            raise NativeKernelError(str(e)) from e
+    return _variants[defines]
+
+
+def assembly(source: str, march: str) -> str:
+    """The assembly `cc -O3 -march=<march>` makes of `csrc/<source>` (never run here: it tells
+    which instructions a path for another CPU holds). NativeKernelError if it does not compile."""
+    cc = _compiler()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.s")
+        r = subprocess.run([cc, *[f for f in FLAGS if f not in ("-march=native", "-shared", "-fPIC")], *OPENMP,
+                            f"-march={march}", "-S", os.path.join(_CSRC, source), "-o", out],
+                           capture_output=True, text=True, timeout=300)
+        if r.returncode:
+            raise NativeKernelError(f"{cc} -march={march} failed on {source}: {r.stderr.strip()[-2000:]}")
+        with open(out) as f:
+            return f.read()
 
 
 def available() -> str | None:

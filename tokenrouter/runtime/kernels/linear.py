@@ -9,6 +9,15 @@ Kernels:
   the scales, mins and output in float16/float32 where torch's kernel rounds them to bfloat16;
 - `int4amx`: the same on AMX tiles (one `tdpbf16ps` per block and group for up to 16 rows),
   where the CPU has them; its sums run in another order, so it is a kernel of its own;
+- `int4avx2`: the C kernel on integer dot products (`csrc/int4_avx2.c`; q4 formats on CPUs
+  with AVX2, on AVX-VNNI or AVX-512 VNNI where the build has them): x quantised per row and
+  group of 32 to ~15 bits (two int8 digits), the products exact integers, scales, mins and
+  output float32; its rows computed alone, so it is row-invariant by construction;
+- `int4avx2-x8`: the same with x quantised to int8 (llama.cpp's numerics: 1.5-1.8x faster
+  at 8-16 rows, but under the 99% greedy-agreement bar on SmolLM2 as the decoder's kernel):
+  measured and chosen only for an LM head whose top candidates are rescored exactly
+  (`rescored`: greedy tokens then agree as with 16 bits, 808/808 on SmolLM2); elsewhere
+  only a plan that names it (`kernel_plan="int4avx2-x8"`) runs it (`OPT_IN`);
 - `int8`: `_weight_int8pack_mm` (per-row q8);
 - `onednn`: float32 weights reordered once for oneDNN (`onednn_linear`, rows padded to
   `onednn_rows`);
@@ -26,10 +35,14 @@ import torch
 import torch.nn.functional as F
 
 from tokenrouter.runtime.kernels.bindings import int4dp_problem as host_int4dp_problem
-from tokenrouter.runtime.kernels.quant import (Int4DotWeight, Int4Weight, Int8Weight, QuantTensor, int4_shape_problem,
-                                               int4dp_problem)
+from tokenrouter.runtime.kernels.quant import (Int4Avx2Weight, Int4DotWeight, Int4Weight, Int8Weight, QuantTensor,
+                                               int4_shape_problem, int4avx2_problem, int4dp_problem)
 
-INT_KERNELS = ("int4", "int4dp", "int4amx", "int8")  # kernels that hold no float copy of the matrix
+INT_KERNELS = ("int4", "int4dp", "int4amx", "int4avx2", "int4avx2-x8", "int8")  # no float copy of the matrix
+OPT_IN = ("int4avx2-x8",)  # timed only for a rescored head (`measurable`); elsewhere only when named
+# the C kernels: float32 output whatever x's dtype, which they round themselves (int4dp, int4amx
+# to bfloat16; int4avx2 to its own ~15 bits, so a float32 x gives it more than a bfloat16 one)
+C_INT_KERNELS = ("int4dp", "int4amx", "int4avx2", "int4avx2-x8")
 PLAIN_KERNELS = ("linear", "mkl")  # float kernels on the plain [out, in] weight (one copy for both)
 
 
@@ -68,31 +81,44 @@ class PlannedLinear:
     """One matrix of a CPU model (float32 or quantised): its source values, the kernels built
     for it, and the plan [(up to rows, kernel), ...] that picks one per call."""
 
-    __slots__ = ("source", "act_dtype", "impl", "plan", "_float", "shape", "key")
+    __slots__ = ("source", "act_dtype", "impl", "plan", "_float", "shape", "key", "rescored")
 
-    def __init__(self, source: QuantTensor | torch.Tensor, act_dtype: torch.dtype):
+    def __init__(self, source: QuantTensor | torch.Tensor, act_dtype: torch.dtype, rescored: bool = False):
+        """`rescored`: an LM head whose top candidates are recomputed exactly afterwards, so a
+        coarser kernel (`OPT_IN`) is measured for it too."""
         self.source = source
         self.act_dtype = act_dtype
+        self.rescored = rescored
         self.impl: dict[str, object] = {}
         self.plan: list[tuple[int, str]] = []
         self._float = None
         self.shape = tuple(source.shape)
         fmt = f"{source.fmt}g{source.group}" if isinstance(source, QuantTensor) else "f32"
-        self.key = f"{self.shape[0]}x{self.shape[1]}:{fmt}"  # what the plan is chosen by
+        # what the plan is chosen by
+        self.key = f"{self.shape[0]}x{self.shape[1]}:{fmt}" + (":rescored" if rescored else "")
 
     def candidates(self) -> list[str]:
+        """The kernels that can run this matrix here (`measurable` filters what is timed)."""
         s = self.source
         out = []
         if isinstance(s, QuantTensor) and s.fmt == "q4" and int4_shape_problem(*s.shape, s.group) is None:
             out.append("int4")
             if self.act_dtype == torch.bfloat16 and int4dp_problem(s) is None:  # these round x to bf16
                 out += ["int4dp"] + (["int4amx"] if host_int4dp_problem(amx=True) is None else [])
+        # rounds x to ~15 bits: not float32's exactness either (act_dtype float32 asks for that)
+        if isinstance(s, QuantTensor) and self.act_dtype == torch.bfloat16 and int4avx2_problem(s) is None:
+            out += ["int4avx2", "int4avx2-x8"]
         if isinstance(s, QuantTensor) and s.fmt == "q8" and s.group == s.shape[1]:
             out.append("int8")
         if torch.backends.mkldnn.is_available():
             out.append("onednn")
         out += PLAIN_KERNELS
         return out
+
+    def measurable(self) -> list[str]:
+        """The candidates a measured plan times: all but the `OPT_IN` ones, which only a
+        rescored head's plan measures."""
+        return [k for k in self.candidates() if self.rescored or k not in OPT_IN]
 
     def float_weight(self) -> torch.Tensor:
         if self._float is None:
@@ -110,6 +136,10 @@ class PlannedLinear:
                 twin = self.impl.get("int4amx" if k == "int4dp" else "int4dp")  # the same packing
                 amx = k == "int4amx"
                 self.impl[k] = twin.variant(amx) if twin is not None else Int4DotWeight(self.source, amx)
+            elif k in ("int4avx2", "int4avx2-x8"):
+                twin = self.impl.get("int4avx2-x8" if k == "int4avx2" else "int4avx2")  # the same packing
+                xbits = 8 if k == "int4avx2-x8" else 16
+                self.impl[k] = twin.variant(xbits) if twin is not None else Int4Avx2Weight(self.source, xbits)
             elif k == "int8":
                 self.impl[k] = Int8Weight(self.source, self.act_dtype)
             elif k == "onednn":
@@ -161,6 +191,9 @@ class PlannedLinear:
                 total += v.packed.numel() * v.packed.element_size() + v.sz.numel() * v.sz.element_size()
             elif k in ("int4dp", "int4amx"):
                 total += v.codes.numel() * 4 + v.sm.numel() * 2
+            elif k in ("int4avx2", "int4avx2-x8"):
+                if not (k == "int4avx2-x8" and "int4avx2" in self.impl):  # one packing for both
+                    total += v.packed.numel()
             elif k == "int8":
                 total += v.codes.numel() + v.scale.numel() * v.scale.element_size()
             elif k == "onednn":

@@ -53,7 +53,8 @@ from tokenrouter.runtime.kernels.build import source_hash
 from tokenrouter.runtime.kernels.linear import INT_KERNELS, PLAIN_KERNELS, PlannedLinear
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-PLAN_VERSION = 4  # 2: one row-invariant kernel per shape; 3: `linear`, float32 models' plans; 4: int4dp/amx
+PLAN_VERSION = 5  # 2: one row-invariant kernel per shape; 3: `linear`, float32 models' plans; 4: int4dp/amx;
+# 5: int4avx2, a rescored head's own key
 MEASURE_MIN_BYTES = 4 << 20  # a float shape whose matrices hold less runs `linear` unmeasured
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ def measure(linears: list[PlannedLinear], rounds: int = 2, buckets=ROW_BUCKETS,
             continue
         if progress:
             progress(f"measuring kernels for {key} ({gi + 1}/{len(groups)}, {len(group)} matrices)")
-        kernels = _candidates(group)
+        kernels = [k for k in _candidates(group) if k in group[0].measurable()]
         for lin in group:
             lin.build(kernels)
         if not per_rows:
@@ -158,7 +159,10 @@ DECODE_ROWS = 16  # the row counts a decode step sees; larger ones are prefill c
 FLOAT_MARGIN = 1.10  # a kernel that needs its own copy of the matrix must win by 10% to earn it
 
 
-PREFERRED = ("int4dp", "int4amx", "int4", "int8")  # within FLOAT_MARGIN, the first of these wins
+# within FLOAT_MARGIN, the first of these wins: the C kernels before torch's int4 (which rounds
+# scales, zeros and output to bfloat16); among them int4dp/int4amx first, as chosen on AVX-512
+# BF16 hosts before int4avx2 existed, so those hosts' plans change only where it wins by 10%
+PREFERRED = ("int4dp", "int4amx", "int4avx2", "int4", "int8")
 
 
 def pick_kernel(best: dict[str, dict[int, float]], rows: list[int]) -> str:
@@ -166,7 +170,8 @@ def pick_kernel(best: dict[str, dict[int, float]], rows: list[int]) -> str:
     kernel within `FLOAT_MARGIN` of it wins by `PREFERRED`'s order: an integer kernel over a
     float one (which costs a float copy of the matrix), and `int4dp` over `int4` (it keeps
     scales and output unrounded: on SmolLM2 its greedy tokens agree with float32 at 99.9% of
-    808 positions against 98.9%); on a loaded host a few percent is noise.
+    808 positions against 98.9%; `int4avx2` at 99.75-100%); on a loaded host a few percent is
+    noise.
 
     One kernel for every row count, not the fastest per row count: two kernels compute a row
     to different roundings, and a plan that switched between them would make a request's

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenrouter.runtime.kernels.bindings import int4dp_mm
+from tokenrouter.runtime.kernels.bindings import int4dp_mm, int4x_mm, int4x_pack, int4x_problem
 from tokenrouter.runtime.kernels.bindings import int4dp_problem as host_int4dp_problem
 
 QUANTS = ("none", "native", "int4", "int8")
@@ -221,21 +221,65 @@ class Int4DotWeight:
 
 def int4dp_problem(qt: QuantTensor, amx: bool = False) -> str | None:
     """Why `Int4DotWeight` cannot hold `qt`, or None: a q4 matrix of group 32 whose shape the
-    kernel takes, on a CPU where the kernel is built, and whose scales and mins float16
-    holds closely enough: no weight may move by more than 2**-11 of its row's largest (GGUF's
-    Q4_0/Q4_1 store them as float16, so those move by nothing)."""
+    kernel takes (`float16_problem`), on a CPU where the kernel is built."""
+    why = float16_problem(qt) or int4_shape_problem(*qt.shape)
+    return why or host_int4dp_problem(amx)
+
+
+def float16_problem(qt: QuantTensor) -> str | None:
+    """Why the C int4 kernels, which hold a group's scale s and min m (w = s q + m) as float16,
+    cannot take `qt`, or None: it must be 4-bit codes in groups of 32 whose s and m float16
+    holds closely enough: no weight may move by more than 2**-11 of its row's largest
+    (GGUF's Q4_0/Q4_1 store them as float16, so those move by nothing)."""
     if qt.fmt != "q4" or qt.group != GROUP:
         return f"it takes 4-bit codes in groups of {GROUP}, not {qt.source} (group {qt.group})"
-    why = int4_shape_problem(*qt.shape)
-    if why:
-        return why
-    zero = torch.zeros_like(qt.scale) if qt.zero is None else qt.zero
-    s, m = qt.scale.to(torch.float32), (zero - 8.0 * qt.scale).to(torch.float32)
+    s, m = scale_and_min(qt)
     moved = 15 * (s - s.half().float()).abs() + (m - m.half().float()).abs()  # NaN/inf on overflow
     largest = (15 * s.abs() + m.abs()).amax(1, keepdim=True)
     if not bool((moved <= largest * 2.0 ** -11).all()):
         return "its scales or mins do not fit float16 (the kernel holds them so)"
-    return host_int4dp_problem(amx)
+    return None
+
+
+def scale_and_min(qt: QuantTensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, m) float32 [N, K / group] of w = s q + m (from w = (q - 8) scale + zero)."""
+    s = qt.scale.to(torch.float32)
+    zero = torch.zeros_like(s) if qt.zero is None else qt.zero.to(torch.float32)
+    return s, zero - 8.0 * s
+
+
+class Int4Avx2Weight:
+    """A q4 matrix packed for the integer int4 kernel (`csrc/int4_avx2.c`, which documents the
+    layout: tiles of 16 outputs, per group of 32 inputs 256 bytes of codes and 16 float16
+    scales and mins; 5 bits a weight). x is quantised per row and group of 32 to `xbits`
+    (16: two int8 digits, ~15 bits; 8: int8) and multiplied on integer dot products (AVX2,
+    AVX-VNNI or AVX-512 VNNI, whichever this host's build holds); the output is float32."""
+
+    __slots__ = ("packed", "n", "xbits")
+
+    def __init__(self, qt: QuantTensor, xbits: int = 16, packed: torch.Tensor | None = None):
+        why = int4avx2_problem(qt)
+        if why:
+            raise QuantError(f"the integer int4 kernel cannot take this [{qt.shape[0]}, {qt.shape[1]}] matrix: {why}")
+        self.packed = int4x_pack(qt.codes, *scale_and_min(qt)) if packed is None else packed
+        self.n = qt.shape[0]
+        self.xbits = xbits
+
+    def variant(self, xbits: int) -> "Int4Avx2Weight":
+        """The same packed codes with activations quantised to `xbits`."""
+        w = object.__new__(Int4Avx2Weight)
+        w.packed, w.n, w.xbits = self.packed, self.n, xbits
+        return w
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # packed above, so the packing's checks are skipped on this hot path (`checked`)
+        return int4x_mm(x if x.stride(-1) == 1 else x.contiguous(), self.packed, self.n, self.xbits, checked=True)
+
+
+def int4avx2_problem(qt: QuantTensor) -> str | None:
+    """Why `Int4Avx2Weight` cannot hold `qt`, or None: `float16_problem`'s rule (any number of
+    output rows), on a CPU where the kernel is built."""
+    return float16_problem(qt) or int4x_problem()
 
 
 class Int8Weight:

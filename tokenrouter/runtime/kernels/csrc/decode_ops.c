@@ -30,6 +30,7 @@
 #include <omp.h>
 #endif
 
+#include "kernels.h"
 #include "vexp.h"
 
 /* rows x columns below this run on one thread */
@@ -137,16 +138,33 @@ void tr_silu_mul(const void *gu, int gu_bf16, int64_t gu_stride, void *act, int 
     }
 }
 
+/* n floats into a cache row of type kv_type (0 float32, 1 float16, 2 bfloat16; both rounded
+ * to nearest even, as torch's casts) */
+static inline void store_kv(void *kv, int kv_type, int64_t at, const float *src, int64_t n) {
+    if (kv_type == 0) {
+        memcpy((float *)kv + at, src, sizeof(float) * (size_t)n);
+    } else if (kv_type == 1) {
+        _Float16 *d = (_Float16 *)kv + at;
+        for (int64_t i = 0; i < n; i++)
+            d[i] = (_Float16)src[i];
+    } else {
+        uint16_t *d = (uint16_t *)kv + at;
+        for (int64_t i = 0; i < n; i++)
+            d[i] = f32_to_bf16(src[i]);
+    }
+}
+
 /* One token's q|k|v row (heads * hd + 2 * kv_heads * hd values, bf16 if qkv_bf16, else float32;
  * each q/k head's dimensions interleaved as (re, im) pairs, `layers.interleave`):
  *   - q and k heads: optionally RMSNorm over the head times qk_norm's row for it (Qwen3), then
  *     rotated by cis[pos] (hd / 2 (cos, sin) pairs): (re, im) -> (re c - im s, re s + im c);
  *   - q written to q_out (heads * hd floats a row, q_stride apart);
- *   - k and v written at their slot of the cache layer [2 * kv_heads, slots, hd] (K heads, then V).
+ *   - k and v written at their slot of the cache layer [2 * kv_heads, slots, hd] (K heads, then V),
+ *     whose elements are of type kv_type (0 float32, 1 float16, 2 bfloat16).
  * qk_norm: [heads + kv_heads, hd] (q rows then k rows) or NULL. */
 void tr_rope_write(const void *qkv, int qkv_bf16, int64_t qkv_stride, int64_t rows, int64_t heads,
                    int64_t kv_heads, int64_t hd, const float *cis, const int64_t *positions,
-                   const float *qk_norm, float eps, float *kv, int64_t slots_per_head,
+                   const float *qk_norm, float eps, void *kv, int kv_type, int64_t slots_per_head,
                    const int64_t *slots, float *q_out, int64_t q_stride, int64_t threads) {
     const int64_t half = hd / 2;
 #ifdef _OPENMP
@@ -154,18 +172,15 @@ void tr_rope_write(const void *qkv, int qkv_bf16, int64_t qkv_stride, int64_t ro
 #endif
     for (int64_t r = 0; r < rows; r++) {
         const float *c = cis + positions[r] * hd;
-        float head[1024];
+        float head[1024], rot[1024];
         for (int64_t hh = 0; hh < heads + 2 * kv_heads; hh++) {
             const int64_t base = r * qkv_stride + hh * hd;
             for (int64_t d = 0; d < hd; d++)
                 head[d] = load_any(qkv, base + d, qkv_bf16);
-            float *dst;
-            if (hh < heads)
-                dst = q_out + r * q_stride + hh * hd;
-            else /* K heads are the cache's first kv_heads, V heads the next */
-                dst = kv + ((hh - heads) * slots_per_head + slots[r]) * hd;
+            /* K heads are the cache's first kv_heads, V heads the next */
+            const int64_t at = ((hh - heads) * slots_per_head + slots[r]) * hd;
             if (hh >= heads + kv_heads) { /* a V head: stored as it is */
-                memcpy(dst, head, sizeof(float) * (size_t)hd);
+                store_kv(kv, kv_type, at, head, hd);
                 continue;
             }
             if (qk_norm) {
@@ -174,12 +189,15 @@ void tr_rope_write(const void *qkv, int qkv_bf16, int64_t qkv_stride, int64_t ro
                 for (int64_t d = 0; d < hd; d++)
                     head[d] = (head[d] * s) * wn[d];
             }
+            float *dst = hh < heads ? q_out + r * q_stride + hh * hd : rot;
             for (int64_t j = 0; j < half; j++) {
                 const float re = head[2 * j], im = head[2 * j + 1];
                 const float cs = c[2 * j], sn = c[2 * j + 1];
                 dst[2 * j] = re * cs - im * sn;
                 dst[2 * j + 1] = re * sn + im * cs;
             }
+            if (hh >= heads)
+                store_kv(kv, kv_type, at, rot, hd);
         }
     }
 }
