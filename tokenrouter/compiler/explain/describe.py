@@ -114,7 +114,10 @@ def writer_line(program: ir.Program, name: str) -> str:
         extra += f", seed {e.seed}" if e.mode == "mixture" else ""
         return f"ensemble ({e.mode} of {members}{extra})"
     m = program.model(name)
-    return f"model {m.path} ({m.role}, {m.dtype})"
+    engine = ""
+    if m.engine == "vllm":
+        engine = ", served by vLLM" + (f" over {m.tensor_parallel} tensor-parallel ranks" if m.tensor_parallel > 1 else "")
+    return f"model {m.path} ({m.role}, {m.dtype}{engine})"
 
 
 def _action_words(e: Edge) -> str:
