@@ -172,7 +172,7 @@ def _limits(args):
 
 
 def _run_subserver(args, program, opts) -> int:
-    from tokenrouter.runtime.frontend.launch import plan
+    from tokenrouter.runtime.frontend.launch import plan, writer_loader
     from tokenrouter.runtime.subserver.subserver import run_process
     if opts.addresses is None:
         print("error: --subserver needs --bind NAME=ADDR for the frontend and every writer", file=sys.stderr)
@@ -187,7 +187,7 @@ def _run_subserver(args, program, opts) -> int:
         return 2
     spec = specs[args.subserver]
     spec.base_dir = os.path.dirname(os.path.abspath(args.file))
-    run_process(spec.to_dict())
+    run_process(spec.to_dict(), writer_loader(program, args.subserver))
     return 0
 
 

@@ -108,6 +108,7 @@ def render(subservers: dict[str, dict[str, Any]], frontend: dict[str, Any]) -> s
             ("tokenrouter_tokens_rewritten_total", "counter", "Tokens this writer sampled that were rewritten by the next writer.", s["tokens_rewritten"]),
             ("tokenrouter_steps_total", "counter", "Engine steps run.", s["steps"]),
             ("tokenrouter_handoff_suffix_tokens_total", "counter", "Tokens received in handoffs (unseen suffixes only).", s["suffix_tokens_in"]),
+            ("tokenrouter_engine_computed_tokens_total", "counter", "Tokens the writer's engine computed, by its own count (vLLM's scheduler for a vLLM writer).", s.get("engine_computed_tokens", 0)),
             ("tokenrouter_pending_requests", "gauge", "Requests away at a peer, KV kept here.", s.get("pending", 0)),
             ("tokenrouter_ready_requests", "gauge", "Requests ready to step here.", s.get("ready", 0)),
             ("tokenrouter_kv_blocks_used", "gauge", "KV cache blocks in use.", s.get("blocks_used", 0)),

@@ -5,7 +5,9 @@ with the serving path that could hide a bug there: no scheduler, no messages, no
 reuse (every step is a fresh prefill of everything the writer sees, on a sequence freed
 right after), and the routing decisions come from the IR's reference interpreter
 (`compiler.backend.interpreter`), not from the compiled router. Only the engine forward and the
-sampler are shared, and those are tested on their own against transformers.
+sampler are shared, and those are tested on their own against transformers. A model served
+by vLLM (`engine = vllm`) runs on vLLM here too, one fresh request per step
+(`runtime/vllm/logits.py`): the oracle of a writer is its own engine's forward.
 
 So a served request that matches this, token for token, has had its KV appended
 correctly on every visit (invariant 1) and was routed as the program says, whatever
@@ -26,7 +28,8 @@ from tokenrouter.compiler.needs import writer_needs
 from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.engine.sampler import SamplingParams, sample
-from tokenrouter.runtime.loader import load_model, quant_options
+from tokenrouter.runtime.loader import load_model, quant_options, resolve_folder
+from tokenrouter.runtime.vllm.logits import VllmLogits
 
 
 @dataclass
@@ -43,11 +46,19 @@ class Reference:
     """Holds one engine per model of the program (random or real weights alike)."""
 
     def __init__(self, program: ir.Program, models: dict[str, Any] | None = None,
-                 base_dir: str | None = None, max_model_len: int | None = None, block_size: int = 16):
+                 base_dir: str | None = None, max_model_len: int | None = None, block_size: int = 16,
+                 vllm: dict[str, VllmLogits] | None = None):
+        """`models`: preloaded weights by model name; `vllm`: started engines of the models
+        served by vLLM, by name (else each is started here)."""
         self.program = program
         self.interp = Interpreter(program, base_dir or default_base_dir(program))
-        self.engines = {}
+        self.engines: dict[str, Any] = {}
+        self.shared = dict(vllm or {})
         for m in program.models:
+            if m.engine == "vllm":
+                self.engines[m.name] = self.shared.get(m.name) or VllmLogits(
+                    resolve_folder(m.path)[1], m.dtype, m.tensor_parallel, max_model_len)
+                continue
             dtype = getattr(torch, m.dtype)
             lm = (models or {}).get(m.name) or load_model(m.path, dtype=dtype, quant=m.quant)
             length = max_model_len or lm.config.max_position_embeddings
@@ -58,9 +69,17 @@ class Reference:
         self.ensembles = {e.name: e for e in program.ensembles}
         self._seq = 0
 
+    def close(self) -> None:
+        """Stop the vLLM engines this reference started (tokenrouter's need nothing)."""
+        for name, eng in self.engines.items():
+            if isinstance(eng, VllmLogits) and eng is not self.shared.get(name):
+                eng.close()
+
     def _forward(self, model: str, tokens: list[int], needs: FeatureNeeds):
         """Logits [V] and hidden {layer: [H]} at the last position, by a fresh prefill."""
         eng = self.engines[model]
+        if isinstance(eng, VllmLogits):
+            return eng.logits(tokens), {}
         self._seq += 1
         sid = -self._seq  # never collides with anything else using this engine
         try:

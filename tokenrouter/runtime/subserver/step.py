@@ -104,6 +104,7 @@ class WriterEngine(Protocol):
     vocab_size: int
     block_size: int  # tokens per KV block, as the frontend's admission counts them
     blocks_total: int  # blocks one request can reserve from
+    computed_tokens: int  # tokens its forwards computed, by the engine's own count
 
     def kv_usage(self) -> tuple[int, int]:
         """(blocks used, blocks in all) for the metrics."""
@@ -141,6 +142,7 @@ class NativeWriter:
         self.vocab_size = first.config.vocab_size
         self.block_size = first.block_size
         self.blocks_total = min(e.blocks_total for e in self.engines.values())
+        self.computed_tokens = 0
         self.items: list = []
 
     def kv_usage(self) -> tuple[int, int]:
@@ -154,7 +156,9 @@ class NativeWriter:
         self.items = [(r.seq, r.state.tokens[self.fed(r):]) for r in reqs]
         if not all(e.can_append(self.items) for e in self.engines.values()):
             raise RuntimeError(f"{self.writer}: KV cache full for a batch of {len(self.items)}")
-        return sum(len(t) for _, t in self.items)
+        n = sum(len(t) for _, t in self.items)
+        self.computed_tokens += n  # our engine computes exactly what it is fed
+        return n
 
     def step(self, reqs: list[Request]) -> list[Decision | None]:
         t0 = time.perf_counter()

@@ -139,6 +139,7 @@ class Subserver:
     def snapshot(self) -> dict[str, Any]:
         used, total = self.engine.kv_usage()
         return self.stats.snapshot(blocks_used=used, blocks_free=total - used,
+                                   engine_computed_tokens=self.engine.computed_tokens,
                                    pending=self.sched.count("pending"),
                                    ready=len(self.sched.ready()), requests=len(self.reqs))
 
