@@ -129,6 +129,9 @@ def run(args: argparse.Namespace) -> int:
                     check_bind(addr, sec)
         if args.heartbeat_timeout <= 0 or args.max_restarts < 0:
             raise ValueError("--heartbeat-timeout must be positive and --max-restarts at least 0")
+        from tokenrouter.runtime.frontend.launch import require_engines
+        here_not = tuple(w for w in program.writers() if w != args.subserver) if args.subserver else opts.remote
+        require_engines(program, here_not)  # vLLM, where a writer served here needs it
         _tune(program, opts, profile)
     except RouteError as exc:
         print(str(exc), file=sys.stderr)

@@ -40,6 +40,15 @@ class ReferenceOutput:
     handoffs: int = 0
     error: str | None = None
     writers: list[str] = field(default_factory=list)  # the writer of each output token
+    gaps: list[float] = field(default_factory=list)  # each output token's top-2 logit gap in its writer's step
+
+
+def top2_gap(step: RequestStep) -> float:
+    """How far the step's most likely token led the next (inf without a logits row)."""
+    if step.logits is None or len(step.logits) < 2:
+        return float("inf")
+    a, b = torch.topk(torch.from_numpy(step.logits), 2).values.tolist()
+    return a - b
 
 
 class Reference:
@@ -139,6 +148,7 @@ class Reference:
                 out.tokens.append(tok)
                 out.written_by[writer] = out.written_by.get(writer, 0) + 1
                 out.writers.append(writer)
+                out.gaps.append(top2_gap(step))
                 visit += 1
                 seen_at_len = set()
                 if tok in stop:

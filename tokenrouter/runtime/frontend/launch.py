@@ -120,6 +120,13 @@ def writer_loader(program: ir.Program, writer: str):
     return load_vllm_writer if uses_vllm(program, writer) else None
 
 
+def require_engines(program: ir.Program, remote: tuple[str, ...] = ()) -> None:
+    """Raise `MissingVllm` (a ValueError, one line naming the extra) when a writer served
+    here needs vLLM and it is not installed."""
+    if any(uses_vllm(program, w) for w in served_writers(program) if w not in remote):
+        require_vllm()
+
+
 def plan(program: ir.Program, opts: LaunchOptions) -> dict[str, SubserverSpec]:
     writers = served_writers(program)
     if opts.addresses is not None:
@@ -134,8 +141,7 @@ def plan(program: ir.Program, opts: LaunchOptions) -> dict[str, SubserverSpec]:
     threads = dict(program.schedule.threads)
     placement = dict(program.schedule.placement)
     local = [w for w in writers if w not in opts.remote]
-    if any(uses_vllm(program, w) for w in local):
-        require_vllm()
+    require_engines(program, opts.remote)
     cores = os.cpu_count() or 1
     specs = {}
     for w in writers:

@@ -24,8 +24,6 @@ extra: `require` says how to install it, in one line.
 
 from __future__ import annotations
 
-import importlib.util
-
 INSTALL = 'pip install "tokenrouter[vllm]"'
 MISSING = (f"a writer served by vLLM (engine = vllm) needs vLLM: {INSTALL} "
            "(on GPUs: pip install tokenrouter vllm==0.32.0)")
@@ -37,6 +35,9 @@ class MissingVllm(ValueError):
 
 
 def require() -> None:
-    """Raise `MissingVllm` with the one line that says what to install, unless vLLM is there."""
-    if importlib.util.find_spec("vllm") is None:
-        raise MissingVllm(MISSING)
+    """Raise `MissingVllm` with the one line that says what to install, unless vLLM can be
+    imported (its package imports its parts lazily: this is quick)."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise MissingVllm(MISSING) from None

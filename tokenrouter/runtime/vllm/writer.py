@@ -57,7 +57,6 @@ def park_token(shape: Shape, vocab_size: int) -> int:
 
 class VllmWriter:
     def __init__(self, engine, writers: int, park: int, unit: int, phase_s: dict[str, float]):
-        import torch  # noqa: F401  (vLLM is imported already)
         from vllm import SamplingParams as VllmSampling
         from vllm.inputs.engine import tokens_input
 
