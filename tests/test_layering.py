@@ -7,6 +7,8 @@
   nothing outside commands/ and cli.py imports tokenrouter.commands;
 - no module uses another module's private names (`from x import _y`, or `x._y` on an
   imported module), at the top or inside a function;
+- imports stand at the top of their module, but for the stated exceptions (LAZY_MODULES,
+  OPTIONAL below);
 - no module reads an underscored attribute it does not define (`self._y` or `obj._y` where
   nothing in the module defines `_y`): a class keeps its private state to itself, and a
   mixin that works on its host's private attributes (or a host on its mixin's, or a
@@ -25,7 +27,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tokenrouter"
 TESTS = Path(__file__).resolve().parent
 
 # the order of the layers; fit, eval and bench share a rank and must not import each other
-RANK = {"dsl": 0, "protocol": 0.5, "compiler": 1, "runtime": 2, "tuner": 3, "fit": 4, "eval": 4, "bench": 4,
+RANK = {"extras": 0, "dsl": 0, "protocol": 0.5, "compiler": 1, "runtime": 2, "tuner": 3, "fit": 4, "eval": 4, "bench": 4,
         "commands": 5}
 
 
@@ -59,6 +61,16 @@ def imports(module: str, path: Path, tree: ast.Module):
                 yield node.lineno, a.name, None
         elif isinstance(node, ast.ImportFrom):
             yield node.lineno, _absolute(module, is_package, node), [a.name for a in node.names]
+
+
+def throwaway_package(tmp_path: Path, files: dict[str, str]) -> dict[str, tuple[Path, ast.Module]]:
+    """A `tokenrouter` package of the given files under tmp_path, read as `modules` reads ours
+    (the self-tests break each rule in one)."""
+    for rel, text in files.items():
+        path = tmp_path / "tokenrouter" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return modules(tmp_path / "tokenrouter")
 
 
 def layer(module: str) -> str | None:
@@ -208,11 +220,7 @@ def test_the_checks_see_what_they_are_for(tmp_path):
                           "def f(a: A, args):\n    return a._n, args._run\n\n\n"
                           "def g(parser):\n    parser.set_defaults(_run=f)\n"),
     }
-    for rel, text in files.items():
-        path = tmp_path / "tokenrouter" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    mods = modules(tmp_path / "tokenrouter")
+    mods = throwaway_package(tmp_path, files)
     found = layering_violations(mods)
     for what in ("tokenrouter/dsl/ast.py:1: dsl imports tokenrouter.compiler.ir",
                  "tokenrouter/compiler/lower.py:2: compiler imports tokenrouter.runtime.loader",
@@ -309,11 +317,7 @@ def test_the_runtime_check_sees_what_it_is_for(tmp_path):
         "runtime/reference.py": "from tokenrouter.runtime.loader import load_model\n",
         "runtime/gadgets/__init__.py": "",
     }
-    for rel, text in files.items():
-        path = tmp_path / "tokenrouter" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    found = runtime_violations(modules(tmp_path / "tokenrouter"))
+    found = runtime_violations(throwaway_package(tmp_path, files))
     for what in ("tokenrouter/runtime/host.py:1: runtime/host imports tokenrouter.runtime.cache",
                  "tokenrouter/runtime/kernels/plan.py:2: runtime/kernels imports tokenrouter.runtime.engine.layers",
                  "tokenrouter/runtime/engine/sampler.py:1: runtime/engine imports tokenrouter.runtime.gadgets",
@@ -322,3 +326,61 @@ def test_the_runtime_check_sees_what_it_is_for(tmp_path):
                  "tokenrouter/runtime/gadgets/__init__.py: runtime/gadgets has no place"):
         assert any(f.startswith(what) for f in found), (what, found)
     assert len(found) == 6, found
+
+
+# ------------------------------------------------------------ where imports stand
+
+# Function-level imports are allowed only for these stated reasons (docs/architecture.md):
+# the command modules import the layers they drive inside `run` (`tokenrouter --help` builds
+# every command's parser); the loader imports its weight readers where it loads (`tokenrouter
+# check` asks it for model facts and must not pay for them); optional dependencies and
+# matplotlib (its backend is chosen when a figure is drawn) are imported where used.
+LAZY_MODULES = ("tokenrouter.commands", "tokenrouter.cli", "tokenrouter.runtime.loader",
+                "tokenrouter.runtime.loader.builtin.registry", "tokenrouter.runtime.loader.tokenizer")
+OPTIONAL = {"xllamacpp", "httpx", "transformers", "matplotlib", "vllm", "openai", "xgrammar", "outlines_core",
+            "llguidance", "prometheus_client"}
+
+
+def function_level_imports(mods) -> list[str]:
+    """'file:line: module imports X inside a function' for every import that is not at the top
+    of its module and has none of the reasons above."""
+    out = []
+    for module, (path, tree) in mods.items():
+        if module in LAZY_MODULES or module.startswith("tokenrouter.commands."):
+            continue
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    names = [_absolute(module, path.name == "__init__.py", node)]
+                else:
+                    continue
+                for name in names:
+                    if name.split(".")[0] not in OPTIONAL:
+                        out.append(f"{path}:{node.lineno}: {module} imports {name} inside {fn.name}()")
+    return sorted(set(out))
+
+
+def test_imports_stand_at_the_top_of_their_module():
+    found = function_level_imports(modules())
+    assert not found, "\n".join(found + ["import at the top of the module (docs/architecture.md, 'Layers')"])
+
+
+def test_the_import_position_check_sees_what_it_is_for(tmp_path):
+    files = {
+        "__init__.py": "",
+        "runtime/__init__.py": "",
+        "runtime/frontend.py": "def start():\n    import zmq\n    from tokenrouter.runtime import wire\n",
+        "runtime/ok.py": "import zmq\n\n\ndef draw():\n    import matplotlib.pyplot as plt\n",
+        "runtime/loader/__init__.py": "def load_model():\n    import torch\n",
+        "commands/serve.py": "def run(args):\n    from tokenrouter.runtime import offline\n",
+        "bench/peer.py": "class Peer:\n    def __init__(self):\n        import xllamacpp\n        import torch\n",
+    }
+    found = function_level_imports(throwaway_package(tmp_path, files))
+    assert sorted(f.split(": ", 1)[1] for f in found) == [
+        "tokenrouter.bench.peer imports torch inside __init__()",
+        "tokenrouter.runtime.frontend imports tokenrouter.runtime inside start()",
+        "tokenrouter.runtime.frontend imports zmq inside start()"], found

@@ -40,6 +40,7 @@ def route_file(pair, tmp_path_factory):
     return str(path), str(d / "profile.json")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_every_configuration_runs_side_by_side(route_file, tmp_path, monkeypatch):
     path, prof = route_file
@@ -87,6 +88,7 @@ def test_every_configuration_runs_side_by_side(route_file, tmp_path, monkeypatch
         assert os.path.getsize(p) > 1000
 
 
+@pytest.mark.slow
 def test_runlengths_account_for_every_token(route_file):
     """Each small run ends in a rewritten token except a run cut by the end of the
     request; large visits write one kept token each."""

@@ -77,6 +77,7 @@ def models(tmp_path_factory):
     return paths, ggufs
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_llamacpp_loads_the_export_and_its_greedy_tokens_are_ours(models):
     import httpx
@@ -96,6 +97,7 @@ def test_llamacpp_loads_the_export_and_its_greedy_tokens_are_ours(models):
         assert srv.proc.poll() is not None  # the server process is gone
 
 
+@pytest.mark.slow
 def test_export_round_trips_through_our_gguf_reader(models):
     paths, ggufs = models
     cfg, weights, tok = read_gguf(ggufs["smol"])
@@ -124,6 +126,7 @@ def test_logits_row_spreads_the_rest_evenly():
     assert p[[0, 2, 4, 5]] == pytest.approx([0.05] * 4)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_dispatcher_routes_as_the_program_says(models):
     """llamacpp_std against the single-request reference (float32) on a coin program: the

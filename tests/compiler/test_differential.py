@@ -39,6 +39,7 @@ def _setup(program, tmp_path, dtype):
     return Interpreter(program, base_dir=str(tmp_path)), load_routers(program, dtype=dtype, base_dir=str(tmp_path))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ALL_KEYS)
 def test_route_matches_interpreter_float64(name, tmp_path):
     program = get_program(name, tmp_path)

@@ -85,6 +85,7 @@ def test_crafted_names_stay_string_literals(i, tmp_path):
         assert "\r" not in line and "\x0c" not in line
 
 
+@pytest.mark.slow
 def test_generated_module_never_runs_injected_code(tmp_path):
     """End to end in a fresh interpreter: load the routers of the crafted program and route."""
     marker = tmp_path / "pwned"

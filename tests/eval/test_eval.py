@@ -58,6 +58,7 @@ def run_eval(tmp_path, pair, cond, concurrency=4, **kw):
     return s
 
 
+@pytest.mark.slow
 def test_routed_program_diff_and_records(tmp_path, pair):
     s = run_eval(tmp_path, pair, "entropy(slm, normalized) > 0.3", concurrency=[4, 1])
     for c in s["configs"].values():  # timed at both, the same tokens at both
@@ -140,6 +141,7 @@ def test_limit_spreads_the_subset_over_the_file():
     assert spread(list(range(242)), 60)[-1] > 230
 
 
+@pytest.mark.slow
 def test_the_command_reports_bad_input_and_exits_1(tmp_path, pair):
     prog = program_file(tmp_path, pair, "entropy(slm, normalized) > 0.3")
     bad = tmp_path / "bad.jsonl"
@@ -171,6 +173,7 @@ def _fails_cleanly(tmp_path, pair, match, **kw):
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".eval-")]
 
 
+@pytest.mark.slow
 def test_a_sweep_runs_from_small_alone_to_large_alone(tmp_path, pair):
     """tau = 1: the small model never hands off; tau = 0: it always does and the large model
     never hands back. The sweep's end points are then the two models alone."""
@@ -206,6 +209,7 @@ def test_a_prompt_longer_than_the_context_is_an_error_and_writes_nothing(tmp_pat
     _fails_cleanly(tmp_path, pair, r"prompt 'huge' has 600 tokens; the models' context holds 512", prompts=[str(long)])
 
 
+@pytest.mark.slow
 def test_reuse_takes_the_baselines_only_when_they_are_the_same_computation(tmp_path, pair):
     first = run_eval(tmp_path, pair, "entropy(slm, normalized) > 0.3")
     (tmp_path / "out").rename(tmp_path / "first")

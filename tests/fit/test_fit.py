@@ -26,6 +26,7 @@ def _fit(route, name, prompts, out, lr=1e-3, rows_per_step=1024, **kw):
                           hyper=Hyper(lr=lr, width=32, blocks=1, batch=rows_per_step), **kw))
 
 
+@pytest.mark.slow
 def test_fit_is_deterministic_for_a_seed(pair, tmp_path):
     route = write_program(str(tmp_path), pair, "r2r")
     prompts = write_prompts(tmp_path / "p.jsonl", 12)

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 
 import httpx
 import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
 
 from tokenrouter.runtime.frontend.launch import LaunchOptions, close_runtime, open_runtime
 from tokenrouter.runtime.http.app import build_app
@@ -117,3 +118,9 @@ def wait_until_healthy(proc, url: str, timeout_s: float, poll_s: float = 0.2) ->
             pass
         assert time.monotonic() < deadline, "the server did not come up"
         time.sleep(poll_s)
+
+
+def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A /metrics text as {(sample name, sorted labels): value}, read by prometheus_client's parser."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}

@@ -1,6 +1,8 @@
 """The wheel is a complete installation: built from the tracked sources, installed into a
 fresh virtual environment with no source tree on the path, `tokenrouter check` and
-`tokenrouter compile` work on an example (the grammar ships inside the package).
+`tokenrouter compile` work on an example (the grammar ships inside the package), and
+`tokenrouter generate` serves a request on the embedded model, so the engine's C kernels are
+built from the installed sources alone (headers included) into an empty cache.
 
 The fresh environment gets the wheel only (`--no-deps`); its dependencies (lark, jinja2,
 torch, ...) come from the test's own environment through a path file, so the test needs no
@@ -19,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -34,8 +38,10 @@ def _tracked_tree(dest: Path) -> None:
             shutil.copy2(src, dest / rel)
 
 
-@pytest.mark.timeout(240)
-def test_wheel_installs_and_checks_an_example(tmp_path):
+@pytest.mark.slow
+@pytest.mark.real_weights
+@pytest.mark.timeout(900)
+def test_wheel_installs_checks_an_example_and_generates(tmp_path):
     if shutil.which("git") is None:
         pytest.skip("git is needed to list the tracked sources")
     src = tmp_path / "src"
@@ -46,6 +52,8 @@ def test_wheel_installs_and_checks_an_example(tmp_path):
     (wheel,) = wheels.glob("tokenrouter-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "tokenrouter/grammars/route.lark" in names
+    csrc = sorted(p.name for p in (REPO / "tokenrouter" / "runtime" / "kernels" / "csrc").iterdir() if p.is_file())
+    assert {f"tokenrouter/runtime/kernels/csrc/{n}" for n in csrc} <= set(names)  # every file the kernels build from
     assert not any(n.startswith(("tests/", "grammars/")) for n in names)
 
     venv = tmp_path / "venv"
@@ -75,3 +83,9 @@ def test_wheel_installs_and_checks_an_example(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert {"router.py", "plan.json", "ir.json"} <= {p.name for p in (work / "build").iterdir()}
+    gen = subprocess.run([str(tool), "generate", "The capital of France is", "--max-tokens", "4"], cwd=work,
+                         env=env, capture_output=True, text=True, timeout=700)
+    assert gen.returncode == 0, gen.stderr[-3000:]
+    assert gen.stdout.strip(), gen.stderr[-3000:]
+    built = list(Path(env["TOKENROUTER_CACHE"]).rglob("*.so"))
+    assert built, "the C kernels were not built into the fresh cache"

@@ -59,7 +59,7 @@ def test_lockstep_ends_at_the_context_limit_like_the_reference(pair):
     ctx = 40
     prompts = [[7, 30, 90, 120, 8] * 6, [9, 11, 13] * 4]  # 30 and 12 tokens
     ref = Reference(program, max_model_len=ctx)
-    want = [ref.generate(p, SamplingParams(max_tokens=100)) for p in prompts]
+    want = [ref.generate(p, SamplingParams(max_tokens=100), route_seed=i) for i, p in enumerate(prompts)]
     ls = Lockstep(program, num_blocks=32, max_model_len=ctx)
     outs = ls.generate(prompts, SamplingParams(max_tokens=100), concurrency=2)
     for p, o, r in zip(prompts, outs, want):

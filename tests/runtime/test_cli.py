@@ -13,6 +13,8 @@ from tests.helpers.serving import wait_until_healthy
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.reference import Reference
 
+pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them
+
 EXE = [sys.executable, "-m", "tokenrouter.cli"]
 
 

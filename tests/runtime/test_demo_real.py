@@ -11,6 +11,8 @@ import httpx
 import pytest
 from tests.helpers.serving import wait_until_healthy
 
+pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them
+
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
 

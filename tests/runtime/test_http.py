@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.helpers import tiny
-from tests.helpers.serving import ServerThread, complete_many, stream_completion
+from tests.helpers.serving import ServerThread, complete_many, scrape, stream_completion
 from tokenrouter.protocol.sampling import SamplingParams
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.http.app import Limits
@@ -33,6 +33,7 @@ def _post(srv, path, body, **kw):
     return httpx.post(srv.url + path, json=body, timeout=60, **kw)
 
 
+@pytest.mark.slow
 def test_models_and_health(srv):
     r = httpx.get(srv.url + "/health")
     assert r.status_code == 200 and r.json()["status"] == "ok"
@@ -82,12 +83,19 @@ BAD = [
     ("missing prompt", {"max_tokens": 3}, "prompt"),
     ("negative temperature", {"prompt": "hi", "temperature": -1}, "temperature"),
     ("empty prompt", {"prompt": ""}, "empty"),
-    ("n > 1", {"prompt": "hi", "n": 3}, "n = 1"),
+    ("n out of range", {"prompt": "hi", "n": 0}, "n"),
     ("huge seed", {"prompt": "hi", "seed": 1208925819614629174706176}, "seed"),
     ("lone surrogate", b'{"prompt": "\\ud800", "max_tokens": 2}', "not valid Unicode"),
     ("lone surrogate in a list", b'{"prompt": ["a\\udfffb"]}', "not valid Unicode"),
     ("tools", {"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "not supported"),
-    ("response_format", {"prompt": "hi", "response_format": {"type": "json_object"}}, "not supported"),
+    ("response_format", {"prompt": "hi", "response_format": {"type": "yaml"}}, "response_format"),
+    ("a schema that does not compile", {"prompt": "hi", "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frob"}}}}, "frob"),
+    ("beam search", {"prompt": "hi", "use_beam_search": True}, "beam search"),
+    ("stream_options without stream", {"prompt": "hi", "stream_options": {"include_usage": True}},
+     "only allowed when stream"),
+    ("logit_bias outside the vocabulary", {"prompt": "hi", "logit_bias": {"999999": 1}}, "outside the vocabulary"),
+    ("echo with logprobs", {"prompt": "hi", "echo": True, "logprobs": 1}, "prompt logprobs"),
     ("too many stop ids", {"prompt": "hi", "stop_token_ids": [1] * 5000}, "stop_token_ids"),
     ("too many stop ids with the eos ids", {"prompt": "hi", "max_tokens": 4, "stop_token_ids": [1] * 1024},
      "invalid sampling parameters: stop_token_ids"),
@@ -139,6 +147,7 @@ def test_a_body_over_the_limit_gets_413_before_it_is_parsed(srv):
     assert _post(srv, "/v1/completions", {"prompt": "fine", "max_tokens": 2}).status_code == 200
 
 
+@pytest.mark.slow
 def test_health_answers_fast_while_large_requests_are_handled(srv):
     """The largest prompt the body limit lets through, as text and as a chat message, sent
     over and over while /health is timed: tokenising never blocks the event loop."""
@@ -205,14 +214,18 @@ def test_a_request_over_its_deadline_gets_504_and_frees_its_kv(srv):
     assert srv.wait_blocks_free() == {"slm": 0, "llm": 0}
 
 
-def test_api_key_guards_the_api_but_not_health(srv):
+def test_api_key_guards_the_api_but_not_health_or_the_model_list(srv):
     LIMITS.api_key = "sekrit"
     try:
-        assert httpx.get(srv.url + "/v1/models").status_code == 401
-        bad = httpx.get(srv.url + "/v1/models", headers={"authorization": "Bearer nope"})
+        body = {"prompt": "key", "max_tokens": 2}
+        assert _post(srv, "/v1/completions", body).status_code == 401
+        bad = _post(srv, "/v1/completions", body, headers={"authorization": "Bearer nope"})
         assert bad.status_code == 401 and bad.json()["error"]["code"] == "invalid_api_key"
-        assert httpx.get(srv.url + "/v1/models", headers={"authorization": "Bearer sekrit"}).status_code == 200
+        assert _post(srv, "/v1/completions", body, headers={"authorization": "Bearer sekrit"}).status_code == 200
+        assert _post(srv, "/tokenize", {"prompt": "hi"}).status_code == 401
         assert httpx.get(srv.url + "/health").status_code == 200
+        assert httpx.get(srv.url + "/v1/models").status_code == 200  # public, as in llama-server
+        assert httpx.get(srv.url + "/v1/models/tiny").status_code == 200
         import openai
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="sekrit")
         assert client.completions.create(model="tiny", prompt="key", max_tokens=2).choices
@@ -254,25 +267,24 @@ def test_a_failing_step_ends_its_requests_with_an_error_not_a_hang(srv):
     assert ok.status_code == 200
 
 
+@pytest.mark.slow
 def test_metrics_show_handoffs_both_ways_and_the_deployment(srv):
     asyncio.run(complete_many(srv.url, [f"m {i}" for i in range(8)], 8, max_tokens=16, temperature=0))
-    text = httpx.get(srv.url + "/metrics").text
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            samples[name] = float(value)
-    assert samples['tokenrouter_handoffs_out_total{model="slm",peer="llm"}'] > 0
-    assert samples['tokenrouter_handoffs_out_total{model="llm",peer="slm"}'] > 0
-    assert samples['tokenrouter_handoffs_in_total{model="llm",peer="slm"}'] > 0
+    r = httpx.get(srv.url + "/metrics")
+    assert r.headers["content-type"].startswith("text/plain")
+    samples = scrape(r.text)
+    assert samples["tokenrouter_handoffs_out_total", (("model", "slm"), ("peer", "llm"))] > 0
+    assert samples["tokenrouter_handoffs_out_total", (("model", "llm"), ("peer", "slm"))] > 0
+    assert samples["tokenrouter_handoffs_in_total", (("model", "llm"), ("peer", "slm"))] > 0
     for w in ("slm", "llm"):
-        assert samples[f'tokenrouter_threads{{model="{w}"}}'] >= 1
-        assert samples[f'tokenrouter_tokens_written_total{{model="{w}"}}'] > 0
-        assert f'tokenrouter_kv_blocks_free{{model="{w}"}}' in samples
-        assert samples[f'tokenrouter_batch_size_count{{model="{w}"}}'] > 0
-        assert f'tokenrouter_queue_wait_seconds_bucket{{model="{w}",le="+Inf"}}' in samples
-        assert f'tokenrouter_step_phase_seconds_total{{model="{w}",phase="forward"}}' in samples
-    assert "# TYPE tokenrouter_batch_size histogram" in text
+        m = (("model", w),)
+        assert samples["tokenrouter_threads", m] >= 1
+        assert samples["tokenrouter_tokens_written_total", m] > 0
+        assert ("tokenrouter_kv_blocks_free", m) in samples
+        assert samples["tokenrouter_batch_size_count", m] > 0
+        assert ("tokenrouter_queue_wait_seconds_bucket", (("le", "+Inf"), ("model", w))) in samples
+        assert ("tokenrouter_step_phase_seconds_total", (("model", w), ("phase", "forward"))) in samples
+    assert "# TYPE tokenrouter_batch_size histogram" in r.text
 
 
 @pytest.fixture(scope="module")

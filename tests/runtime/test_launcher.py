@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from tests.helpers import tiny
 from tokenrouter.compiler import ir
 from tokenrouter.runtime.frontend.launch import LaunchOptions, batch_thresholds, plan, served_writers
@@ -27,6 +29,7 @@ def test_ensemble_members_share_the_ensemble_subserver(pair):
     assert served_writers(tiny.ensemble(pair)) == ["avg"]
 
 
+@pytest.mark.slow
 def test_auto_thresholds_from_the_tuner_when_the_program_fixes_routing(pair):
     from tokenrouter.tuner.profile import Profile
     from tokenrouter.tuner.program import auto_thresholds

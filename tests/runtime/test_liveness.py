@@ -46,6 +46,7 @@ def _wait_health(url, ok: bool, timeout: float):
     raise AssertionError(f"/health did not turn {'ok' if ok else 'unavailable'} within {timeout} s: {r.text}")
 
 
+@pytest.mark.slow
 def test_kill_9_of_a_local_subserver_then_automatic_recovery_then_restarts_exhausted(pair):
     program = tiny.coin(pair, 0.3)
     fatal = []

@@ -26,6 +26,8 @@ from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.transport.security import Security, generate_keys
 from tokenrouter.runtime.transport.sockets import Sender
 
+pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them
+
 
 def _ip(*args, check=True):
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20, check=check)

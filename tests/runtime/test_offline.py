@@ -15,8 +15,9 @@ def test_generate_text_prompts_in_order_with_a_progress_bar(pair, capsys):
     with LLM(program, launch=LaunchOptions(mode="thread", num_blocks=64)) as llm:
         outs = llm.generate(prompts, SamplingParams(max_tokens=10), concurrency=3)
         ref = Reference(program)
-        for p, o in zip(prompts, outs):
-            r = ref.generate(llm.tokenizer.encode(p), SamplingParams(max_tokens=10, stop_token_ids=(tiny.EOS,)))
+        for i, (p, o) in enumerate(zip(prompts, outs)):  # prompt i's route seed is i
+            r = ref.generate(llm.tokenizer.encode(p), SamplingParams(max_tokens=10, stop_token_ids=(tiny.EOS,)),
+                             route_seed=i)
             assert o.prompt == p and o.token_ids == r.tokens and o.tokens_by_model == r.written_by
             assert o.text == llm.tokenizer.decode([t for t in r.tokens if t != tiny.EOS], skip_special_tokens=True)
         assert "12/12" in capsys.readouterr().err  # tqdm
@@ -26,6 +27,18 @@ def test_generate_text_prompts_in_order_with_a_progress_bar(pair, capsys):
         import time
         time.sleep(0.2)
         assert all(s["blocks_used"] == 0 for s in llm.stats().values())
+
+
+def test_unseeded_prompts_of_one_call_flip_independent_route_coins(pair):
+    """The same prompt eight times in one call: by default prompt i's route seed is i, so
+    a coin-flip rule hands each copy off at its own positions (one shared seed would make
+    all eight identical); the same call again gives the same routes."""
+    program = tiny.coin(pair, 0.5)
+    with LLM(program, launch=LaunchOptions(mode="thread", num_blocks=64)) as llm:
+        runs = [llm.generate(["same prompt"] * 8, SamplingParams(max_tokens=12), use_tqdm=False) for _ in range(2)]
+    writers = [tuple(o.token_writers) for o in runs[0]]
+    assert len(set(writers)) > 1, writers
+    assert writers == [tuple(o.token_writers) for o in runs[1]]
 
 
 def test_a_subserver_that_cannot_start_is_a_clear_error(pair, tmp_path):
@@ -62,9 +75,10 @@ def test_tcp_endpoints_with_a_separately_started_subserver(pair):
         with LLM(program, launch=opts) as llm:
             assert llm.launcher.local == ["slm"]
             outs = llm.generate(["over tcp"] * 3, SamplingParams(max_tokens=12), use_tqdm=False)
-            ref = Reference(program).generate(outs[0].prompt_token_ids,
-                                              SamplingParams(max_tokens=12, stop_token_ids=(tiny.EOS,)))
-            assert all(o.token_ids == ref.tokens for o in outs)
+            ref = Reference(program)
+            sp = SamplingParams(max_tokens=12, stop_token_ids=(tiny.EOS,))
+            assert all(o.token_ids == ref.generate(o.prompt_token_ids, sp, route_seed=i).tokens
+                       for i, o in enumerate(outs))
             assert "llm" in outs[0].tokens_by_model
     finally:
         t.join(10)  # the LLM's close sent shutdown to every subserver, the remote one too

@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them
+
 SCRIPT = r"""
 import torch
 from tokenrouter.runtime.subserver.memory import bound_heap_growth

@@ -15,6 +15,8 @@ from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.reference import Reference
 
+pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them
+
 EXAMPLES = ["demo", "rstitch", "r2r", "citer", "co_llm", "ensemble"]
 MAX_TOKENS = 10
 PROMPTS = [f"prompt {i}: " + "abcdefghij"[i % 10] * (1 + i % 5) + " the end" for i in range(32)]

@@ -68,6 +68,7 @@ def test_bad_addresses():
         make_addresses(["a"], "udp")
 
 
+@pytest.mark.slow
 def test_curve_tcp_admits_only_holders_of_the_keys(tmp_path):
     generate_keys(str(tmp_path / "ours"))
     generate_keys(str(tmp_path / "theirs"))

@@ -57,6 +57,7 @@ def test_lockstep_closed_form(paper_profile):
     assert dtmc.solve(s).throughput == pytest.approx(expected, rel=1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n,B,c,p,kw", [
     (4, 2, 0.5, (0.1, 1.0), {}),
     (6, 3, 1.0, (0.2, 0.5), {"max_wait_ms": {"llm": 30.0}, "rewrite": False}),
@@ -89,6 +90,7 @@ def test_upper_bound_is_above_every_prediction(paper_profile):
     assert res.best.throughput == max(p.throughput for p in res.curve)
 
 
+@pytest.mark.slow
 def test_bursty_run_lengths_phase_type_beats_geometric(paper_profile):
     rng = np.random.default_rng(1)
     obs = {"slm": PhaseType.mixture([0.6, 0.4], [0.8, 0.03]).sample(rng, 20000).tolist(),
@@ -102,6 +104,7 @@ def test_bursty_run_lengths_phase_type_beats_geometric(paper_profile):
     assert err_ph < 0.02 and err_geo > 4 * err_ph
 
 
+@pytest.mark.slow
 def test_api_chooses_the_argmax_and_falls_back_to_simulation(paper_profile):
     b = choose_batch_thresholds(paper_profile, 4, (0.2, 1.0), rewrite={("slm", "llm"): True})
     s = build_system(paper_profile, 4, (0.2, 1.0), rewrite={("slm", "llm"): True})

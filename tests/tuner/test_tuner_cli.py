@@ -9,6 +9,7 @@ from tokenrouter.tuner.measure import served_engine
 from tokenrouter.tuner.profile import Profile
 
 
+@pytest.mark.slow
 def test_profile_then_tune(tiny_route, tmp_path, capsys):
     out = tmp_path / "p.json"
     assert main(["profile", str(tiny_route), "--out", str(out), "--batch-sizes", "1,2,4", "--repeats", "2",
@@ -26,6 +27,7 @@ def test_profile_then_tune(tiny_route, tmp_path, capsys):
     assert "B* =" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_tune_with_route_probs_and_runlengths(tiny_route, tmp_path):
     prof = tmp_path / "p.json"
     Profile.affine({"small": (6.0, 0.12), "large": (27.9, 0.558)}, colocation=0.5).save(prof)
@@ -68,6 +70,7 @@ def test_profile_bad_batch_sizes(tiny_route, capsys):
     assert "comma-separated" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_profile_times_each_model_in_its_weight_format(tiny_route, tmp_path):
     """A model served as `quant = int8` is profiled as int8, not as the float checkpoint (the
     bound and the tuner's B_i come from these steps)."""

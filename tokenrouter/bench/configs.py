@@ -44,6 +44,8 @@ VLLM = ("tokenrouter_vllm", "vllm_large", "vllm_std")
 PER_LEVEL = ("llamacpp_std", "llamacpp_large")
 #: computed from the profile and the tokenrouter run, not measured
 DERIVED = ("bound",)
+#: configurations that run other projects' code: they need the `bench` extra (`tokenrouter.extras`)
+NEED_BENCH_EXTRA = ("llamacpp_std", "llamacpp_large", "official")
 #: `--quick`: what fits 15 minutes with >= 30 s a configuration a round
 QUICK = ("tokenrouter", "naive", "large_only", "small_only", "llamacpp_std", "llamacpp_large", "official", "bound")
 

@@ -31,6 +31,7 @@ from typing import Any
 from tokenrouter.compiler.backend.compiled import default_base_dir
 from tokenrouter.compiler.backend.interpreter import Interpreter
 from tokenrouter.compiler.needs import writer_needs
+from tokenrouter.extras import require
 from tokenrouter.protocol.sampling import SamplingParams
 
 from tokenrouter.bench.deploy import Measurement
@@ -43,11 +44,7 @@ class LlamaCppServer:
     """One llama.cpp server process (xllamacpp) on 127.0.0.1, stopped by `close`."""
 
     def __init__(self, gguf: str, parallel: int, threads: int, ctx_per_slot: int, timeout: float = 120.0):
-        try:
-            import xllamacpp  # noqa: F401
-        except ImportError:
-            raise RuntimeError("the llama.cpp peers need the `bench` extra: pip install 'tokenrouter[bench]' "
-                               "(or pip install xllamacpp)") from None
+        require("bench", "xllamacpp", "the llama.cpp peers")
         self.gguf, self.parallel, self.threads = gguf, parallel, threads
         cmd = [sys.executable, "-m", "tokenrouter.bench.llamacpp_server", gguf, "--parallel", str(parallel),
                "--threads", str(threads), "--ctx", str(parallel * ctx_per_slot)]
@@ -129,7 +126,7 @@ class LlamaCppLarge:
         return self._loop.call(self._run(name, prompts, sampling, concurrency))
 
     async def _run(self, name, prompts, sampling, concurrency):
-        import httpx
+        httpx = require("bench", "httpx", "the llama.cpp dispatcher")
         slots = _Slots(min(concurrency, self.server.parallel))
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         async with httpx.AsyncClient(base_url=self.server.url, limits=limits, timeout=600.0) as client:
@@ -186,7 +183,7 @@ class LlamaCppStandard:
         return self._loop.call(self._run(name, prompts, sampling, concurrency))
 
     async def _run(self, name, prompts, sampling, concurrency):
-        import httpx
+        httpx = require("bench", "httpx", "the llama.cpp dispatcher")
         slots = _Slots(min(concurrency, min(s.parallel for s in self.servers.values())))
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         clients = {m: httpx.AsyncClient(base_url=s.url, limits=limits, timeout=600.0) for m, s in self.servers.items()}
@@ -242,7 +239,7 @@ class LlamaCppStandard:
         connection that the server closes just as the next call goes out is an ordinary
         event over the thousands of calls a run makes (seen at N = 16). A server that keeps
         failing is a RuntimeError naming it."""
-        import httpx
+        httpx = require("bench", "httpx", "the llama.cpp dispatcher")
         for attempt in range(self.RETRIES + 1):
             try:
                 return await client.post("/completion", json=body)

@@ -27,6 +27,7 @@ import torch
 from tokenrouter.compiler.backend.compiled import default_base_dir
 from tokenrouter.compiler.backend.interpreter import Interpreter, RequestStep
 from tokenrouter.compiler.needs import writer_needs
+from tokenrouter.extras import require
 from tokenrouter.protocol.sampling import SamplingParams
 from tokenrouter.runtime.loader import resolve_folder
 
@@ -48,8 +49,7 @@ _CACHE_KW = _cache_keyword()
 
 class CiterOfficial:
     def __init__(self, program, threads: int):
-        from transformers import AutoModelForCausalLM
-
+        AutoModelForCausalLM = require("bench", "transformers", "the `official` peer").AutoModelForCausalLM
         if program.ensembles:
             raise ValueError("official: ensembles have no single-writer serving loop to reproduce")
         for m in program.models:

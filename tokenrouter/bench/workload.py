@@ -9,8 +9,6 @@ program's coin flips), so the configurations route alike too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from tokenrouter.protocol.sampling import SamplingParams
 
 TOPICS = ("the history of the printing press", "how vaccines train the immune system", "why the sky is blue",
@@ -18,18 +16,6 @@ TOPICS = ("the history of the printing press", "how vaccines train the immune sy
           "how bees communicate", "the theory of plate tectonics", "how a transistor works",
           "the life of a star", "how to bake bread", "the origins of jazz", "how tides work",
           "the structure of DNA", "how a bicycle stays upright")
-
-
-@dataclass(frozen=True)
-class Workload:
-    requests: int  # requests per measurement (per concurrency level)
-    max_tokens: int  # tokens each request writes
-
-    def __post_init__(self):
-        if self.requests < 1:
-            raise ValueError(f"requests must be >= 1, got {self.requests}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
 
 
 def prompts(n: int) -> list[str]:

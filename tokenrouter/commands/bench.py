@@ -147,8 +147,17 @@ def run(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from tokenrouter.bench import plots, results
+    from tokenrouter.bench.configs import NEED_BENCH_EXTRA
     from tokenrouter.bench.runner import run_bench
     from tokenrouter.compiler.pipeline import RouteError
+    from tokenrouter.extras import MissingExtra, require_all
+    peers = [c for c in opts.configs if c in NEED_BENCH_EXTRA]
+    try:  # before anything runs: a missing extra is one line, not a traceback an hour in
+        if peers:
+            require_all("bench", f"the peer configuration(s) {', '.join(peers)}")
+    except MissingExtra as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     from tokenrouter.runtime.frontend.frontend import RuntimeUnavailable
     from tokenrouter.runtime.loader import LoadError
 

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tokenrouter.protocol.sampling import SamplingParams, invalid_because
     from tokenrouter.runtime.engine.engine import BadBatch, Engine
-    from tokenrouter.runtime.http.detokenizer import Detokenizer
+    from tokenrouter.runtime.frontend.text import Detokenizer
     from tokenrouter.runtime.loader import LoadError, load_model
 
     if args.threads:

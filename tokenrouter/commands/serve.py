@@ -38,8 +38,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     add_binding_args(parser)
-    parser.add_argument("--served-model-name", default=None,
-                        help="the model id clients use (default: the file's name without .route)")
+    parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="the model id(s) clients use; the first is the one responses carry "
+                             "(default: the file's name without .route)")
     parser.add_argument("--concurrency", type=int, default=8,
                         help="expected concurrent requests, for `auto` batch thresholds (default 8)")
     parser.add_argument("--batch", action="append", metavar="WRITER=B", help="override a batch threshold B_i")
@@ -80,6 +81,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     lim.add_argument("--max-running", type=int, default=64, help="requests generating at once (default 64)")
     lim.add_argument("--max-queue", type=int, default=256,
                      help="requests waiting beyond --max-running; more get 503 + Retry-After (default 256)")
+    lim.add_argument("--allowed-origins", nargs="+", default=(), metavar="ORIGIN",
+                     help="answer CORS requests from these origins (`*`: any); default: no CORS")
     lim.add_argument("--request-timeout", type=float, default=None, metavar="S",
                      help="end a request after S seconds, queueing included, with 504 (default: none)")
 
@@ -207,7 +210,8 @@ def _run_http(args, program, opts, limits) -> int:
     except LoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    name = args.served_model_name or os.path.splitext(os.path.basename(args.file))[0]
+    names = tuple(args.served_model_name or (os.path.splitext(os.path.basename(args.file))[0],))
+    name = names[0]
 
     fatal: list[str] = []
 
@@ -227,7 +231,8 @@ def _run_http(args, program, opts, limits) -> int:
         finally:
             await close_runtime(launcher, fe)
 
-    app = build_app(runtime, name, tokenizer, args.max_tokens_limit, args.default_max_tokens, limits)
+    app = build_app(runtime, names, tokenizer, args.max_tokens_limit, args.default_max_tokens, limits,
+                    allowed_origins=args.allowed_origins)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
     server = uvicorn.Server(config)
     server.run()

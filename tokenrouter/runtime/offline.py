@@ -11,8 +11,10 @@ ordinary blocking call (with a tqdm progress bar) that also works inside noteboo
 
 `SamplingParams` is `protocol.sampling`'s, validated when it is made; `generate` adds the
 tokenizer's end-of-sequence ids to its stop ids (`SamplingParams.with_eos`, as the HTTP
-API does) unless `ignore_eos`. A request's route seed (the seed of the program's coin
-flips) is `route_seeds[i]` when given, else 0, so a run is reproducible.
+API does) unless `ignore_eos`; its stop strings end a request as over HTTP
+(`frontend/text.py`), and `text` leaves them out. A request's route seed (the seed of the
+program's coin flips) is `route_seeds[i]` when given, else the prompt's index i: coin-flip
+rules are independent across the prompts of a call, and a run is reproducible.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ class LLM:
                  desc: str = "generate") -> list[RequestOutput]:
         """Generate for every prompt (text or token ids); outputs in prompt order.
         `concurrency` caps the requests in flight (default: all, as KV capacity allows);
-        `route_seeds[i]` seeds prompt i's coin flips (default 0)."""
+        `route_seeds[i]` seeds prompt i's coin flips (default: i)."""
         if isinstance(prompts, str):
             prompts = [prompts]
         params = (params or SamplingParams()).with_eos(self.tokenizer.eos_token_ids, ignore_eos)
@@ -87,27 +89,28 @@ class LLM:
     async def _run(self, prompts, ids, params, concurrency, use_tqdm, route_seeds, desc) -> list[RequestOutput]:
         sem = asyncio.Semaphore(concurrency or len(ids) or 1)
         bar = tqdm(total=len(ids), desc=desc, unit="req", disable=not use_tqdm)
-        stop = set(params.stop_token_ids)
 
         async def one(i: int) -> RequestOutput:
             async with sem:
                 toks: list[int] = []
                 writers: list[str] = []
+                text = ""
                 final = None
                 try:
-                    seed = route_seeds[i] if route_seeds else 0
-                    async for ev in self.frontend.generate(ids[i], params, route_seed=seed):
+                    seed = route_seeds[i] if route_seeds else i
+                    async for ev in self.frontend.generate(ids[i], params, route_seed=seed, tokenizer=self.tokenizer):
                         if isinstance(ev, Delta):
                             toks += ev.tokens
                             writers += ev.writers
+                            text += ev.text
                         else:
                             final = ev
+                            text += ev.text
                 except ValueError as exc:
                     bar.update(1)
                     return RequestOutput(prompts[i] if isinstance(prompts[i], str) else None, ids[i], [], "",
                                          "error", {}, str(exc))
                 bar.update(1)
-                text = self.tokenizer.decode([t for t in toks if t not in stop], skip_special_tokens=True)
                 return RequestOutput(prompts[i] if isinstance(prompts[i], str) else None, ids[i], toks, text,
                                      final.reason, dict(final.written_by), final.error, writers)
 

@@ -5,9 +5,12 @@ with the serving path that could hide a bug there: no scheduler, no messages, no
 reuse (every step is a fresh prefill of everything the writer sees, on a sequence freed
 right after), and the routing decisions come from the IR's reference interpreter
 (`compiler.backend.interpreter`), not from the compiled router. Only the engine forward and the
-sampler are shared, and those are tested on their own against transformers. A model served
-by vLLM (`engine = vllm`) runs on vLLM here too, one fresh request per step
-(`runtime/vllm/logits.py`): the oracle of a writer is its own engine's forward.
+sampler are shared, and those are tested on their own against transformers; the sampler's
+inputs (penalties, logit bias, structured output: `engine/logits.py`) are computed here
+from the request's whole token list and a grammar state advanced token by token, never
+from the serving path's per-writer suffix bookkeeping. A model served by vLLM (`engine =
+vllm`) runs on vLLM here too, one fresh request per step (`runtime/vllm/logits.py`): the
+oracle of a writer is its own engine's forward.
 
 So a served request that matches this, token for token, has had its KV appended
 correctly on every visit (invariant 1) and was routed as the program says, whatever
@@ -27,8 +30,10 @@ from tokenrouter.compiler.backend.interpreter import Interpreter, RequestStep
 from tokenrouter.compiler.needs import writer_needs
 from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.engine.grammar import Grammars, GrammarState
+from tokenrouter.runtime.engine.logits import LogitsRow, process_logits
 from tokenrouter.runtime.engine.sampler import SamplingParams, sample
-from tokenrouter.runtime.loader import load_model, quant_options, resolve_folder
+from tokenrouter.runtime.loader import load_model, program_tokenizer, quant_options, resolve_folder
 from tokenrouter.runtime.vllm.logits import VllmLogits
 
 
@@ -77,6 +82,7 @@ class Reference:
             self.engines[m.name] = Engine(lm.config, lm.weights, quant_options(lm, m.quant, **kw))
         self.ensembles = {e.name: e for e in program.ensembles}
         self._seq = 0
+        self.grammars = Grammars(load=lambda: program_tokenizer(program))
 
     def close(self) -> None:
         """Stop the vLLM engines this reference started (tokenrouter's need nothing)."""
@@ -98,7 +104,7 @@ class Reference:
         return out.logits[0], {k: v[0] for k, v in out.hidden.items()}
 
     def _step(self, writer: str, tokens: list[int], sampling: SamplingParams, pos: int, visit_tokens: int,
-              route_seed: int) -> tuple[int, RequestStep]:
+              route_seed: int, grammar: GrammarState | None = None) -> tuple[int, RequestStep]:
         """One step of `writer` on `tokens`: the token it samples, and what the interpreter
         reads of the step (computed as a fresh prefill)."""
         needs = writer_needs(self.program, writer)
@@ -113,7 +119,8 @@ class Reference:
         else:
             logits, hidden = self._forward(writer, tokens, needs)
             member, row = (), logits
-        tok = int(sample(logits[None], [sampling], [pos])[0])
+        inputs = LogitsRow(sampling, tokens, len(tokens) - pos, grammar)
+        tok = int(sample(process_logits(logits[None], [inputs]), [sampling], [pos])[0])
         emb = None
         if needs.token_embedding and ens is None:
             emb = self.engines[writer].embed(torch.tensor([tok]))[0]
@@ -135,13 +142,14 @@ class Reference:
         stop = set(sampling.stop_token_ids)
         limit = max_model_len or min(e.max_model_len for e in self.engines.values())
         seen_at_len: set[str] = set()  # writers that already wrote at this length (loop check)
+        grammar = None if sampling.structured is None else self.grammars.state(sampling.structured)
         while True:
             pos = len(tokens) - len(prompt)
             if writer in seen_at_len:
                 out.reason, out.error = "error", f"rewrite loop at output position {pos}"
                 return out
             seen_at_len.add(writer)
-            tok, step = self._step(writer, tokens, sampling, pos, visit + 1, route_seed)
+            tok, step = self._step(writer, tokens, sampling, pos, visit + 1, route_seed, grammar)
             d = self.interp.route(writer, step)
             if d.keep:
                 tokens.append(tok)
@@ -157,6 +165,8 @@ class Reference:
                 if len(out.tokens) >= sampling.max_tokens or len(tokens) >= limit:
                     out.reason = "length"
                     return out
+                if grammar is not None:
+                    grammar.advance(out.tokens)
             if d.dest != writer:
                 out.handoffs += 1
                 writer, visit = d.dest, 0

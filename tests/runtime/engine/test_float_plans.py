@@ -118,6 +118,7 @@ def _choose_in_a_process(path, barrier, out):
     out.put((len(calls), plans))
 
 
+@pytest.mark.slow
 def test_processes_starting_together_measure_once_and_share_the_plan(tmp_path):
     path = str(tmp_path / "plans" / "p.json")
     ctx = mp.get_context("spawn")

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from tests.helpers.checkpoints import hf_config, transformers_model, write_gguf
@@ -40,6 +41,7 @@ def test_changed_source_makes_a_new_entry(tmp_path, tmp_cache):
     assert not torch.equal(a.weights[name], b.weights[name])
 
 
+@pytest.mark.slow
 def test_two_processes_building_at_once(tmp_path, tmp_cache):
     config = hf_config("qwen3", layers=4)
     path = str(tmp_path / "m.gguf")

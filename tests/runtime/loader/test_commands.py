@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from tests.helpers.checkpoints import hf_config, transformers_model, write_gguf, write_hf_folder
@@ -62,6 +63,7 @@ def _cli(*args, env=None):
                           timeout=120, env={**os.environ, **(env or {})})
 
 
+@pytest.mark.slow
 def test_errors_are_one_line_not_tracebacks(tmp_path, capsys):
     _, folder = _tiny(tmp_path)
     cfg = json.loads(open(os.path.join(folder, "config.json")).read())
@@ -79,6 +81,7 @@ def test_errors_are_one_line_not_tracebacks(tmp_path, capsys):
         assert message in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.slow
 def test_models_lists_the_builtins(tmp_path):
     r = _cli("models", "--json", env={"TOKENROUTER_CACHE": str(tmp_path)})
     assert r.returncode == 0, r.stderr
@@ -92,6 +95,7 @@ def test_models_lists_the_builtins(tmp_path):
     assert rows["smollm2-135m"]["source"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
+@pytest.mark.slow
 def test_models_table(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("TOKENROUTER_CACHE", str(tmp_path))
     assert main(["models"]) == 0

@@ -53,6 +53,7 @@ def test_quant_flag_overrides_all_or_one_model():
         with_quant(program, ["int5"])
 
 
+@pytest.mark.slow
 @pytest.mark.real_weights
 def test_generate_native_says_paris():
     out = subprocess.run([sys.executable, "-m", "tokenrouter.cli", "generate", "--model", "smollm2-135m", "--quant",

@@ -29,6 +29,7 @@ def _hf_model(m):
     return model.eval()
 
 
+@pytest.mark.slow
 def test_engine_matches_transformers_on_smollm2(smollm):
     ids = smollm.tokenizer.encode(smollm.tokenizer.apply_chat_template(
         [{"role": "user", "content": "Name three colours."}]), add_special_tokens=False)
@@ -45,6 +46,7 @@ def test_engine_matches_transformers_on_smollm2(smollm):
         assert int(got.argmax()) == int(want.argmax())
 
 
+@pytest.mark.slow
 def test_builtin_small_model_is_the_chosen_layer_subset(smollm):
     small = load_model("smollm2-135m-small")
     keep = SMALL_RECIPE["keep_layers"]

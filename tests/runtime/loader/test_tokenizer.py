@@ -37,6 +37,7 @@ def smollm():
     return tokenizer_from_gguf(meta), meta
 
 
+@pytest.mark.slow
 @pytest.mark.real_weights
 @pytest.mark.parametrize("text", STRINGS)
 def test_matches_reference_encoder(smollm, text):
@@ -48,6 +49,7 @@ def test_matches_reference_encoder(smollm, text):
     assert tok.decode(tok.encode(text)) == text
 
 
+@pytest.mark.slow
 @pytest.mark.real_weights
 def test_matches_transformers_on_digit_free_text(smollm, tmp_path):
     from transformers import AutoTokenizer

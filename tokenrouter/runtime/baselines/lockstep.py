@@ -15,9 +15,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from tokenrouter.compiler import ir
+from tokenrouter.compiler.backend.compiled import load_routers
 from tokenrouter.protocol.sampling import SamplingParams
 from tokenrouter.protocol.state import RouteState
+from tokenrouter.runtime.engine.engine import Engine
+from tokenrouter.runtime.loader import load_model, quant_options
 from tokenrouter.runtime.metrics import PHASES
 from tokenrouter.runtime.subserver.request import Request
 from tokenrouter.runtime.subserver.step import LOOP_ERROR, NativeWriter, StepRunner
@@ -35,12 +40,6 @@ class Lockstep:
     def __init__(self, program: ir.Program, models: dict[str, Any] | None = None, block_size: int = 16,
                  num_blocks: int | None = None, threads: int = 0, base_dir: str | None = None,
                  max_model_len: int | None = None):
-        import torch
-
-        from tokenrouter.compiler.backend.compiled import load_routers
-        from tokenrouter.runtime.engine.engine import Engine
-        from tokenrouter.runtime.loader import load_model, quant_options
-
         if threads:
             torch.set_num_threads(threads)
         self.program = program
@@ -67,7 +66,7 @@ class Lockstep:
     def generate(self, prompts: list[list[int]], params: SamplingParams, stop_token_ids=(), concurrency: int = 8,
                  route_seeds: list[int] | None = None) -> list[LockstepOutput]:
         """Greedy/sampled generation for token-id prompts, at most `concurrency` at a time;
-        `route_seeds[i]` seeds prompt i's coin flips (default 0)."""
+        `route_seeds[i]` seeds prompt i's coin flips (default: i, as the offline API)."""
         params = params.replace(stop_token_ids=tuple(params.stop_token_ids) + tuple(stop_token_ids))
         todo = list(range(len(prompts)))[::-1]
         active: list[Request] = []
@@ -77,7 +76,7 @@ class Lockstep:
             while todo and len(active) < concurrency:
                 i = todo.pop()
                 st = RouteState(rid=str(i), tokens=list(prompts[i]), prompt_len=len(prompts[i]),
-                                writer=self.program.start, route_seed=route_seeds[i] if route_seeds else 0,
+                                writer=self.program.start, route_seed=route_seeds[i] if route_seeds else i,
                                 sampling=params)
                 active.append(Request(st, st.rid, params))
             self.iterations += 1

@@ -6,9 +6,11 @@ API) and owns the frontend's ZeroMQ sockets: a PULL socket where subservers repo
 transport), read by its receive loop, and a PUSH socket to every subserver.
 
 Each request in flight is a `RequestStream` (`streams.py`), which puts the tokens of
-several subservers back in order. When it ends (done, abort, error) the frontend tells
-every subserver to release it (free its KV): the same message for every ending, so
-invariant 3 has one code path.
+several subservers back in order and, given the tokenizer, detokenises them and matches
+the request's stop strings (`text.py`). When it ends (done, a stop string, abort, error)
+the frontend tells every subserver to release it (free its KV): the same message for every
+ending, so invariant 3 has one code path. Its latency and token counts go to `metrics`
+(`metrics.RequestMetrics`).
 
 A request gets its route seed (the seed of the program's coin flips,
 `protocol.state.route_seed_of`) from its caller, or from its request id when it gives none.
@@ -37,7 +39,10 @@ from tokenrouter.protocol.state import route_seed_of
 from tokenrouter.runtime.frontend.admission import KvAdmission, blocks_needed
 from tokenrouter.runtime.frontend.liveness import HEARTBEAT_TIMEOUT_S, MAX_RESTARTS, Watch
 from tokenrouter.runtime.frontend.streams import Delta, Final, RequestStream
+from tokenrouter.runtime.frontend.text import TextStream
+from tokenrouter.runtime.metrics import RequestMetrics
 from tokenrouter.runtime.transport import wire
+from tokenrouter.runtime.transport.security import secure_bind, secure_connect, stop_authenticator
 from tokenrouter.runtime.transport.sockets import bind_form, bound_receive, check_address
 
 __all__ = ["Delta", "Final", "Frontend", "RuntimeUnavailable"]
@@ -68,6 +73,7 @@ class Frontend:
                            heartbeat_timeout_s=heartbeat_timeout_s, max_restarts=max_restarts, on_fatal=on_fatal)
         self.ready: dict[str, wire.Ready] = {}
         self.reqs: dict[str, RequestStream] = {}
+        self.metrics = RequestMetrics()
         self.finished: dict[str, int] = {}
         self.frames_dropped: dict[str, int] = {}
         self._started = False
@@ -97,7 +103,6 @@ class Frontend:
 
     async def start(self, timeout: float = 120.0) -> None:
         """Bind, connect, and wait until every subserver reported ready."""
-        from tokenrouter.runtime.transport.security import secure_bind, secure_connect
         self._pull = self._ctx.socket(zmq.PULL)
         bound_receive(self._pull)
         self._pull.setsockopt(zmq.LINGER, 0)
@@ -140,7 +145,6 @@ class Frontend:
         for s in self._push.values():
             s.close(linger=1000)
         self._pull.close(linger=0)
-        from tokenrouter.runtime.transport.security import stop_authenticator
         stop_authenticator(self._ctx)
         self._closed = True
 
@@ -166,12 +170,18 @@ class Frontend:
 
     # -------------------------------------------------------------- requests
     async def generate(self, prompt: list[int], params: SamplingParams, route_seed: int | None = None,
-                       rid: str | None = None) -> AsyncIterator[Delta | Final]:
+                       rid: str | None = None, tokenizer=None,
+                       skip_special_tokens: bool = True) -> AsyncIterator[Delta | Final]:
         """Submit one request and yield its tokens as they are committed, then a `Final`.
         `route_seed` seeds the program's coin flips; None takes `route_seed_of(rid)`.
-        Closing the iterator early (a client went away) aborts the request."""
+        With a `tokenizer`, every event carries its text and the request's stop strings end
+        it (without one, stop strings are refused). A `Delta` that arrives with the request's
+        end carries its `Final` too. Closing the iterator early (a client went away) aborts
+        the request."""
         if not self.healthy:
             raise RuntimeUnavailable(self.failure or "the runtime is not running")
+        if params.stop and tokenizer is None:
+            raise ValueError("stop strings need the tokenizer (Frontend.generate(tokenizer=...))")
         rid = rid or uuid.uuid4().hex
         if route_seed is None:
             route_seed = route_seed_of(rid)
@@ -179,11 +189,14 @@ class Frontend:
         if blocks > self.admission.capacity:
             raise ValueError(f"the request needs {blocks} KV blocks, more than the {self.admission.capacity} "
                              f"there are")
-        live = RequestStream(rid, blocks)
+        text = None if tokenizer is None else TextStream(
+            tokenizer, params.stop, params.stop_token_ids, params.include_stop_str_in_output, skip_special_tokens)
+        live = RequestStream(rid, blocks, text, prompt_len=len(prompt))
         finished = False
         try:
             if not await self.admission.reserve(blocks):
                 raise RuntimeUnavailable(self.failure or "the runtime stopped")
+            live.submitted = time.monotonic()
             self.reqs[rid] = live
             for w in self.writers:
                 if w == self.start_writer:
@@ -192,15 +205,32 @@ class Frontend:
                 else:
                     await self._send(w, wire.Announce(rid=rid))
             while True:
-                ev = await live.queue.get()
+                ev = self._merged(await live.queue.get(), live.queue)
                 if isinstance(ev, Final):
                     finished = True
                     yield ev
                     return
                 yield ev
+                if ev.final is not None:
+                    finished = True
+                    yield ev.final
+                    return
         finally:
             if not finished:
                 self.abort(rid)
+
+    @staticmethod
+    def _merged(ev: Delta | Final, queue: asyncio.Queue) -> Delta | Final:
+        """`ev` with the events already queued behind it: runs of tokens joined, and the
+        `Final` attached when it is there (so the last chunk of a stream carries both)."""
+        while isinstance(ev, Delta) and ev.final is None and not queue.empty():
+            nxt = queue.get_nowait()
+            if isinstance(nxt, Final):
+                ev.final = nxt
+            else:
+                ev = Delta(ev.tokens + nxt.tokens, ev.writers + nxt.writers, ev.logprobs + nxt.logprobs,
+                           ev.text + nxt.text, nxt.final)
+        return ev
 
     def abort(self, rid: str) -> None:
         """End a request now (its client went away); synchronous, so it also works in a
@@ -242,7 +272,8 @@ class Frontend:
                 "queued": self.admission.queued, "writers": list(self.writers),
                 "up": {w: lv.up for w, lv in self.watch.live.items()},
                 "restarts": {w: lv.restarts for w, lv in self.watch.live.items()},
-                "frames_dropped": dict(self.frames_dropped)}
+                "frames_dropped": dict(self.frames_dropped),
+                "prompt_tokens": self.metrics.prompt_tokens, "generation_tokens": self.metrics.generation_tokens}
 
     # --------------------------------------------------------------- internals
     async def _send(self, writer: str, msg) -> None:
@@ -256,6 +287,8 @@ class Frontend:
         live.queue.put_nowait(final)
         self.finished[final.reason] = self.finished.get(final.reason, 0) + 1
         self.reqs.pop(live.rid, None)
+        self.metrics.observe(live.arrived, live.submitted, live.token_times, time.monotonic(),
+                             live.prompt_len, live.next)
         self.watch.remember_ended(live.rid)
         asyncio.get_running_loop().create_task(self._release(live, final.reason))
 
@@ -304,7 +337,7 @@ class Frontend:
                 live = self.reqs.get(rid)
                 if live is None or live.ended:
                     continue
-                live.buf[pos] = (tok, msg.writer)
+                live.buf[pos] = (tok, msg.writer, msg.logprobs.get(rid))
             for rid in {i[0] for i in msg.items}:
                 live = self.reqs.get(rid)
                 if live is not None:

@@ -39,9 +39,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import zmq
+
 from tokenrouter.compiler import ir
 from tokenrouter.runtime.frontend.frontend import Frontend
 from tokenrouter.runtime.subserver.setup import SubserverSpec
+from tokenrouter.runtime.subserver.subserver import run_process, run_thread
+from tokenrouter.runtime.transport.security import Security, stop_authenticator
 from tokenrouter.runtime.transport.sockets import cleanup_ipc, make_addresses
 from tokenrouter.runtime.transport.wire import FRONTEND
 from tokenrouter.runtime.vllm import require as require_vllm
@@ -164,7 +168,6 @@ class Launcher:
     """Owns the subservers started on this host."""
 
     def __init__(self, program: ir.Program, opts: LaunchOptions | None = None):
-        from tokenrouter.runtime.transport.security import Security
         self.program = program
         self.opts = opts or LaunchOptions()
         self.security = Security.load(self.opts.curve_keys, self.opts.insecure_tcp)
@@ -180,9 +183,6 @@ class Launcher:
 
     def start(self) -> "Launcher":
         if self.opts.mode == "thread":
-            import zmq
-
-            from tokenrouter.runtime.subserver.subserver import run_thread
             self.ctx = zmq.Context()
             for w in self.local:
                 t = threading.Thread(target=run_thread, args=(self.specs[w], self.ctx,
@@ -198,7 +198,6 @@ class Launcher:
         return self
 
     def _spawn(self, w: str) -> None:
-        from tokenrouter.runtime.subserver.subserver import run_process
         mp = multiprocessing.get_context("spawn")
         # a daemon cannot start processes: a vLLM writer over several ranks starts one per rank
         daemon = not (uses_vllm(self.program, w) and self.program.model(w).tensor_parallel > 1)
@@ -246,7 +245,6 @@ class Launcher:
         if self.opts.addresses is None:
             cleanup_ipc(self.addresses)
         if self.ctx is not None and not any(t.is_alive() for t in self._threads.values()):
-            from tokenrouter.runtime.transport.security import stop_authenticator
             stop_authenticator(self.ctx)
             self.ctx.term()
             self.ctx = None

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP API (FastAPI): completions, chat, models, health, metrics.
+"""The OpenAI-compatible HTTP API (FastAPI): completions, chat, models, tokenize, detokenize,
+health, metrics.
 
 The app only translates: it validates a request (`validation.py`; HTTP 400 with an
 OpenAI-style error body for anything malformed, so a bad client never costs a traceback
@@ -12,29 +13,37 @@ Load is bounded (`Limits`): a body over `max_body_bytes` gets 413 before it is p
 tokenisation and chat templates run in worker threads (the event loop keeps answering
 /health), at most `max_running` requests run and `max_queue` more wait in FIFO order
 (beyond that: 503 with `Retry-After`), an optional deadline ends a request that runs too
-long (504), and with an `api_key` every /v1 endpoint wants `Authorization: Bearer KEY`.
+long (504), and with an `api_key` every /v1 endpoint but the model list wants
+`Authorization: Bearer KEY`. The program is served under one or more names (`names`; the
+first is the one responses carry unless a request names another). CORS is off unless
+`allowed_origins` names origins.
 
 `build_app` puts the app together from its parts: the lifespan that runs the runtime
-(`Holder`), the error handlers, the status routes (health, models, metrics) and the
-completion routes.
+(`Holder`), the error handlers, the status routes (health, models, metrics), the
+tokenizer routes and the completion routes.
 """
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import asynccontextmanager
+from typing import Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+import tokenrouter
 from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS
 from tokenrouter.runtime.frontend.frontend import RuntimeUnavailable
-from tokenrouter.runtime.http.completions import Server
+from tokenrouter.runtime.http.completions import Choice, Server, choice_seed
 from tokenrouter.runtime.http.limits import Guard, Limits
 from tokenrouter.runtime.http.protocol import (BadRequest, ChatRequest, CompletionRequest, DeadlineExceeded,
-                                               Overloaded, error_response)
-from tokenrouter.runtime.metrics import render
+                                               DetokenizeRequest, Overloaded, TokenizeRequest, error_response)
+from tokenrouter.runtime.http.validation import chat_logprobs, completion_logprobs
+from tokenrouter.runtime.metrics import CONTENT_TYPE, render
 
 __all__ = ["Holder", "Limits", "Server", "build_app"]
 
@@ -53,24 +62,33 @@ class Holder:
         return s
 
 
-def build_app(make_runtime, served_name: str, tokenizer, max_tokens_limit: int | None = None,
-              default_max_tokens: int = DEFAULT_MAX_TOKENS, limits: Limits | None = None) -> FastAPI:
+def build_app(make_runtime, served_name: str | Sequence[str], tokenizer, max_tokens_limit: int | None = None,
+              default_max_tokens: int = DEFAULT_MAX_TOKENS, limits: Limits | None = None,
+              allowed_origins: Sequence[str] = ()) -> FastAPI:
     """The FastAPI app. `make_runtime()` is an async context manager yielding a started
-    `Frontend`; it runs in the server's event loop for the app's lifetime."""
+    `Frontend`; it runs in the server's event loop for the app's lifetime. `served_name`:
+    the model id, or several (vLLM's `--served-model-name a b`)."""
     limits = limits or Limits()
     holder = Holder()
+    names = (served_name,) if isinstance(served_name, str) else tuple(served_name)
+    if not names:
+        raise ValueError("build_app: at least one served name")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         async with make_runtime() as fe:
-            holder.server = Server(fe, tokenizer, served_name, max_tokens_limit, default_max_tokens, limits)
+            holder.server = Server(fe, tokenizer, names, max_tokens_limit, default_max_tokens, limits)
             yield
             holder.server = None
 
     app = FastAPI(title="tokenrouter", lifespan=lifespan)
     app.add_middleware(Guard, limits=limits)
+    if allowed_origins:  # outermost: a preflight is answered before the API key is asked for
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"])
     add_error_handlers(app, limits)
-    add_status_routes(app, holder)
+    add_status_routes(app, holder, names)
+    add_token_routes(app, holder)
     add_completion_routes(app, holder)
     return app
 
@@ -112,8 +130,8 @@ def add_error_handlers(app: FastAPI, limits: Limits) -> None:
                               "invalid_request_error" if exc.status_code < 500 else "server_error")
 
 
-def add_status_routes(app: FastAPI, holder: Holder) -> None:
-    """GET /health, /v1/models and /metrics."""
+def add_status_routes(app: FastAPI, holder: Holder, names: tuple[str, ...]) -> None:
+    """GET /health, /version, /v1/models, /v1/models/{id} and /metrics."""
 
     @app.get("/health")
     async def health():
@@ -128,12 +146,26 @@ def add_status_routes(app: FastAPI, holder: Holder) -> None:
             return JSONResponse(body, status_code=503)
         return body
 
+    @app.get("/version")
+    async def version():
+        return {"version": tokenrouter.__version__}
+
+    def card(s: Server, name: str) -> dict:
+        return {"id": name, "object": "model", "created": s.created, "owned_by": "tokenrouter", "root": names[0],
+                "writers": s.fe.writers, "max_model_len": s.fe.max_model_len}
+
     @app.get("/v1/models")
     async def models():
         s = holder.serving()
-        return {"object": "list", "data": [{"id": s.name, "object": "model", "created": s.created,
-                                            "owned_by": "tokenrouter", "writers": s.fe.writers,
-                                            "max_model_len": s.fe.max_model_len}]}
+        return {"object": "list", "data": [card(s, n) for n in names]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        s = holder.serving()
+        if model_id not in names:
+            return error_response(404, f"model {model_id!r} is not served here", param="model",
+                                  code="model_not_found")
+        return card(s, model_id)
 
     @app.get("/metrics")
     async def metrics():
@@ -144,8 +176,34 @@ def add_status_routes(app: FastAPI, holder: Holder) -> None:
         fs = s.fe.frontend_stats()
         fs["http"] = {"running": s.admission.running, "waiting": len(s.admission.waiters),
                       "refused": s.admission.refused}
-        text = render(await s.fe.stats(timeout=2.0), fs)
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+        text = render(await s.fe.stats(timeout=2.0), fs, s.fe.metrics)
+        return Response(text, media_type=CONTENT_TYPE)
+
+
+def add_token_routes(app: FastAPI, holder: Holder) -> None:
+    """POST /tokenize and /detokenize (vLLM's), so a client can count and inspect tokens."""
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        s = holder.serving()
+        s.checks.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise BadRequest("give prompt or messages", "prompt")
+        if body.messages is not None:
+            ids = await s.checks.chat_ids(body.messages, body.add_generation_prompt)
+        else:
+            ids = await s.checks.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        return {"tokens": ids, "count": len(ids), "max_model_len": s.fe.max_model_len}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        s = holder.serving()
+        s.checks.check_model(body.model)
+        vocab = s.fe.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise BadRequest(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", "tokens")
+        return {"prompt": await asyncio.to_thread(s.tok.decode, body.tokens)}
 
 
 def add_completion_routes(app: FastAPI, holder: Holder) -> None:
@@ -156,18 +214,43 @@ def add_completion_routes(app: FastAPI, holder: Holder) -> None:
         s = holder.serving()
         deadline = s.arrived()
         s.checks.check_common(body)
-        ids = await s.checks.prompt_ids(body.prompt)
-        params = s.checks.sampling(body, len(ids), body.max_tokens)
-        include = bool((body.stream_options or {}).get("include_usage"))
-        return await s.run(request, ids, params, body.seed, False, body.stream, include, deadline)
+        k = completion_logprobs(body)
+        prompts = await s.checks.prompts(body)
+        params = await s.checks.sampling(body, k)
+        choices = []
+        for i, ids in enumerate(prompts):
+            echo = await asyncio.to_thread(s.tok.decode, ids) if body.echo else ""
+            choices += expand(body, i, ids, params.replace(max_tokens=s.checks.max_tokens(len(ids), body.max_tokens)),
+                              len(choices), echo)
+        return await s.run(request, choices, False, bool(body.stream), _include_usage(body), body.model,
+                           deadline, body.skip_special_tokens)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         s = holder.serving()
         deadline = s.arrived()
         s.checks.check_common(body)
-        ids = await s.checks.chat_ids(body)
+        if body.echo or body.continue_final_message:
+            raise BadRequest("echo and continue_final_message are not supported for chat", "echo")
+        k = chat_logprobs(body)
+        ids = await s.checks.chat_ids(body.messages, body.add_generation_prompt)
         mt = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        params = s.checks.sampling(body, len(ids), mt)
-        include = bool((body.stream_options or {}).get("include_usage"))
-        return await s.run(request, ids, params, body.seed, True, body.stream, include, deadline)
+        params = (await s.checks.sampling(body, k)).replace(max_tokens=s.checks.max_tokens(len(ids), mt))
+        return await s.run(request, expand(body, 0, ids, params, 0), True, bool(body.stream), _include_usage(body),
+                           body.model, deadline, body.skip_special_tokens)
+
+
+def expand(body, prompt_index: int, ids: list[int], params, first: int, echo: str = "") -> list[Choice]:
+    """The `n` choices of one prompt, indexed from `first`; choice j > 0 of a seeded request
+    gets its own seed (`choice_seed`) for the sampler and the coins alike."""
+    stop_ids = frozenset(body.stop_token_ids or ())
+    out = []
+    for j in range(body.n or 1):
+        seed = choice_seed(body.seed, j)
+        out.append(Choice(first + j, ids, params if j == 0 else params.replace(seed=seed), seed, prompt_index,
+                          echo, stop_ids))
+    return out
+
+
+def _include_usage(body) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)

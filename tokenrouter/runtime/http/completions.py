@@ -1,10 +1,18 @@
-"""Running one admitted completion: its admission slot, the frontend's stream of tokens,
-and the response, a JSON body or server-sent events.
+"""Running one admitted completion: its admission slot, the frontend's streams of tokens
+(one per choice), and the response, a JSON body or server-sent events.
 
-Every response has `token_ids` in its choice and `tokens_by_model` (how many tokens each
-model wrote; in the final chunk when streaming). A client that disconnects aborts its
-request, which releases its KV everywhere; a request past its deadline ends with 504 (or
-an `error` event of type `timeout` in a stream).
+A request with `n` choices, or a completion request with a list of prompts, runs as
+independent requests (prompt i's choice j is choice `i * n + j`), each with its own KV:
+nothing of a shared prompt is shared (the engine has no fork of a prefill). With a `seed`,
+choice j > 0 draws with a seed derived from (seed, j) (`choice_seed`), so the choices
+differ; choice 0 uses the seed itself, so n = 1 is unchanged.
+
+Every choice has `token_ids` and `token_writers` (the writer of each token) and every
+response `tokens_by_model` (how many tokens each model wrote; in the final chunk when
+streaming). The text comes from the frontend (`frontend/text.py`), which withholds stop
+strings. A client that disconnects aborts its requests, which releases their KV
+everywhere; a request past its deadline ends with 504 (or an `error` event of type
+`timeout` in a stream).
 """
 
 from __future__ import annotations
@@ -13,29 +21,64 @@ import asyncio
 import json
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS, SamplingParams
+from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS, INT64, SamplingParams
 from tokenrouter.runtime.frontend.frontend import Delta, Final, Frontend, RuntimeUnavailable
-from tokenrouter.runtime.http.detokenizer import Detokenizer
 from tokenrouter.runtime.http.limits import Admission, Limits
 from tokenrouter.runtime.http.protocol import DeadlineExceeded, error_response
 from tokenrouter.runtime.http.validation import Validator
+
+_MIX = 0x9E3779B97F4A7C15
+
+
+def choice_seed(seed: int | None, j: int) -> int | None:
+    """The seed of choice j of a request seeded `seed` (j = 0: the seed itself)."""
+    if seed is None or j == 0:
+        return seed
+    x = ((seed + INT64) * _MIX + j) % (1 << 64)
+    return x - INT64
+
+
+@dataclass
+class Choice:
+    """One independent request of an HTTP request."""
+
+    index: int
+    prompt: list[int]
+    params: SamplingParams
+    route_seed: int | None
+    prompt_index: int = 0  # the prompt it continues (a completion request's list of prompts)
+    echo: str = ""  # text before the output (completions' `echo`)
+    stop_ids: frozenset[int] = frozenset()  # the client's own stop ids (for `stop_reason`)
+
+
+@dataclass
+class Outcome:
+    """What a choice produced."""
+
+    tokens: list[int] = field(default_factory=list)
+    writers: list[str] = field(default_factory=list)
+    logprobs: list[Any] = field(default_factory=list)
+    text: str = ""
+    final: Final | None = None
 
 
 class Server:
     """Holds what the endpoints share: the runtime frontend, the tokenizer, the checks and
     the limits; runs admitted requests."""
 
-    def __init__(self, frontend: Frontend, tokenizer, served_name: str, max_tokens_limit: int | None = None,
+    def __init__(self, frontend: Frontend, tokenizer, names: tuple[str, ...], max_tokens_limit: int | None = None,
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, limits: Limits | None = None):
         self.fe = frontend
         self.tok = tokenizer
-        self.name = served_name
-        self.checks = Validator(frontend, tokenizer, served_name, max_tokens_limit, default_max_tokens)
+        self.names = tuple(names)
+        self.name = self.names[0]
+        self.checks = Validator(frontend, tokenizer, self.names, max_tokens_limit, default_max_tokens)
         self.limits = limits or Limits()
         self.admission = Admission(self.limits)
         self.created = int(time.time())
@@ -45,24 +88,20 @@ class Server:
         t = self.limits.request_timeout_s
         return None if t is None else time.monotonic() + t
 
-
     # -------------------------------------------------------------- running
-    async def run(self, request: Request, ids: list[int], params: SamplingParams, route_seed: int | None,
-                  chat: bool, stream: bool, include_usage: bool, deadline: float | None = None):
-        """Run one admitted request. `route_seed` seeds the program's coin flips (the body's
-        `seed`); None: the frontend derives it from the request id."""
+    async def run(self, request: Request, choices: list[Choice], chat: bool, stream: bool, include_usage: bool,
+                  model: str | None, deadline: float | None = None, skip_special_tokens: bool = True):
+        """Run one admitted request's choices."""
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        stop_ids = set(params.stop_token_ids)
+        run = Run(self, rid, choices, chat, model or self.name, skip_special_tokens)
         await self._admit(deadline)
         release = self.admission.release
         try:
-            gen = self.fe.generate(ids, params, route_seed=route_seed, rid=rid)
             if stream:
-                resp = AdmittedStream(self._stream(gen, rid, ids, stop_ids, chat, include_usage, deadline),
-                               media_type="text/event-stream")
+                resp = AdmittedStream(run.stream(include_usage, deadline), media_type="text/event-stream")
                 resp.on_close, release = self.admission.release, None  # released when the stream ends
                 return resp
-            return await self._complete(request, gen, rid, ids, stop_ids, chat, deadline)
+            return await run.complete(request, deadline)
         finally:
             if release is not None:
                 release()
@@ -73,111 +112,227 @@ class Server:
         except asyncio.TimeoutError:
             raise DeadlineExceeded("the request waited for a slot until its deadline") from None
 
-    async def _complete(self, request: Request, gen, rid: str, ids: list[int], stop_ids: set[int], chat: bool,
-                        deadline: float | None):
-        watcher = asyncio.create_task(self._watch_disconnect(request, rid))
-        out: list[int] = []
-        writers: list[str] = []
-        final: Final | None = None
+
+class Run:
+    """One HTTP request's choices on the frontend, and their response."""
+
+    def __init__(self, server: Server, rid: str, choices: list[Choice], chat: bool, model: str,
+                 skip_special_tokens: bool):
+        self.s, self.rid, self.choices, self.chat, self.model = server, rid, choices, chat, model
+        self.rids = [rid if len(choices) == 1 else f"{rid}-{c.index}" for c in choices]
+        self.gens = [server.fe.generate(c.prompt, c.params, route_seed=c.route_seed, rid=r, tokenizer=server.tok,
+                                        skip_special_tokens=skip_special_tokens)
+                     for c, r in zip(choices, self.rids)]
+        self.created = int(time.time())
+
+    def abort(self) -> None:
+        for r in self.rids:
+            self.s.fe.abort(r)
+
+    async def close(self) -> None:
+        self.abort()  # no-op for ended requests
+        for g in self.gens:
+            await g.aclose()
+
+    # ------------------------------------------------------------- JSON body
+    async def complete(self, request: Request, deadline: float | None):
+        watcher = asyncio.create_task(self._watch_disconnect(request))
+        outs = [Outcome() for _ in self.choices]
+
+        async def collect(gen, out: Outcome) -> None:
+            async for ev in gen:
+                if isinstance(ev, Delta):
+                    out.tokens += ev.tokens
+                    out.writers += ev.writers
+                    out.logprobs += ev.logprobs
+                    out.text += ev.text
+                else:
+                    out.final = ev
+                    out.text += ev.text
+                    if ev.reason in ("error", "abort"):
+                        self.abort()  # one choice failed: the others end too
         try:
             async with asyncio.timeout(None if deadline is None else max(0.0, deadline - time.monotonic())):
-                async for ev in gen:
-                    if isinstance(ev, Delta):
-                        out += ev.tokens
-                        writers += ev.writers
-                    else:
-                        final = ev
+                await asyncio.gather(*(collect(g, o) for g, o in zip(self.gens, outs)))
         except TimeoutError:
-            raise DeadlineExceeded(f"the request did not finish within {self.limits.request_timeout_s} s "
-                                   f"({len(out)} tokens generated)") from None
+            n = sum(len(o.tokens) for o in outs)
+            raise DeadlineExceeded(f"the request did not finish within {self.s.limits.request_timeout_s} s "
+                                   f"({n} tokens generated)") from None
         finally:
             watcher.cancel()
-            self.fe.abort(rid)
-            await gen.aclose()
-        if final is None or final.reason == "abort":
+            await self.close()
+        failed = next((o.final for o in outs if o.final is not None and o.final.reason == "error"), None)
+        if failed is not None:
+            return error_response(500, f"the request failed: {failed.error}", "server_error")
+        if any(o.final is None or o.final.reason == "abort" for o in outs):
             return error_response(499, "the request was aborted", "aborted")
-        if final.reason == "error":
-            return error_response(500, f"the request failed: {final.error}", "server_error")
-        text_ids = [t for t in out if t not in stop_ids]
-        text = self.tok.decode(text_ids, skip_special_tokens=True)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": final.reason, "token_ids": out,
-                                  "token_writers": writers}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": text}
+        body = {"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model,
+                "choices": [self._choice(c, o) for c, o in zip(self.choices, outs)],
+                "usage": self._usage([len(o.tokens) for o in outs], [o.final for o in outs])}
+        body["tokens_by_model"] = body["usage"]["tokens_by_model"]
+        return JSONResponse(body)
+
+    def _choice(self, c: Choice, o: Outcome) -> dict[str, Any]:
+        final = o.final
+        out: dict[str, Any] = {"index": c.index, "finish_reason": final.reason,
+                               "stop_reason": stop_reason(final, o.tokens, c.stop_ids),
+                               "token_ids": o.tokens, "token_writers": o.writers}
+        lp = self._logprobs(o.tokens, o.writers, o.logprobs, c.params.logprobs)
+        if self.chat:
+            out["message"] = {"role": "assistant", "content": o.text}
+            out["logprobs"] = lp
         else:
-            choice.update(text=text, logprobs=None)
-        return JSONResponse({
-            "id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": self.name, "choices": [choice], "usage": self._usage(len(ids), len(out), final),
-            "tokens_by_model": final.written_by})
+            out.update(text=c.echo + o.text, logprobs=lp)
+        return out
 
-    @staticmethod
-    def _usage(prompt_len: int, n_out: int, final: Final) -> dict[str, Any]:
-        return {"prompt_tokens": prompt_len, "completion_tokens": n_out, "total_tokens": prompt_len + n_out,
-                "tokens_by_model": dict(final.written_by)}
+    def _usage(self, n_out: list[int], finals: list[Final | None]) -> dict[str, Any]:
+        prompts = {c.prompt_index: len(c.prompt) for c in self.choices}  # once, however many choices
+        p = sum(prompts.values())
+        by: dict[str, int] = {}
+        for f in finals:
+            for w, k in (f.written_by if f else {}).items():
+                by[w] = by.get(w, 0) + k
+        return {"prompt_tokens": p, "completion_tokens": sum(n_out), "total_tokens": p + sum(n_out),
+                "tokens_by_model": by}
 
-    async def _watch_disconnect(self, request: Request, rid: str) -> None:
+    def _logprobs(self, tokens, writers, logprobs, k: int | None, offset: int = 0):
+        """The OpenAI form of the log-probabilities of `tokens` (None when not asked)."""
+        if k is None:
+            return None
+        dec = self.s.tok.decode
+        if self.chat:
+            content = []
+            for tok, w, lp in zip(tokens, writers, logprobs):
+                if lp is None:
+                    continue
+                text = dec([tok])
+                content.append({"token": text, "logprob": lp[0], "bytes": list(text.encode("utf-8")), "writer": w,
+                                "top_logprobs": [{"token": (t := dec([i])), "logprob": v,
+                                                  "bytes": list(t.encode("utf-8"))} for i, v in lp[1]]})
+            return {"content": content}
+        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for tok, lp in zip(tokens, logprobs):
+            if lp is None:
+                continue
+            text = dec([tok])
+            out["tokens"].append(text)
+            out["token_logprobs"].append(lp[0])
+            top: dict[str, float] = {}
+            for i, v in [*lp[1], (tok, lp[0])]:  # keyed by text: the most likely of tokens that decode alike
+                top.setdefault(dec([i]), v)
+            out["top_logprobs"].append(top)
+            out["text_offset"].append(offset)
+            offset += len(text)
+        return out
+
+    async def _watch_disconnect(self, request: Request) -> None:
         while True:
             await asyncio.sleep(0.25)
             if await request.is_disconnected():
-                self.fe.abort(rid)
+                self.abort()
                 return
 
-    async def _stream(self, gen, rid: str, ids: list[int], stop_ids: set[int], chat: bool, include_usage: bool,
-                      deadline: float | None = None):
-        detok = Detokenizer(self.tok)
-        created = int(time.time())
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        n_out = 0
+    # ------------------------------------------------------------- a stream
+    async def stream(self, include_usage: bool, deadline: float | None = None):
+        """Server-sent events of every choice, interleaved as their tokens come."""
+        queue: asyncio.Queue = asyncio.Queue()
 
-        def chunk(text: str | None, token_ids: list[int], finish: str | None, extra: dict | None = None):
-            if chat:
-                delta: dict[str, Any] = {} if text is None else {"content": text}
-                choice = {"index": 0, "delta": delta, "finish_reason": finish, "token_ids": token_ids}
-            else:
-                choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None,
-                          "token_ids": token_ids}
-            body = {"id": rid, "object": obj, "created": created, "model": self.name, "choices": [choice]}
-            body.update(extra or {})
-            return f"data: {json.dumps(body)}\n\n"
+        async def pump(i: int, gen) -> None:
+            try:
+                async for ev in gen:
+                    await queue.put((i, ev))
+            except (RuntimeUnavailable, ValueError) as exc:  # the headers are sent: say it in the stream
+                await queue.put((i, exc))
 
+        tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(self.gens)]
+        toks: list[list[int]] = [[] for _ in self.choices]
+        finals: list[Final | None] = [None] * len(self.choices)
+        offsets = [len(c.echo) for c in self.choices]
         try:
-            if chat:
-                yield f"data: {json.dumps({'id': rid, 'object': obj, 'created': created, 'model': self.name, 'choices': [{'index': 0, 'delta': {'role': 'assistant', 'content': ''}, 'finish_reason': None}]})}\n\n"
-            while True:
+            for c in self.choices:
+                if self.chat:
+                    yield self._chunk(c, {"role": "assistant", "content": ""}, [], None, [], None)
+                elif c.echo:
+                    yield self._chunk(c, c.echo, [], None, [], None)
+            while any(f is None for f in finals):
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
-                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                    ev = await asyncio.wait_for(gen.__anext__(), left)
-                except StopAsyncIteration:
-                    break
+                    i, ev = await asyncio.wait_for(queue.get(), left)
                 except asyncio.TimeoutError:
-                    msg = f"the request did not finish within {self.limits.request_timeout_s} s"
-                    yield f"data: {json.dumps({'error': {'message': msg, 'type': 'timeout'}})}\n\n"
+                    msg = f"the request did not finish within {self.s.limits.request_timeout_s} s"
+                    yield sse({"error": {"message": msg, "type": "timeout"}})
                     break
-                except (RuntimeUnavailable, ValueError) as exc:  # the headers are sent: say it in the stream
-                    msg = f"the request failed: {exc}"
-                    yield f"data: {json.dumps({'error': {'message': msg, 'type': 'server_error'}})}\n\n"
+                if isinstance(ev, Exception):
+                    yield sse({"error": {"message": f"the request failed: {ev}", "type": "server_error"}})
                     break
-                if isinstance(ev, Delta):
-                    n_out += len(ev.tokens)
-                    text = detok.push([t for t in ev.tokens if t not in stop_ids])
-                    yield chunk(text, ev.tokens, None)
+                c = self.choices[i]
+                if isinstance(ev, Final):
+                    if finals[i] is not None:
+                        continue  # already sent with its last tokens
+                    if ev.reason == "error":
+                        yield sse({"error": {"message": f"the request failed: {ev.error}", "type": "server_error"}})
+                        break
+                    if ev.reason == "abort":
+                        break
+                    finals[i] = ev
+                    yield self._chunk(c, ev.text, [], ev, toks[i], None, extra={"tokens_by_model": ev.written_by})
                     continue
-                if ev.reason == "error":
-                    yield f"data: {json.dumps({'error': {'message': f'the request failed: {ev.error}', 'type': 'server_error'}})}\n\n"
-                    break
-                if ev.reason == "abort":
-                    break
-                rest = detok.finish()
-                yield chunk(rest, [], ev.reason, {"tokens_by_model": ev.written_by})
+                toks[i] += ev.tokens
+                end = ev.final if ev.final is not None and ev.final.reason in ("stop", "length") else None
+                text = ev.text + (end.text if end else "")
+                lp = self._logprobs(ev.tokens, ev.writers, ev.logprobs, c.params.logprobs, offsets[i])
+                offsets[i] += len(text)
+                finals[i] = end
+                yield self._chunk(c, text, ev.tokens, end, toks[i], lp, ev.writers,
+                                  extra={"tokens_by_model": end.written_by} if end else None)
+            else:
                 if include_usage:
-                    body = {"id": rid, "object": obj, "created": created, "model": self.name, "choices": [],
-                            "usage": self._usage(len(ids), n_out, ev)}
-                    yield f"data: {json.dumps(body)}\n\n"
+                    yield sse({"id": self.rid, "object": self._object, "created": self.created, "model": self.model,
+                               "choices": [], "usage": self._usage([len(t) for t in toks], finals)})
             yield "data: [DONE]\n\n"
         finally:
-            self.fe.abort(rid)  # the client went away (or we are done): no-op if ended
-            await gen.aclose()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.close()
+
+    @property
+    def _object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def _chunk(self, c: Choice, text, token_ids: list[int], final: Final | None, output: list[int], logprobs,
+               writers: list[str] | None = None, extra: dict | None = None) -> str:
+        """One event of choice `c`: `text` (a dict: a chat delta as it is), its tokens, and
+        the choice's end when `final` (`output`: every token of the choice so far)."""
+        finish = None if final is None else final.reason
+        why = None if final is None else stop_reason(final, output, c.stop_ids)
+        if self.chat:
+            delta = text if isinstance(text, dict) else ({"content": text} if text or final is None else {})
+            choice = {"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        else:
+            choice = {"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        if final is not None:
+            choice["stop_reason"] = why
+        if isinstance(text, str):
+            choice.update(token_ids=token_ids, token_writers=writers or [])
+        body = {"id": self.rid, "object": self._object, "created": self.created, "model": self.model,
+                "choices": [choice], **(extra or {})}
+        return sse(body)
+
+
+def sse(body: dict) -> str:
+    return f"data: {json.dumps(body)}\n\n"
+
+
+def stop_reason(final: Final, tokens: list[int], client_stop_ids: frozenset[int]):
+    """vLLM's `stop_reason`: the stop string that matched, the client's stop token id that
+    ended the output, or None (end of sequence, length)."""
+    if final.stop_reason is not None:
+        return final.stop_reason
+    if final.reason == "stop" and tokens and tokens[-1] in client_stop_ids:
+        return tokens[-1]
+    return None
 
 
 class AdmittedStream(StreamingResponse):
@@ -193,4 +348,3 @@ class AdmittedStream(StreamingResponse):
             if self.on_close is not None:
                 self.on_close()
                 self.on_close = None
-

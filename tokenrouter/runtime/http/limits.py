@@ -1,7 +1,9 @@
 """What bounds the HTTP side: the body size, the API key, and how many requests run or wait.
 
-`Guard` is pure ASGI middleware, outermost: it checks the bearer token for /v1 and the
-body limit before anything is parsed. `Admission` lets at most `max_running` requests run
+`Guard` is pure ASGI middleware, outermost: it checks the bearer token for /v1 (the model
+list stays public, as /health does) and the body limit before anything is parsed; a body
+over the limit is read to its end (and dropped) before the 413, so the client, still
+sending, gets the answer rather than a reset connection. `Admission` lets at most `max_running` requests run
 and `max_queue` more wait in FIFO order; beyond that a request gets 503 with `Retry-After`.
 """
 
@@ -27,6 +29,17 @@ class Limits:
     api_key: str | None = None
 
 
+DRAIN_FACTOR = 16  # a body over the limit is read (and dropped) up to this many times the limit
+
+
+def _guarded(path: str) -> bool:
+    """Whether `path` wants the API key: /v1 and the tokenizer's routes, except the model
+    list (public, as in llama-server)."""
+    if path == "/v1/models" or path.startswith("/v1/models/"):
+        return False
+    return path.startswith(("/v1", "/tokenize", "/detokenize"))
+
+
 class Guard:
     """Pure ASGI middleware, outermost: the bearer token for /v1, then the body limit
     (Content-Length first; a chunked body is counted while read, before any parsing),
@@ -40,7 +53,7 @@ class Guard:
             return await self.app(scope, receive, send)
         lim = self.limits
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
-        if lim.api_key is not None and scope.get("path", "").startswith("/v1"):
+        if lim.api_key is not None and _guarded(scope.get("path", "")):
             got = headers.get("authorization", "")
             if not hmac.compare_digest(got.encode(), f"Bearer {lim.api_key}".encode()):
                 return await self._reply(send, *error_body(
@@ -55,7 +68,7 @@ class Guard:
         except ValueError:
             return await self._reply(send, *error_body(400, "bad Content-Length", "invalid_request_error"))
         if declared > lim.max_body_bytes:
-            return await self._reply(send, *too_big)
+            return await self._refuse(receive, send, too_big)
         chunks, size = [], 0
         while True:
             msg = await receive()
@@ -64,7 +77,7 @@ class Guard:
             body = msg.get("body", b"")
             size += len(body)
             if size > lim.max_body_bytes:
-                return await self._reply(send, *too_big)
+                return await self._refuse(receive, send, too_big, msg.get("more_body", False))
             chunks.append(body)
             if not msg.get("more_body"):
                 break
@@ -79,6 +92,17 @@ class Guard:
             return await receive()  # after the body: the disconnect, when it comes
 
         return await self.app(scope, replay, send)
+
+    async def _refuse(self, receive, send, reply: tuple[int, bytes], more: bool = True) -> None:
+        """Drop the rest of the body (at most `DRAIN_FACTOR` times the limit), then reply."""
+        left = DRAIN_FACTOR * self.limits.max_body_bytes
+        while more and left > 0:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            left -= len(msg.get("body", b""))
+            more = msg.get("more_body", False)
+        await self._reply(send, *reply)
 
     @staticmethod
     async def _reply(send, status: int, body: bytes) -> None:

@@ -1,8 +1,11 @@
 """The OpenAI protocol as this server speaks it: request bodies, errors and their JSON form.
 
-Extensions to the OpenAI schema: `top_k`, `stop_token_ids`, `ignore_eos` in requests.
-Fields the server does not support are parsed so that a request using them gets a 400
-naming them (`validation.py`) rather than being silently ignored.
+Extensions to the OpenAI schema, named as vLLM names them: `top_k`, `min_p`,
+`repetition_penalty`, `min_tokens`, `stop_token_ids`, `include_stop_str_in_output`,
+`ignore_eos`, `skip_special_tokens`, `structured_outputs` in requests. Fields the server
+does not support are parsed so that a request using them gets a 400 naming them
+(`validation.py`) rather than being silently ignored; fields that change nothing here
+(`user`, `parallel_tool_calls`, ...) are accepted.
 """
 
 from __future__ import annotations
@@ -51,38 +54,59 @@ def check_text(text: str, param: str) -> str:
     return text
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
 class CommonRequest(BaseModel):
-    """The fields completions and chat completions share."""
+    """The fields completions and chat completions share. A field OpenAI allows to be null
+    may be null (the default then)."""
 
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
     max_tokens: int | None = Field(default=None)
-    temperature: float = Field(default=1.0, ge=0.0, le=100.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0, le=(1 << 31) - 1)
+    temperature: float | None = Field(default=None, ge=0.0, le=100.0)  # None: 1.0, as OpenAI
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1, le=(1 << 31) - 1)  # -1 and 0: no limit (vLLM's -1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=-(1 << 63), lt=1 << 63)
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = Field(default=None, max_length=1024)
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
-    n: int = 1
-    logprobs: Any = None
-    echo: bool = False
+    min_tokens: int = Field(default=0, ge=0)
+    skip_special_tokens: bool = True
+    n: int | None = Field(default=1, ge=1, le=128)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    user: str | None = None
+    # not supported: refused with a 400 rather than silently ignored (`validation.UNSUPPORTED`)
     best_of: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    # not supported: refused with a 400 rather than silently ignored
+    use_beam_search: bool = False
+    prompt_logprobs: int | None = None
+    logprob_token_ids: list[int] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = None
     tools: Any = None
     tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
-    logit_bias: Any = None
 
 
 class CompletionRequest(CommonRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0)
+    echo: bool | None = False
+    suffix: str | None = None
 
 
 class ChatMessage(BaseModel):
@@ -94,4 +118,25 @@ class ChatMessage(BaseModel):
 class ChatRequest(CommonRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(default=None, ge=0)
+    echo: bool = False  # vLLM's: the last message's content before the reply
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
+
+class TokenizeRequest(BaseModel):
+    """`POST /tokenize` (vLLM's): a prompt, or chat messages through the chat template."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    tokens: list[int]

@@ -10,6 +10,8 @@ A `Request` joins what the parts of a subserver need to know about one request:
     params  its `SamplingParams` (the same object as `state.sampling`), read by the
             sampler every step; `max_tokens` and `stop_token_ids` are its stop rules
             (`end_reason`)
+    grammar its structured-output state here (`engine/grammar.GrammarState`), made at its
+            first step when its parameters ask for structured output
 
 Its scheduling state (waiting, running, pending, returning) is the scheduler's, keyed by
 the request id, because the scheduler is integers only and tested without models
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 
 from tokenrouter.protocol.sampling import SamplingParams
 from tokenrouter.protocol.state import RouteState
+from tokenrouter.runtime.engine.grammar import GrammarState
 
 
 @dataclass(eq=False)
@@ -31,6 +34,7 @@ class Request:
     seq: object
     params: SamplingParams
     stop: frozenset[int] = field(init=False)
+    grammar: GrammarState | None = None
 
     def __post_init__(self):
         self.stop = frozenset(self.params.stop_token_ids)

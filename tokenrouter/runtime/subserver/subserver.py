@@ -28,7 +28,12 @@ import time
 import traceback
 from typing import Any, Callable
 
+import torch
+import zmq
+
 from tokenrouter.protocol.state import PeerMessage, RouteState
+from tokenrouter.runtime.engine.grammar import Grammars
+from tokenrouter.runtime.loader import program_tokenizer
 from tokenrouter.runtime.transport import wire
 from tokenrouter.runtime.subserver.inbox import Inbox
 from tokenrouter.runtime.metrics import PHASES, SubserverStats
@@ -56,9 +61,6 @@ class Subserver:
 
     def __init__(self, spec: SubserverSpec, ctx=None, models: dict[str, Any] | None = None,
                  load: Callable[..., LoadedWriter] | None = None):
-        import torch
-        import zmq
-
         self.spec = spec
         self.writer = spec.writer
         if spec.set_threads and spec.threads > 0:
@@ -76,7 +78,8 @@ class Subserver:
         self.stats = SubserverStats(self.writer, threads=torch.get_num_threads(),
                                     batch_threshold=spec.batch_threshold,
                                     max_wait_s=spec.max_wait_ms / 1000, phase_s=phase_s)
-        self.runner = StepRunner(self.writer, self.writers, self.engine, phase_s)
+        self.runner = StepRunner(self.writer, self.writers, self.engine, phase_s,
+                                 Grammars(load=lambda: program_tokenizer(self.program)))
         self.max_model_len = self.runner.max_model_len
         self.retention = retention_policy(spec.retention, self.engine, self._new_seq)
         self.transport = transport_policy(spec.transport)
@@ -295,6 +298,8 @@ class Subserver:
         res = self.runner.run([self.reqs[rid] for rid in rids])
         for r in res.looped:  # a rewrite came straight back: the program would loop forever
             self._fail(r.rid, f"{self.writer}: {LOOP_ERROR}")
+        for r, why in res.failed:
+            self._fail(r.rid, why)
         if not res.stepped:
             return
         for r in res.stepped:
@@ -326,15 +331,16 @@ class Subserver:
         self.sched.stepped([r.rid for r in res.stayed], time.monotonic_ns())
         t1 = time.perf_counter()
         self.stats.phase_s["bookkeeping"] += t1 - t0
-        if res.committed:
-            events = [(r.rid, pos, tok) for r, pos, tok in res.committed]
-            self.out.send(FRONTEND, wire.encode(wire.Tokens(writer=self.writer, items=events)))
-        for r, reason in res.ended:
+        for r, reason in res.ended:  # before the tokens: the frontend then ends a request with its last tokens
             r.state.finished = True
             self.stats.requests_finished[reason] = self.stats.requests_finished.get(reason, 0) + 1
             self.out.send(FRONTEND, wire.encode(wire.Done(rid=r.rid, reason=reason, n_out=r.n_out,
                                                           written_by=dict(r.state.written_by))))
             self.sched.depart(r.rid)  # skipped until the frontend's release frees it everywhere
+        if res.committed:
+            events = [(r.rid, pos, tok) for r, pos, tok in res.committed]
+            self.out.send(FRONTEND, wire.encode(wire.Tokens(writer=self.writer, items=events,
+                                                            logprobs=res.logprobs)))
         for r, dest in res.departing:
             self._send(r, dest)
         self.stats.phase_s["messaging"] += time.perf_counter() - t1

@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from tokenrouter.protocol.sampling import MAX_TOKENS, TOKEN_ID_MAX, SamplingParams, Seed
+from tokenrouter.protocol.sampling import MAX_LOGPROBS, MAX_TOKENS, TOKEN_ID_MAX, SamplingParams, Seed
 from tokenrouter.protocol.state import PeerMessage
 
 CONTROL_VERSION = 1
@@ -127,12 +127,18 @@ class Heartbeat(_Msg):
     pid: Count
 
 
+Logprob = Annotated[float, Field(ge=-1e9, le=0.0, allow_inf_nan=False)]
+TopLogprobs = Annotated[list[tuple[TokenId, Logprob]], Field(max_length=MAX_LOGPROBS)]
+
+
 class Tokens(_Msg):
-    """Tokens committed in one step: items are [rid, output position, token id]."""
+    """Tokens committed in one step: items are [rid, output position, token id]; `logprobs`,
+    for the requests that ask: rid -> (the token's log-probability, the top k with theirs)."""
 
     t: Literal["tokens"] = "tokens"
     writer: Name
     items: list[tuple[Name, Count, TokenId]] = Field(max_length=MAX_ITEMS)
+    logprobs: Annotated[dict[Name, tuple[Logprob, TopLogprobs]], Field(max_length=MAX_ITEMS)] = {}
 
 
 class Done(_Msg):

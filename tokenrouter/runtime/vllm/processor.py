@@ -9,7 +9,9 @@ loads the writer's compiled router itself. Each of our requests carries, in
 (`codes.chunk_args`); vLLM adds the row again with each chunk, and the row's live output list
 counts the tokens sampled since. Every step, for the rows that carry it:
 
-    sample_and_route (subserver/step.py), the function tokenrouter's engine calls
+    sample_and_route (subserver/step.py), the function tokenrouter's engine calls (the
+                     writer refuses requests whose logits it would have to process first:
+                     penalties, logit bias, structured output; and logprobs)
     end_reason       (subserver/request.py): whether the committed token ends the request
     force            the sampled token when the request stays and goes on, else the park
                      token (a stop id of the request: vLLM parks it with its KV); the
@@ -105,9 +107,9 @@ class RouteProcessor(LogitsProcessor):
         if not idx:
             return logits
         rows = [self.rows[i] for i in idx]
-        sampled, dests, keeps = sample_and_route(self.router, logits[idx], [r.facts() for r in rows])
+        decided = sample_and_route(self.router, logits[idx], [r.facts() for r in rows])
         forced, values = [], []
-        for row, tok, dest, keep in zip(rows, sampled, dests, keeps):
+        for row, (tok, dest, keep, _) in zip(rows, decided):
             goes_on = keep and dest == self.index and not row.ends(tok, self.max_model_len)
             forced.append(tok if goes_on else self.park_token)
             values.append(encode(tok, dest, keep, self.writers))

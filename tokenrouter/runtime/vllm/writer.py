@@ -77,6 +77,16 @@ class VllmWriter:
     def kv_usage(self) -> tuple[int, int]:
         return self.used, self.blocks_total
 
+    def refuses(self, r: Request) -> str | None:
+        """The processor sees only where a chunk started, not the request's tokens, and its
+        decision takes the place of vLLM's logprobs: so no penalties, logit bias,
+        structured output or logprobs here yet."""
+        p = r.params
+        if p.processes_logits or p.logprobs is not None:
+            return ("a writer served by vLLM does not apply penalties, logit_bias, min_tokens, structured "
+                    "output or logprobs yet")
+        return None
+
     def fed(self, r: Request) -> int:
         s = self.seqs.get(r.rid)
         return s.fed if s else 0
@@ -124,7 +134,7 @@ class VllmWriter:
             s = self.seqs[r.rid]
             s.fed = len(r.state.tokens)
             s.running = o.finish_reason is None
-            decisions.append(codes.decode(float(o.new_logprobs.logprobs[-1][0]), self.writers))
+            decisions.append((*codes.decode(float(o.new_logprobs.logprobs[-1][0]), self.writers), None))
         for rid, o in got.items():  # stepped outside the batch: never, while a batch is every ready request
             if o.new_token_ids and rid in self.seqs:
                 self.abort(rid)
