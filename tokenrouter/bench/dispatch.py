@@ -18,11 +18,40 @@ from typing import Awaitable, Callable
 import numpy as np
 
 from tokenrouter.compiler.backend.interpreter import RequestStep
+from tokenrouter.compiler.needs import writer_needs
 from tokenrouter.protocol.sampling import SamplingParams
+
+from tokenrouter.bench.deploy import Measurement
 
 # (writer, the context so far) -> (the sampled token, its top-N [{"id", "logprob"}], or None
 # when the server did not return them)
 NextToken = Callable[[str, list[int]], Awaitable[tuple[int, list[dict] | None]]]
+
+
+def check_dispatchable(program, peer: str) -> None:
+    """A stock server returns a token's top-N distribution, nothing more: refuse programs
+    that need more (a ValueError naming `peer`)."""
+    if program.ensembles:
+        raise ValueError(f"{peer} cannot serve an ensemble: a stock server returns no full distribution")
+    for m in program.models:
+        needs = writer_needs(program, m.name)
+        if needs.hidden_layers or needs.token_embedding:
+            raise ValueError(f"{peer} cannot run this program: {m.name}'s routing reads hidden states, "
+                             "which a stock server does not return")
+
+
+def measurement(name: str, concurrency: int, wall: float, outs: list, threads: dict[str, int],
+                calls: dict[str, int], busy: dict[str, float]) -> Measurement:
+    """A dispatched run's `Measurement` from its requests' ((tokens, written by), latency)."""
+    written: dict[str, int] = {}
+    for (_, wb), _ in outs:
+        for k, v in wb.items():
+            written[k] = written.get(k, 0) + v
+    m = Measurement(name, concurrency, wall, sum(len(t) for (t, _), _ in outs), [lat for _, lat in outs],
+                    written, [t for (t, _), _ in outs], threads=threads)
+    m.steps = dict(calls)  # one HTTP call per request-step
+    m.phase_s = {w: {"http_call": busy[w]} for w in busy}
+    return m
 
 
 def logits_row(top: list[dict], vocab: int):

@@ -30,12 +30,11 @@ from typing import Any
 
 from tokenrouter.compiler.backend.compiled import default_base_dir
 from tokenrouter.compiler.backend.interpreter import Interpreter
-from tokenrouter.compiler.needs import writer_needs
 from tokenrouter.extras import require
 from tokenrouter.protocol.sampling import SamplingParams
 
 from tokenrouter.bench.deploy import Measurement
-from tokenrouter.bench.dispatch import route_request
+from tokenrouter.bench.dispatch import check_dispatchable, measurement, route_request
 
 TOP_N = 20  # probabilities a dispatcher asks for (the full row costs ~0.6 s a token to serialise)
 
@@ -158,13 +157,7 @@ class LlamaCppStandard:
 
     def __init__(self, program, ggufs: dict[str, str], parallel: int, threads: dict[str, int], ctx_per_slot: int,
                  vocab: int):
-        if program.ensembles:
-            raise ValueError("llamacpp_std cannot serve an ensemble: llama.cpp returns no full distribution")
-        for m in program.models:
-            needs = writer_needs(program, m.name)
-            if needs.hidden_layers or needs.token_embedding:
-                raise ValueError(f"llamacpp_std cannot run this program: {m.name}'s routing reads hidden states, "
-                                 "which a stock llama.cpp server does not return")
+        check_dispatchable(program, "llamacpp_std")
         self.program = program
         self.vocab = vocab
         self.interp = Interpreter(program, default_base_dir(program))
@@ -205,15 +198,7 @@ class LlamaCppStandard:
         finally:
             for c in clients.values():
                 await c.aclose()
-        written: dict[str, int] = {}
-        for (toks, wb), _ in outs:
-            for k, v in wb.items():
-                written[k] = written.get(k, 0) + v
-        m = Measurement(name, concurrency, wall, sum(len(t) for (t, _), _ in outs), [lat for _, lat in outs],
-                        written, [t for (t, _), _ in outs], threads={w: s.threads for w, s in self.servers.items()})
-        m.steps = dict(calls)  # one HTTP call per request-step
-        m.phase_s = {w: {"http_call": busy[w]} for w in self.servers}
-        return m
+        return measurement(name, concurrency, wall, outs, {w: s.threads for w, s in self.servers.items()}, calls, busy)
 
     async def _request(self, clients, calls, busy, prompt, sampling, slot, route_seed):
         async def next_token(writer: str, tokens: list[int]):

@@ -30,11 +30,10 @@ import time
 
 from tokenrouter.compiler.backend.compiled import default_base_dir
 from tokenrouter.compiler.backend.interpreter import Interpreter
-from tokenrouter.compiler.needs import writer_needs
 from tokenrouter.protocol.sampling import SamplingParams
 
 from tokenrouter.bench.deploy import Measurement
-from tokenrouter.bench.dispatch import route_request
+from tokenrouter.bench.dispatch import check_dispatchable, measurement, route_request
 from tokenrouter.bench.llamacpp import LoopThread
 
 TOP_N = 20
@@ -153,12 +152,7 @@ class VllmStandard:
     """`vllm_std`: one stock vLLM server per model, prefix caching on, a per-token dispatcher."""
 
     def __init__(self, program, folders: dict[str, str], max_model_len: int, max_num_seqs: int, vocab: int):
-        if program.ensembles:
-            raise ValueError("vllm_std cannot serve an ensemble: a vLLM server returns no full distribution")
-        for m in program.models:
-            needs = writer_needs(program, m.name)
-            if needs.hidden_layers or needs.token_embedding:
-                raise ValueError(f"vllm_std cannot run this program: {m.name}'s routing reads hidden states")
+        check_dispatchable(program, "vllm_std")
         self.program, self.vocab = program, vocab
         self.interp = Interpreter(program, default_base_dir(program))
         cores = os.cpu_count() or 1
@@ -199,9 +193,9 @@ class VllmStandard:
             async def one(i, p):
                 async with sem:
                     t0 = time.perf_counter()
-                    out = await route_request(self.interp, self.program.start, self.vocab, next_token, list(p),
-                                              sampling, route_seed=i)
-                    return out, time.perf_counter() - t0
+                    toks, written, _ = await route_request(self.interp, self.program.start, self.vocab, next_token,
+                                                           list(p), sampling, route_seed=i)
+                    return (toks, written), time.perf_counter() - t0
 
             t0 = time.perf_counter()
             outs = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
@@ -209,15 +203,7 @@ class VllmStandard:
         finally:
             for c in clients.values():
                 await c.aclose()
-        written: dict[str, int] = {}
-        for (_, wb, _), _ in outs:
-            for k, v in wb.items():
-                written[k] = written.get(k, 0) + v
-        m = Measurement(name, concurrency, wall, sum(len(t) for (t, _, _), _ in outs), [lat for _, lat in outs],
-                        written, [t for (t, _, _), _ in outs], threads={w: s.threads for w, s in self.servers.items()})
-        m.steps = dict(calls)  # one HTTP call per request-step
-        m.phase_s = {w: {"http_call": busy[w]} for w in self.servers}
-        return m
+        return measurement(name, concurrency, wall, outs, {w: s.threads for w, s in self.servers.items()}, calls, busy)
 
     def close(self):
         if hasattr(self, "_loop"):

@@ -114,6 +114,7 @@ def _tune(program, opts, profile) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from tokenrouter.compiler.pipeline import RouteError, load_program
+    from tokenrouter.extras import MissingExtra
     from tokenrouter.runtime.loader import model_facts
     try:
         opts, profile = _options(args)  # cheap checks first: no model is loaded yet
@@ -139,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     except RouteError as exc:
         print(str(exc), file=sys.stderr)
         return 1
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, MissingExtra) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.subserver:

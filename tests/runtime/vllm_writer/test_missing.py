@@ -38,6 +38,6 @@ def test_serve_without_vllm_names_the_extra(tmp_path, pair):
     p = _run("serve", route, "--port", "0")
     assert p.returncode == 2, p.stderr
     assert p.stderr.strip().splitlines() == [
-        'error: a writer served by vLLM (engine = vllm) needs vLLM: pip install "tokenrouter[vllm]" '
-        '(on GPUs: pip install tokenrouter vllm==0.32.0)']
+        'error: a writer served by vLLM (engine = vllm) needs the "vllm" extra (vllm is not installed): '
+        'pip install "tokenrouter[vllm]"']
     assert _run("check", route).returncode == 0  # checking a program needs no engine

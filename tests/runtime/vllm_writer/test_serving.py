@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import tiny
 from tests.helpers import vllm as vh
-from tests.helpers.serving import ServerThread, complete_many
+from tests.helpers.serving import ServerThread, assert_outputs_equal, complete_many
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.loader import program_tokenizer
@@ -44,15 +44,6 @@ def expected(program):
         ref.close()
 
 
-def _check(outs, prompts, expected):
-    for p, o in zip(prompts, outs):
-        ch = o["choices"][0]
-        r = expected[p]
-        assert ch["token_ids"] == r.tokens, p
-        assert ch["finish_reason"] == r.reason
-        assert o["tokens_by_model"] == r.written_by
-
-
 def test_greedy_equals_reference_at_every_concurrency_and_threshold(program, expected):
     assert all(len(r.written_by) == 2 for r in list(expected.values())[:8]), "both models should write"
     srv = ServerThread(program, LaunchOptions(mode="process", num_blocks=160, max_model_len=512, threads={}),
@@ -60,10 +51,11 @@ def test_greedy_equals_reference_at_every_concurrency_and_threshold(program, exp
     try:
         body = {"max_tokens": MAX_TOKENS, "temperature": 0}
         for conc, n in ((1, 4), (8, 16), (32, 32)):
-            _check(asyncio.run(complete_many(srv.url, PROMPTS[:n], conc, **body)), PROMPTS[:n], expected)
+            outs = asyncio.run(complete_many(srv.url, PROMPTS[:n], conc, **body))
+            assert_outputs_equal(outs, PROMPTS[:n], expected)
         for b, wait in ((4, 50.0), (32, 5.0)):
             srv.configure("llm", batch_threshold=b, max_wait_ms=wait)
-            _check(asyncio.run(complete_many(srv.url, PROMPTS, 32, **body)), PROMPTS, expected)
+            assert_outputs_equal(asyncio.run(complete_many(srv.url, PROMPTS, 32, **body)), PROMPTS, expected)
         llm = srv.stats()["llm"]
         # a return computes only its suffix: vLLM computed exactly what the subserver fed it
         # (the prompt once, then each return's suffix, then one token a step), never a prefix again
@@ -80,7 +72,7 @@ def test_tensor_parallel_2_gives_the_same_tokens(program, expected):
                        name="vllm-tp2")
     try:
         outs = asyncio.run(complete_many(srv.url, PROMPTS[:16], 8, max_tokens=MAX_TOKENS, temperature=0))
-        _check(outs, PROMPTS[:16], expected)
+        assert_outputs_equal(outs, PROMPTS[:16], expected)
         assert srv.wait_blocks_free() == {"slm": 0, "llm": 0}
     finally:
         srv.close()

