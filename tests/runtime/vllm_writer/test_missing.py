@@ -6,8 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import tiny
 from tests.helpers import vllm as vh
+
+pytestmark = pytest.mark.slow  # a subprocess that imports the CLI: seconds
 
 BLOCKED = "import sys; sys.modules['vllm'] = None; from tokenrouter.cli import main; sys.exit(main())"
 

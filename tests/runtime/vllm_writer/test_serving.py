@@ -19,7 +19,7 @@ from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.loader import program_tokenizer
 from tokenrouter.runtime.reference import Reference
 
-pytestmark = [vh.needs_vllm, pytest.mark.timeout(900)]
+pytestmark = [vh.needs_vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 MAX_TOKENS = 10
 PROMPTS = [f"prompt {i}: " + "abcdefghij"[i % 10] * (1 + i % 5) + " the end" for i in range(32)]
@@ -73,6 +73,31 @@ def test_tensor_parallel_2_gives_the_same_tokens(program, expected):
     try:
         outs = asyncio.run(complete_many(srv.url, PROMPTS[:16], 8, max_tokens=MAX_TOKENS, temperature=0))
         assert_outputs_equal(outs, PROMPTS[:16], expected)
+        assert srv.wait_blocks_free() == {"slm": 0, "llm": 0}
+    finally:
+        srv.close()
+
+
+def test_long_prompts_fed_over_several_vllm_steps(program):
+    """16 prompts of ~300 tokens, the large writer waiting (B = 16, up to 3 s) until many
+    arrive: more than vLLM's 2,048 tokens a step, so it feeds some over several steps
+    (they stay ready, giving no token until fed), and the outputs still equal the reference."""
+    long = [f"long {i}: " + "abcdefghij"[i % 10] * (290 + i) for i in range(16)]
+    tok = program_tokenizer(program)
+    ref = Reference(program, max_model_len=512)
+    try:
+        expected = {p: ref.generate(tok.encode(p), SamplingParams(max_tokens=MAX_TOKENS,
+                                                                  stop_token_ids=tuple(tok.eos_token_ids)))
+                    for p in long}
+    finally:
+        ref.close()
+    assert sum(len(tok.encode(p)) for p in long) > 2048
+    srv = ServerThread(program, LaunchOptions(mode="process", num_blocks=600, max_model_len=512, threads={},
+                                              batch={"llm": 16}, max_wait_ms={"llm": 3000.0}),
+                       name="vllm-long")
+    try:
+        outs = asyncio.run(complete_many(srv.url, long, 16, max_tokens=MAX_TOKENS, temperature=0))
+        assert_outputs_equal(outs, long, expected)
         assert srv.wait_blocks_free() == {"slm": 0, "llm": 0}
     finally:
         srv.close()

@@ -48,6 +48,7 @@ from tokenrouter.runtime.vllm.engine import EngineConfig, Shape, start_engine, v
 class Seq:
     fed: int = 0  # tokens in vLLM's KV
     running: bool = False  # vLLM steps it: its chunk was added and has not ended
+    awaiting: bool = False  # its chunk was added and has given no token yet (vLLM feeds it over steps)
 
 
 def park_token(shape: Shape, vocab_size: int) -> int:
@@ -98,6 +99,8 @@ class VllmWriter:
         for r in reqs:
             s = self.seqs.setdefault(r.rid, Seq())
             tokens = r.state.tokens
+            if s.awaiting:  # vLLM is still computing its chunk
+                continue
             n += len(tokens) - s.fed
             if s.running:
                 if len(tokens) - s.fed != 1:
@@ -106,7 +109,7 @@ class VllmWriter:
             if len(tokens) >= self.max_model_len:  # vLLM's engine dies of a chunk past its context
                 raise ValueError(f"{r.rid}: {len(tokens)} tokens do not fit vLLM's context of {self.max_model_len}")
             self.add_chunk(r, tokens[s.fed:])
-            s.running = True
+            s.running = s.awaiting = True
         return n
 
     def add_chunk(self, r: Request, chunk: list[int]) -> None:
@@ -135,7 +138,7 @@ class VllmWriter:
                 continue
             s = self.seqs[r.rid]
             s.fed = len(r.state.tokens)
-            s.running = o.finish_reason is None
+            s.running, s.awaiting = o.finish_reason is None, False
             decisions.append((*codes.decode(float(o.new_logprobs.logprobs[-1][0]), self.writers), None))
         for rid, o in got.items():  # stepped outside the batch: never, while a batch is every ready request
             if o.new_token_ids and rid in self.seqs:
