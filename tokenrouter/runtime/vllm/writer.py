@@ -80,6 +80,17 @@ class VllmWriter:
     def kv_usage(self) -> tuple[int, int]:
         return self.used, self.blocks_total
 
+    def warm_up(self) -> None:
+        """One plain request of a few tokens, before serving: vLLM's first steps pay one-time
+        costs (seconds), which would otherwise fall on the first request."""
+        sp = self.sampling(temperature=0.0, max_tokens=2, ignore_eos=True, detokenize=False)
+        req = self.engine.input_processor.process_inputs("warm-up", self.tokens_input([self.park_token] * 8), sp,
+                                                         supported_tasks=self.tasks)
+        self.core.add_request(req)
+        while not any(o.request_id == "warm-up" and o.finish_reason for o in self.core.get_output().outputs):
+            pass
+        self.count_used()
+
     def refuses(self, r: Request) -> str | None:
         """The processor sees only where a chunk started, not the request's tokens, and its
         decision takes the place of vLLM's logprobs: so no penalties, logit bias,
@@ -190,5 +201,6 @@ def load_vllm_writer(spec: SubserverSpec, phase_s: dict[str, float], models: dic
         folder, m.dtype, m.tensor_parallel, spec.max_model_len,
         kv_tokens=spec.num_blocks * spec.block_size if spec.num_blocks else None,
         max_num_seqs=spec.max_batch, block_size=spec.block_size, route=route))
-    return LoadedWriter(program, (spec.writer,), router,
-                        VllmWriter(engine, len(writers), park, spec.block_size, phase_s))
+    writer = VllmWriter(engine, len(writers), park, spec.block_size, phase_s)
+    writer.warm_up()
+    return LoadedWriter(program, (spec.writer,), router, writer)
