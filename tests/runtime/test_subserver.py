@@ -106,7 +106,7 @@ def test_pending_handoffs_send_suffixes_and_keep_kv_exact(pair, make):
         import time
         time.sleep(0.2)  # let the loops go idle (nothing is ready any more)
         for w, sub in subs.items():
-            eng = sub.engines[w]
+            eng = sub.engine.engines[w]
             m = load_model(program.model(w).path, dtype=torch.float64)
             fresh = Engine(m.config, m.weights, EngineOptions(dtype=torch.float64, num_blocks=16))
             for rid, r in sub.reqs.items():
@@ -125,9 +125,9 @@ def test_pending_handoffs_send_suffixes_and_keep_kv_exact(pair, make):
             for w in push:
                 push[w].send(wire.encode(wire.Release(to=inc[w], rid=rid)))
         deadline = time.monotonic() + 5
-        while any(s.engines[w].blocks_used for w, s in subs.items()) and time.monotonic() < deadline:
+        while any(s.engine.engines[w].blocks_used for w, s in subs.items()) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert all(s.engines[w].blocks_used == 0 for w, s in subs.items())
+        assert all(s.engine.engines[w].blocks_used == 0 for w, s in subs.items())
         assert all(not s.reqs and len(s.sched) == 0 for s in subs.values())
     finally:
         for w in push:

@@ -15,6 +15,11 @@ Keys (also those of `summary.json`):
   dispatcher routing one token at a time (`bench/llamacpp.py`);
 - `llamacpp_large`: the large model alone on one stock llama.cpp server (no routing);
 - `official`: the algorithms' own serving loop, CITER's, in `transformers` (`bench/official.py`);
+- `tokenrouter_vllm`: `tokenrouter` with the large writer served by vLLM (`engine = vllm`,
+  `runtime/vllm/`), the same B_i;
+- `vllm_large`: the large model alone on one stock vLLM server (`bench/vllm_peers.py`);
+- `vllm_std`: standard serving from stock vLLM: a vLLM server per model with prefix caching
+  and the per-token dispatcher (`bench/vllm_peers.py`, `bench/dispatch.py`);
 - `bound`: not a deployment but the profile's upper bound, each model fully batched at N
   with no waiting, for the steps `tokenrouter` took (`results.bound`).
 """
@@ -28,11 +33,13 @@ from tokenrouter.runtime.baselines.naive import naive_options, no_pending_option
 from tokenrouter.runtime.frontend.launch import served_writers
 
 CONFIGS = ("tokenrouter", "no_delay", "no_pending", "lockstep", "naive", "large_only", "small_only",
-           "llamacpp_std", "llamacpp_large", "official", "bound")
+           "llamacpp_std", "llamacpp_large", "official", "tokenrouter_vllm", "vllm_large", "vllm_std", "bound")
 #: configurations that run the routing program on our engine (their outputs must agree token for token)
 ROUTED = ("tokenrouter", "no_delay", "no_pending", "lockstep", "naive")
 #: peers that run the routing program on other kernels: their agreement with ours is measured
-PEERS_ROUTED = ("llamacpp_std", "official")
+PEERS_ROUTED = ("llamacpp_std", "official", "tokenrouter_vllm", "vllm_std")
+#: the configurations that need the `vllm` extra (`--configs vllm`: these and tokenrouter)
+VLLM = ("tokenrouter_vllm", "vllm_large", "vllm_std")
 #: peers started once per concurrency level (`--parallel` = N)
 PER_LEVEL = ("llamacpp_std", "llamacpp_large")
 #: computed from the profile and the tokenrouter run, not measured
@@ -44,11 +51,14 @@ QUICK = ("tokenrouter", "naive", "large_only", "small_only", "llamacpp_std", "ll
 
 
 def parse_configs(text: str | None) -> list[str]:
-    """A comma-separated subset of CONFIGS (None or "all": every one; "quick": QUICK), in CONFIGS order."""
+    """A comma-separated subset of CONFIGS (None or "all": every one but the vLLM ones; "quick":
+    QUICK; "vllm": tokenrouter on both engines and the stock vLLM peers), in CONFIGS order."""
     if not text or text == "all":
-        return list(CONFIGS)
+        return [c for c in CONFIGS if c not in VLLM]
     if text == "quick":
         return [c for c in CONFIGS if c in QUICK]
+    if text == "vllm":
+        return [c for c in CONFIGS if c in ("tokenrouter", *VLLM)]
     names = [x.strip() for x in text.split(",") if x.strip()]
     bad = [n for n in names if n not in CONFIGS]
     if bad:
@@ -78,15 +88,21 @@ def single_model(program: ir.Program, name: str) -> ir.Program:
                                routers=(), schedule=sched)
 
 
+def on_vllm(program: ir.Program, name: str) -> ir.Program:
+    """The program with model `name` served by vLLM."""
+    return dataclasses.replace(program, models=tuple(dataclasses.replace(m, engine="vllm") if m.name == name else m
+                                                      for m in program.models))
+
+
 def writers(program: ir.Program) -> list[str]:
     return served_writers(program)
 
 
 def launch_options(name: str, program: ir.Program, base):
     """LaunchOptions of a runtime configuration (None for lockstep, which is in-process)."""
-    if name in ("tokenrouter", "no_delay", "large_only", "small_only"):
+    if name in ("tokenrouter", "no_delay", "large_only", "small_only", "tokenrouter_vllm"):
         return base
-    if name in PER_LEVEL or name in DERIVED or name == "official":
+    if name in PER_LEVEL or name in DERIVED or name in ("official", "vllm_large", "vllm_std"):
         return None
     if name == "no_pending":
         return no_pending_options(program, base)
@@ -100,7 +116,7 @@ def launch_options(name: str, program: ir.Program, base):
 def thresholds_for(name: str, program: ir.Program, tuned: dict[str, int]) -> dict[str, int] | None:
     """B_i a runtime configuration runs with at one concurrency level (None: leave as launched)."""
     ws = writers(program)
-    if name in ("tokenrouter", "no_pending"):
+    if name in ("tokenrouter", "no_pending", "tokenrouter_vllm"):
         return {w: int(tuned.get(w, 1)) for w in ws}
     if name in ("no_delay", "naive"):
         return {w: 1 for w in ws}

@@ -9,14 +9,10 @@ continuous batching. Two peers are built on it:
 - `LlamaCppStandard` (`llamacpp_std`): the paper's "standard serving": one stock server per
   model and an external dispatcher (asyncio, one keep-alive `httpx` client per server) that
   sends each request one token at a time (`n_predict 1`, `cache_prompt`, the request's slot)
-  to the model that currently writes, and applies the routing program to what comes back:
-  the program's own IR interpreter (`compiler.backend.interpreter`, the oracle the runtime is tested
-  against) reads each token's distribution, rebuilt from the server's top-20 probabilities
-  (`n_probs`) with the remaining mass spread evenly over the other tokens, so coins are exact
-  and entropy rules are approximated only in the tail. It never looks ahead: the decision for
-  a position is made from that position's output alone, and the request then moves to the
-  other server when the program says so. Each slot's KV stays on its server between calls,
-  so a returning request re-processes only the tokens the other model wrote meanwhile.
+  to the model that currently writes, and applies the routing program to the server's
+  top-20 probabilities (`n_probs`), as `dispatch.py` does for every such peer. Each slot's
+  KV stays on its server between calls, so a returning request re-processes only the
+  tokens the other model wrote meanwhile.
 
 The GGUF files come from `runtime.loader.gguf_export` (float32, the weights our engine runs).
 """
@@ -32,15 +28,13 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
-
 from tokenrouter.compiler.backend.compiled import default_base_dir
-from tokenrouter.compiler.backend.interpreter import Interpreter, RequestStep
-from tokenrouter.compiler.needs import writer_needs
+from tokenrouter.compiler.backend.interpreter import Interpreter
 from tokenrouter.extras import require
 from tokenrouter.protocol.sampling import SamplingParams
 
 from tokenrouter.bench.deploy import Measurement
+from tokenrouter.bench.dispatch import check_dispatchable, measurement, route_request
 
 TOP_N = 20  # probabilities a dispatcher asks for (the full row costs ~0.6 s a token to serialise)
 
@@ -94,21 +88,7 @@ def completion_body(tokens: list[int], slot: int, n_predict: int, n_probs: int) 
             "return_tokens": True, "stream": False}
 
 
-def logits_row(top: list[dict[str, Any]], vocab: int):
-    """A float64 log-probability row rebuilt from the top-N entries (`id`, `logprob`): the
-    mass they leave is spread evenly over the other ids (so argmax, top probabilities and
-    margins are exact; entropy is approximated only in the tail)."""
-    row = np.empty(vocab, dtype=np.float64)
-    ids = np.array([t["id"] for t in top], dtype=np.int64)
-    lp = np.array([t["logprob"] for t in top], dtype=np.float64)
-    rest = max(0.0, 1.0 - float(np.exp(lp).sum()))
-    others = vocab - len(ids)
-    row.fill(np.log(rest / others) if rest > 0 and others > 0 else -np.inf)
-    row[ids] = lp
-    return row
-
-
-class _Loop:
+class LoopThread:
     """A private asyncio loop in a thread, for the synchronous `measure` interface."""
 
     def __init__(self):
@@ -139,7 +119,7 @@ class LlamaCppLarge:
     def __init__(self, gguf: str, parallel: int, threads: int, ctx_per_slot: int):
         self.server = LlamaCppServer(gguf, parallel, threads, ctx_per_slot)
         self.name = "large"
-        self._loop = _Loop()
+        self._loop = LoopThread()
 
     def measure(self, name: str, prompts, sampling: SamplingParams, concurrency: int, batch=None) -> Measurement:
         return self._loop.call(self._run(name, prompts, sampling, concurrency))
@@ -177,13 +157,7 @@ class LlamaCppStandard:
 
     def __init__(self, program, ggufs: dict[str, str], parallel: int, threads: dict[str, int], ctx_per_slot: int,
                  vocab: int):
-        if program.ensembles:
-            raise ValueError("llamacpp_std cannot serve an ensemble: llama.cpp returns no full distribution")
-        for m in program.models:
-            needs = writer_needs(program, m.name)
-            if needs.hidden_layers or needs.token_embedding:
-                raise ValueError(f"llamacpp_std cannot run this program: {m.name}'s routing reads hidden states, "
-                                 "which a stock llama.cpp server does not return")
+        check_dispatchable(program, "llamacpp_std")
         self.program = program
         self.vocab = vocab
         self.interp = Interpreter(program, default_base_dir(program))
@@ -194,7 +168,7 @@ class LlamaCppStandard:
         except Exception:
             self.close()
             raise
-        self._loop = _Loop()
+        self._loop = LoopThread()
         self.blind_steps = 0  # steps whose distribution the server did not return (counted, see _request)
         self.retries = 0  # calls sent again after their connection dropped (`_post`)
 
@@ -224,47 +198,22 @@ class LlamaCppStandard:
         finally:
             for c in clients.values():
                 await c.aclose()
-        written: dict[str, int] = {}
-        for (toks, wb), _ in outs:
-            for k, v in wb.items():
-                written[k] = written.get(k, 0) + v
-        m = Measurement(name, concurrency, wall, sum(len(t) for (t, _), _ in outs), [lat for _, lat in outs],
-                        written, [t for (t, _), _ in outs], threads={w: s.threads for w, s in self.servers.items()})
-        m.steps = dict(calls)  # one HTTP call per request-step
-        m.phase_s = {w: {"http_call": busy[w]} for w in self.servers}
-        return m
+        return measurement(name, concurrency, wall, outs, {w: s.threads for w, s in self.servers.items()}, calls, busy)
 
     async def _request(self, clients, calls, busy, prompt, sampling, slot, route_seed):
-        tokens = list(prompt)
-        out: list[int] = []
-        written: dict[str, int] = {}
-        writer, visit = self.program.start, 0
-        while len(out) < sampling.max_tokens:
+        async def next_token(writer: str, tokens: list[int]):
             t0 = time.perf_counter()
             r = await self._post(clients[writer], writer, completion_body(tokens, slot, 1, TOP_N))
             busy[writer] += time.perf_counter() - t0
             calls[writer] += 1
             r.raise_for_status()
             body = r.json()
-            tok = int(body["tokens"][0])
-            probs = body.get("completion_probabilities")
-            if probs:
-                top = probs[0]["top_logprobs"]
-            else:  # the server holds back the probabilities of a token that ends mid-UTF-8
-                top = [{"id": tok, "logprob": 0.0}]
-                self.blind_steps += 1
-            step = RequestStep(logits=logits_row(top, self.vocab), sampled=tok,
-                               visit_tokens=visit + 1, position=len(out), request_seed=route_seed)
-            d = self.interp.route(writer, step)
-            if d.keep:
-                tokens.append(tok)
-                out.append(tok)
-                written[writer] = written.get(writer, 0) + 1
-                visit += 1
-                if tok in sampling.stop_token_ids:
-                    break
-            if d.dest != writer:
-                writer, visit = d.dest, 0
+            probs = body.get("completion_probabilities")  # held back for a token that ends mid-UTF-8
+            return int(body["tokens"][0]), probs[0]["top_logprobs"] if probs else None
+
+        out, written, blind = await route_request(self.interp, self.program.start, self.vocab, next_token, prompt,
+                                                  sampling, route_seed)
+        self.blind_steps += blind
         return out, written
 
     RETRIES = 3

@@ -38,6 +38,7 @@ from tokenrouter.bench import tuning, workload
 from tokenrouter.bench.deploy import LockstepDeployment, RuntimeDeployment
 from tokenrouter.bench.llamacpp import LlamaCppLarge, LlamaCppStandard
 from tokenrouter.bench.official import CiterOfficial
+from tokenrouter.bench.vllm_peers import VllmLarge, VllmStandard
 
 
 @dataclass
@@ -110,6 +111,14 @@ def _start(c: str, program, opts: BenchOptions, base, n: int, ctx: int, small: s
         return RuntimeDeployment(one, dataclasses.replace(base, threads={one.start: opts.threads}))
     if c == "official":
         return CiterOfficial(program, threads=opts.threads)
+    if c == "tokenrouter_vllm":
+        return RuntimeDeployment(C.on_vllm(program, large), base)
+    if c == "vllm_large":
+        m = program.model(large)
+        return VllmLarge(resolve_folder(m.path)[1], m.dtype, opts.threads, max(256, ctx), max(opts.concurrency))
+    if c == "vllm_std":
+        return VllmStandard(program, {m.name: resolve_folder(m.path)[1] for m in program.models}, max(256, ctx),
+                            max(opts.concurrency), _vocab(program))
     if c in C.PER_LEVEL:
         if c == "llamacpp_large":
             m = program.model(large)
@@ -158,6 +167,7 @@ class _Setup:
         if c.startswith("tokenrouter@"):
             return _swept_batch(self.writers, self.large, int(c.split("@")[1]))
         return C.thresholds_for(c, self.program, self.tuned[n]) if c not in C.PER_LEVEL and c != "official" else None
+
 
     def start(self, c: str, opts: BenchOptions, n: int):
         return _start(c, self.program, opts, self.base, n, self.ctx, self.small, self.large)

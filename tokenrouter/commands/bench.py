@@ -50,8 +50,10 @@ def configure(parser) -> None:
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds; the median is reported (default 3)")
     parser.add_argument("--configs", default=None,
                         help="subset of tokenrouter,no_delay,no_pending,lockstep,naive,large_only,small_only,"
-                             "llamacpp_std,llamacpp_large,official,bound; 'all' or 'quick' (default: all; "
-                             "--quick and --long: quick)")
+                             "llamacpp_std,llamacpp_large,official,tokenrouter_vllm,vllm_large,vllm_std,bound; "
+                             "'all' (all but the vLLM ones), 'quick', or 'vllm' (tokenrouter on both engines and the "
+                             "stock vLLM peers; the vllm extra, docs/engines.md) (default: all; --quick and --long: "
+                             "quick)")
     parser.add_argument("--sweep", default="",
                         help="concurrency levels at which to also measure the large model's B over a grid")
     parser.add_argument("--profile", help="profile JSON from `tokenrouter profile` (default: measured here)")

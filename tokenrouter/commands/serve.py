@@ -141,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ[logs.LEVEL_ENV] = level  # the subserver processes log at the same level
     from tokenrouter.compiler.pipeline import RouteError, load_program
     from tokenrouter.compiler.weights.check import required_weights
+    from tokenrouter.extras import MissingExtra
     from tokenrouter.runtime.loader import model_facts
     try:
         opts, profile = _options(args)  # cheap checks first: no model is loaded yet
@@ -165,11 +166,14 @@ def run(args: argparse.Namespace) -> int:
                     check_bind(addr, sec)
         if args.heartbeat_timeout <= 0 or args.max_restarts < 0:
             raise ValueError("--heartbeat-timeout must be positive and --max-restarts at least 0")
+        from tokenrouter.runtime.frontend.launch import require_engines
+        here_not = tuple(w for w in program.writers() if w != args.subserver) if args.subserver else opts.remote
+        require_engines(program, here_not)  # vLLM, where a writer served here needs it
         _tune(program, opts, profile)
     except RouteError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_PROGRAM
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, MissingExtra) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if args.subserver:
@@ -215,7 +219,7 @@ def _limits(args):
 
 
 def _run_subserver(args, program, opts) -> int:
-    from tokenrouter.runtime.frontend.launch import plan
+    from tokenrouter.runtime.frontend.launch import plan, writer_loader
     from tokenrouter.runtime.subserver.subserver import run_process
     if opts.addresses is None:
         print("error: --subserver needs --bind NAME=ADDR for the frontend and every writer", file=sys.stderr)
@@ -230,7 +234,7 @@ def _run_subserver(args, program, opts) -> int:
         return EXIT_USAGE
     spec = specs[args.subserver]
     spec.base_dir = os.path.dirname(os.path.abspath(args.file))
-    run_process(spec.to_dict())
+    run_process(spec.to_dict(), writer_loader(program, args.subserver))
     return EXIT_OK
 
 

@@ -236,6 +236,9 @@ class Model:
     span: Span | None = None
     # weight format: none (float) | native (a GGUF's own blocks) | int4 | int8 (quantised on load)
     quant: Literal["none", "native", "int4", "int8"] = "none"
+    # the engine that serves it: ours, or vLLM (docs/engines.md) over `tensor_parallel` ranks
+    engine: Literal["native", "vllm"] = "native"
+    tensor_parallel: int = 1
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ CODES: dict[str, tuple[Severity, str]] = {
     "E706": ("error", "model without a path or binding"),
     "E707": ("error", "--model names an undeclared model"),
     "E708": ("error", "invalid parameter range"),
+    "E801": ("error", "a feature the model's serving engine cannot give"),
     "W001": ("warning", "ping-pong: overlapping switch-up and switch-back thresholds"),
     "W002": ("warning", "declared but never used"),
     "W003": ("warning", "model path does not exist"),

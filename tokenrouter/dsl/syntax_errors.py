@@ -14,7 +14,12 @@ import re
 
 import lark
 from lark import Token
-from lark.lexer import LexerState, PatternStr, TextSlice
+from lark.lexer import LexerState, PatternStr
+
+try:
+    from lark.lexer import TextSlice  # lark >= 1.3 lexes a TextSlice
+except ImportError:  # lark 1.2 (the version vLLM pins) lexes the str itself
+    TextSlice = None
 
 from tokenrouter.dsl.diagnostics import Diagnostic, Note, words
 from tokenrouter.dsl.grammar import basic_lexer, lark_parser
@@ -134,7 +139,7 @@ def _lex_all(text: str, path: str, diags: list[Diagnostic]) -> list:
     """Every token, skipping what cannot be a token: a bad character (one E002 each), or
     an unterminated string (E002, the rest of its line skipped)."""
     lexer = basic_lexer()
-    state = LexerState(TextSlice.cast_from(text))
+    state = LexerState(TextSlice.cast_from(text) if TextSlice is not None else text)
     tokens = []
     while len(diags) < MAX_SYNTAX_ERRORS:
         try:

@@ -143,6 +143,8 @@ SIMPLE = (  # (snapshot key, name, kind, help)
     ("reprefills", "tokenrouter_reprefills_total", "counter",
      "Requests prefilled again here because this writer's previous process died with their KV."),
     ("reprefill_tokens", "tokenrouter_reprefill_tokens_total", "counter", "Tokens of those re-prefills."),
+    ("engine_computed_tokens", "tokenrouter_engine_computed_tokens_total", "counter",
+     "Tokens the writer's engine computed, by its own count (vLLM's scheduler for a vLLM writer)."),
     ("pending", "tokenrouter_pending_requests", "gauge", "Requests away at a peer, KV kept here."),
     ("ready", "tokenrouter_ready_requests", "gauge", "Requests ready to step here."),
     ("blocks_used", "tokenrouter_kv_blocks_used", "gauge", "KV cache blocks in use."),

@@ -8,7 +8,9 @@ right after), and the routing decisions come from the IR's reference interpreter
 sampler are shared, and those are tested on their own against transformers; the sampler's
 inputs (penalties, logit bias, structured output: `engine/logits.py`) are computed here
 from the request's whole token list and a grammar state advanced token by token, never
-from the serving path's per-writer suffix bookkeeping.
+from the serving path's per-writer suffix bookkeeping. A model served by vLLM (`engine =
+vllm`) runs on vLLM here too, one fresh request per step (`runtime/vllm/logits.py`): the
+oracle of a writer is its own engine's forward.
 
 So a served request that matches this, token for token, has had its KV appended
 correctly on every visit (invariant 1) and was routed as the program says, whatever
@@ -31,7 +33,8 @@ from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.engine.grammar import Grammars, GrammarState
 from tokenrouter.runtime.engine.logits import LogitsRow, process_logits
 from tokenrouter.runtime.engine.sampler import SamplingParams, sample
-from tokenrouter.runtime.loader import load_model, program_tokenizer, quant_options
+from tokenrouter.runtime.loader import load_model, program_tokenizer, quant_options, resolve_folder
+from tokenrouter.runtime.vllm.logits import VllmLogits
 
 
 @dataclass
@@ -42,17 +45,34 @@ class ReferenceOutput:
     handoffs: int = 0
     error: str | None = None
     writers: list[str] = field(default_factory=list)  # the writer of each output token
+    gaps: list[float] = field(default_factory=list)  # each output token's top-2 logit gap in its writer's step
+
+
+def top2_gap(step: RequestStep) -> float:
+    """How far the step's most likely token led the next (inf without a logits row)."""
+    if step.logits is None or len(step.logits) < 2:
+        return float("inf")
+    a, b = torch.topk(torch.from_numpy(step.logits), 2).values.tolist()
+    return a - b
 
 
 class Reference:
     """Holds one engine per model of the program (random or real weights alike)."""
 
     def __init__(self, program: ir.Program, models: dict[str, Any] | None = None,
-                 base_dir: str | None = None, max_model_len: int | None = None, block_size: int = 16):
+                 base_dir: str | None = None, max_model_len: int | None = None, block_size: int = 16,
+                 vllm: dict[str, VllmLogits] | None = None):
+        """`models`: preloaded weights by model name; `vllm`: started engines of the models
+        served by vLLM, by name (else each is started here)."""
         self.program = program
         self.interp = Interpreter(program, base_dir or default_base_dir(program))
-        self.engines = {}
+        self.engines: dict[str, Any] = {}
+        self.shared = dict(vllm or {})
         for m in program.models:
+            if m.engine == "vllm":
+                self.engines[m.name] = self.shared.get(m.name) or VllmLogits(
+                    resolve_folder(m.path)[1], m.dtype, m.tensor_parallel, max_model_len)
+                continue
             dtype = getattr(torch, m.dtype)
             lm = (models or {}).get(m.name) or load_model(m.path, dtype=dtype, quant=m.quant)
             length = max_model_len or lm.config.max_position_embeddings
@@ -64,9 +84,17 @@ class Reference:
         self._seq = 0
         self.grammars = Grammars(load=lambda: program_tokenizer(program))
 
+    def close(self) -> None:
+        """Stop the vLLM engines this reference started (tokenrouter's need nothing)."""
+        for name, eng in self.engines.items():
+            if isinstance(eng, VllmLogits) and eng is not self.shared.get(name):
+                eng.close()
+
     def _forward(self, model: str, tokens: list[int], needs: FeatureNeeds):
         """Logits [V] and hidden {layer: [H]} at the last position, by a fresh prefill."""
         eng = self.engines[model]
+        if isinstance(eng, VllmLogits):
+            return eng.logits(tokens), {}
         self._seq += 1
         sid = -self._seq  # never collides with anything else using this engine
         try:
@@ -128,6 +156,7 @@ class Reference:
                 out.tokens.append(tok)
                 out.written_by[writer] = out.written_by.get(writer, 0) + 1
                 out.writers.append(writer)
+                out.gaps.append(top2_gap(step))
                 visit += 1
                 seen_at_len = set()
                 if tok in stop:

@@ -57,6 +57,7 @@ def _run(state: CheckState) -> Checked:
         handler = _DECLARATIONS.get(type(item))
         if handler:
             handler(state, item)
+    declarations.engines(state)
     routes = [i for i in file.items if isinstance(i, ast.RouteBlock)]
     serves = [i for i in file.items if isinstance(i, ast.ServeBlock)]
     _one_block_each(state, routes, serves)

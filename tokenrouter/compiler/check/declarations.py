@@ -1,7 +1,9 @@
 """The passes over declarations, each a function of the checker's `CheckState`: the version
 header, the names (one declaration each), parameters (bound through `params.py`), models
-with their `--model` bindings, ensembles, and, once everything else is checked, the
-models' default roles, the declarations never used and `--model` bindings of no model.
+with their `--model` bindings and serving engines, ensembles, what each model's engine
+cannot give (`engines`, once every declaration is read), and, once everything else is
+checked, the models' default roles, the declarations never used and `--model` bindings of
+no model.
 
 A declaration that failed is marked not ok, so uses of it stay quiet.
 """
@@ -12,8 +14,8 @@ import math
 import os
 
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.builtins import (BUILTIN_MODELS, DTYPES, ENSEMBLE_MODES, LANGUAGE_VERSION, QUANTS, ROLES,
-                                           looks_like_path)
+from tokenrouter.compiler.builtins import (BUILTIN_MODELS, DTYPES, ENGINES, ENSEMBLE_MODES, LANGUAGE_VERSION, QUANTS,
+                                           ROLES, VLLM_DTYPES, looks_like_path)
 from tokenrouter.compiler.check import params as check_params
 from tokenrouter.compiler.check.symbols import (KIND_WORDS, CheckState, Symbol, as_int, bound_model_path,
                                                 resolve_path)
@@ -93,10 +95,18 @@ def model(state: CheckState, item: ast.ModelDecl) -> None:
     if not state.is_first(item):
         return
     sym = state.symbols[item.name.text]
-    attrs = state.attrs(item.attrs, {"role": "", "dtype": "", "quant": ""}, f"model '{item.name.text}'")
+    attrs = state.attrs(item.attrs, {"role": "", "dtype": "", "quant": "", "engine": "", "tensor_parallel": ""},
+                        f"model '{item.name.text}'")
     role = state.choice(attrs["role"], ROLES, "role") if "role" in attrs else None
     dtype = state.choice(attrs["dtype"], DTYPES, "dtype") if "dtype" in attrs else "float32"
     quant = state.choice(attrs["quant"], QUANTS, "quant") if "quant" in attrs else "none"
+    sym.engine = (state.choice(attrs["engine"], ENGINES, "engine") if "engine" in attrs else "native") or "native"
+    if "tensor_parallel" in attrs:
+        tp = as_int(attrs["tensor_parallel"].value, 1)
+        if tp is None:
+            state.err("E203", "tensor_parallel is the number of ranks the model is split over, a whole number >= 1",
+                      attrs["tensor_parallel"].value.span)
+        sym.tensor_parallel = tp or 1
     name = item.name.text
     if name in state.model_paths:  # bound by the deployment: the binding wins
         sym.model_path, sym.role, sym.dtype = bound_model_path(state.model_paths[name]), role, dtype or "float32"
@@ -148,7 +158,60 @@ def emit_models(state: CheckState) -> None:
             else:
                 role = "large"
         state.out.models.append(ir.Model(sym.name, sym.model_path, role, sym.dtype, sym.decl.span,
-                                         quant=sym.quant))
+                                         quant=sym.quant, engine=sym.engine, tensor_parallel=sym.tensor_parallel))
+
+
+def engines(state: CheckState) -> None:
+    """What a model's engine cannot give (E801), at the declaration that asks for it. A
+    vLLM engine serves one model in its own worker(s): it cannot be an ensemble member (the
+    members' logits meet in one step of one process), run tokenrouter's weight formats
+    (`quant`) or float64, or hand a router or head the model's hidden states or token
+    embeddings. tokenrouter's own engine has no tensor parallelism."""
+    models = {n: s for n, s in state.symbols.items() if s.kind == "model" and s.ok}
+    for name, sym in models.items():
+        attrs = {a.key.text: a for a in sym.decl.attrs}
+        if sym.engine == "native" and sym.tensor_parallel > 1:
+            state.err("E801", f"model '{name}': tokenrouter's engine has no tensor parallelism",
+                      attrs["tensor_parallel"].value.span, hint="serve it with engine = vllm, or drop tensor_parallel")
+        if sym.engine != "vllm":
+            continue
+        if sym.quant != "none":
+            state.err("E801", f"model '{name}': quant = {sym.quant} is a weight format of tokenrouter's engine, "
+                      "not vLLM's", attrs["quant"].value.span,
+                      hint="drop quant (vLLM runs the checkpoint's own weights), or serve it with engine = native")
+        if sym.dtype not in VLLM_DTYPES:
+            state.err("E801", f"model '{name}': vLLM does not run {sym.dtype}", attrs["dtype"].value.span,
+                      hint=f"expected {words(VLLM_DTYPES)}")
+    vllm = {n for n, s in models.items() if s.engine == "vllm"}
+    for item in state.file.items:
+        if not (isinstance(item, (ast.EnsembleDecl, ast.RouterDecl, ast.HeadDecl)) and state.is_first(item)):
+            continue
+        if isinstance(item, ast.EnsembleDecl):
+            for arg in item.members:
+                if arg.label is not None and arg.label.text in vllm:
+                    state.err("E801", f"'{arg.label.text}' is served by vLLM, so it cannot be a member of "
+                              f"ensemble '{item.name.text}'", arg.label.span,
+                              hint="an ensemble's members are stepped together in one process; "
+                                   f"serve '{arg.label.text}' with engine = native")
+        elif item.model.text in vllm:
+            _vllm_reader(state, item)
+
+
+def _vllm_reader(state: CheckState, item) -> None:
+    """A router or head on a vLLM model reads only what vLLM hands the logits processor:
+    the step's logits (so entropy, top_prob, margin and topk_logits), not hidden states."""
+    hint = "route on what the logits give (entropy, top_prob, margin, topk_logits), or serve " \
+           f"'{item.model.text}' with engine = native"
+    if isinstance(item, ast.HeadDecl):
+        state.err("E801", f"head '{item.name.text}' reads the hidden state of '{item.model.text}', which vLLM "
+                  "does not hand out", item.model.span, hint=hint)
+        return
+    inputs = next((a.value for a in item.attrs if a.key.text == "inputs"), None)
+    for node in getattr(inputs, "items", ()):
+        name = node.name.text if isinstance(node, ast.Ref) else node.func.text if isinstance(node, ast.Call) else ""
+        if name in ("hidden", "token_embedding"):
+            state.err("E801", f"router '{item.name.text}' reads {name} of '{item.model.text}', which vLLM does "
+                      "not hand out", node.span, hint=hint)
 
 
 def ensemble(state: CheckState, item: ast.EnsembleDecl) -> None:

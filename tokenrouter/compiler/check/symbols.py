@@ -40,6 +40,8 @@ class Symbol:
     role: str | None = None
     dtype: str = "float32"
     quant: str = "none"
+    engine: str = "native"  # model: its serving engine, and over how many ranks
+    tensor_parallel: int = 1
 
 
 @dataclass

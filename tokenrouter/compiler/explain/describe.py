@@ -118,6 +118,8 @@ def writer_line(program: ir.Program, name: str) -> str:
         return f"ensemble ({e.mode} of {members}{extra})"
     m = program.model(name)
     fmt = m.dtype if m.quant == "none" else f"{m.dtype}, quant {m.quant}"
+    if m.engine == "vllm":
+        fmt += ", served by vLLM" + (f" over {m.tensor_parallel} tensor-parallel ranks" if m.tensor_parallel > 1 else "")
     return f"model {m.path} ({m.role}, {fmt})"
 
 
@@ -132,6 +134,9 @@ def model_lines(program: ir.Program, name: str) -> list[str]:
     place = dict(program.schedule.placement).get(name, "cpu")
     weights = (f"weights: {m.dtype}" if m.quant == "none" else
                f"weights: {QUANT_WORDS[m.quant]}; bfloat16 into each product, {m.dtype} between them")
+    if m.engine == "vllm":
+        ranks = f" over {m.tensor_parallel} tensor-parallel ranks" if m.tensor_parallel > 1 else ""
+        return [weights, f"engine: vLLM{ranks}"]
     return [weights, f"engine: tokenrouter's own, on {place}"]
 
 

@@ -25,7 +25,7 @@ from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.loader import load_model, quant_options
 from tokenrouter.runtime.metrics import PHASES
 from tokenrouter.runtime.subserver.request import Request
-from tokenrouter.runtime.subserver.step import LOOP_ERROR, StepRunner
+from tokenrouter.runtime.subserver.step import LOOP_ERROR, NativeWriter, StepRunner
 
 
 @dataclass
@@ -58,7 +58,8 @@ class Lockstep:
                 kw["max_model_len"] = max_model_len
             self.engines[m.name] = Engine(lm.config, lm.weights, quant_options(lm, m.quant, **kw))
         self.phase_s = {p: 0.0 for p in PHASES}
-        self.runners = {w: StepRunner(w, self.writers, members.get(w, (w,)), self.engines, routers[w], self.phase_s)
+        self.runners = {w: StepRunner(w, self.writers, NativeWriter(w, members.get(w, (w,)), self.engines, routers[w],
+                                                                    self.phase_s), self.phase_s)
                         for w in self.writers}
         self.iterations = 0
 

@@ -9,11 +9,17 @@ What each subserver gets comes from the program's serving schedule:
   min(4, concurrency // 2 or 1) for the others;
 * max wait: the schedule's, else 20 ms;
 * CPU threads: the schedule's, else the machine's cores divided among the local
-  subservers (each subserver process calls torch.set_num_threads; shown in /metrics).
+  subservers (each subserver process calls torch.set_num_threads; shown in /metrics);
+* its engine: tokenrouter's, or vLLM for a model declared `engine = vllm`, whose
+  subserver loads its writer with `runtime/vllm/writer.py: load_vllm_writer`
+  (`writer_loader`); vLLM must be installed where such a writer runs (checked here, one
+  line naming the extra), and its start (import, weights) gets a longer start-up timeout.
 
 Processes use the `spawn` start method (a forked torch is not safe), are daemons (they
 end with a normal exit of the parent), and also watch their parent, so a killed frontend
-leaves no orphans. `stop` asks nicely (the frontend's shutdown message), then terminates,
+leaves no orphans. A vLLM writer over several ranks starts a process per rank, which a
+daemon may not: it is not one, and is killed at exit instead (vLLM's rank processes end
+with it). `stop` asks nicely (the frontend's shutdown message), then terminates,
 then kills.
 
 `open_runtime` starts a program's subservers with a `Launcher` and a `Frontend` connected
@@ -24,6 +30,7 @@ to them, in the running event loop (`tokenrouter serve`, the offline API, the te
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import multiprocessing
 import os
@@ -41,10 +48,13 @@ from tokenrouter.runtime.subserver.subserver import run_process, run_thread
 from tokenrouter.runtime.transport.security import Security, stop_authenticator
 from tokenrouter.runtime.transport.sockets import cleanup_ipc, make_addresses
 from tokenrouter.runtime.transport.wire import FRONTEND
+from tokenrouter.runtime.vllm import require as require_vllm
+from tokenrouter.runtime.vllm.writer import load_vllm_writer
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_WAIT_MS = 20.0
+VLLM_START_TIMEOUT_S = 900.0  # importing vLLM and starting its engine takes minutes on a busy host
 
 
 @dataclass
@@ -104,6 +114,23 @@ def batch_thresholds(program: ir.Program, writers: list[str], concurrency: int,
     return out
 
 
+def uses_vllm(program: ir.Program, writer: str) -> bool:
+    """Whether `writer` is a model served by vLLM (ensembles run on tokenrouter's engine)."""
+    return any(m.name == writer and m.engine == "vllm" for m in program.models)
+
+
+def writer_loader(program: ir.Program, writer: str):
+    """What loads `writer` in its subserver: None for tokenrouter's engine (the default)."""
+    return load_vllm_writer if uses_vllm(program, writer) else None
+
+
+def require_engines(program: ir.Program, remote: tuple[str, ...] = ()) -> None:
+    """Raise `extras.MissingExtra` (one line naming the extra) when a writer served here
+    needs vLLM and it is not installed."""
+    if any(uses_vllm(program, w) for w in served_writers(program) if w not in remote):
+        require_vllm()
+
+
 def plan(program: ir.Program, opts: LaunchOptions, security=None) -> dict[str, SubserverSpec]:
     """Each writer's `SubserverSpec`. `security`: the launch's (`Security.for_launch`), whose
     key pair, when made for this launch, the subservers get."""
@@ -120,6 +147,7 @@ def plan(program: ir.Program, opts: LaunchOptions, security=None) -> dict[str, S
     threads = dict(program.schedule.threads)
     placement = dict(program.schedule.placement)
     local = [w for w in writers if w not in opts.remote]
+    require_engines(program, opts.remote)
     cores = os.cpu_count() or 1
     specs = {}
     for w in writers:
@@ -162,7 +190,8 @@ class Launcher:
         if self.opts.mode == "thread":
             self.ctx = zmq.Context()
             for w in self.local:
-                t = threading.Thread(target=run_thread, args=(self.specs[w], self.ctx),
+                t = threading.Thread(target=run_thread, args=(self.specs[w], self.ctx,
+                                                              writer_loader(self.program, w)),
                                      name=f"subserver-{w}", daemon=True)
                 t.start()
                 self._threads[w] = t
@@ -175,9 +204,14 @@ class Launcher:
 
     def _spawn(self, w: str) -> None:
         mp = multiprocessing.get_context("spawn")
-        p = mp.Process(target=run_process, args=(self.specs[w].to_dict(),), name=f"tokenrouter-{w}", daemon=True)
+        # a daemon cannot start processes: a vLLM writer over several ranks starts one per rank
+        daemon = not (uses_vllm(self.program, w) and self.program.model(w).tensor_parallel > 1)
+        p = mp.Process(target=run_process, args=(self.specs[w].to_dict(), writer_loader(self.program, w)),
+                       name=f"tokenrouter-{w}", daemon=daemon)
         p.start()
         self._procs[w] = p
+        if not daemon:  # ended at exit as a daemon would be, before multiprocessing joins it
+            atexit.register(_kill, p)
 
     def restart(self, w: str) -> None:
         """Replace writer `w`'s process (kill what is left of the old one first). The new
@@ -221,11 +255,19 @@ class Launcher:
             self.ctx = None
 
 
+def _kill(p) -> None:
+    if p.is_alive():
+        p.kill()
+        p.join(5)
+
+
 async def open_runtime(program: ir.Program, opts: LaunchOptions | None = None, timeout: float = 180.0,
                        **liveness) -> tuple[Launcher, Frontend]:
     """Start the subservers of `program` and a connected `Frontend` in the running loop.
     `liveness`: heartbeat_timeout_s, max_restarts, on_fatal (see `Frontend`)."""
     launcher = Launcher(program, opts).start()
+    if any(uses_vllm(program, w) for w in launcher.local):
+        timeout = max(timeout, VLLM_START_TIMEOUT_S)
     fe = Frontend(program.start if program.start in launcher.specs else launcher.local[0],
                   launcher.addresses, ctx=launcher.ctx, alive=launcher.alive,
                   restart=launcher.restart if launcher.opts.mode == "process" else None,

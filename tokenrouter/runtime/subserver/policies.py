@@ -57,13 +57,12 @@ class KeepPending:
 class Rematch:
     name = "rematch"
 
-    def __init__(self, engines: dict, new_seq: Callable[[], int]):
-        self.engines, self.new_seq = engines, new_seq
+    def __init__(self, free: Callable[[int], None], new_seq: Callable[[], int]):
+        self.free, self.new_seq = free, new_seq  # free: of one engine sequence, in every member
         self.cache: dict[tuple[int, ...], tuple[int, str]] = {}  # tokens in KV -> (sequence, request)
 
     def _free(self, seq: int) -> None:
-        for e in self.engines.values():
-            e.free(seq)
+        self.free(seq)
 
     def arrive(self, rid: str, tokens: list[int]) -> int:
         """Take over the longest cached sequence whose tokens prefix `tokens` (a fresh
@@ -119,11 +118,15 @@ class Relay:
         return FRONTEND
 
 
-def retention_policy(name: str, engines: dict, new_seq: Callable[[], int]) -> KeepPending | Rematch:
+def retention_policy(name: str, engine, new_seq: Callable[[], int]) -> KeepPending | Rematch:
+    """The policy `name` over the writer's engine (`rematch` frees its sequences: tokenrouter's engine only)."""
     if name == "pending":
         return KeepPending(new_seq)
     if name == "rematch":
-        return Rematch(engines, new_seq)
+        if not hasattr(engine, "free"):
+            raise ValueError(f"KV retention 'rematch' needs tokenrouter's engine; {type(engine).__name__} keeps "
+                             "requests pending")
+        return Rematch(engine.free, new_seq)
     raise ValueError(f"KV retention {name!r} is not one of {', '.join(RETENTIONS)}")
 
 

@@ -57,8 +57,17 @@ class Request:
 
     def end_reason(self, token: int, max_model_len: int) -> str | None:
         """Why the request ends after committing `token` ("stop" or "length"), if it does."""
-        if token in self.stop:
-            return "stop"
-        if self.n_out >= self.params.max_tokens or len(self.state.tokens) >= max_model_len:
-            return "length"
-        return None
+        return end_reason(token, self.n_out, len(self.state.tokens), self.params, max_model_len, self.stop)
+
+
+def end_reason(token: int, n_out: int, n_tokens: int, params: SamplingParams, max_model_len: int,
+               stop: frozenset[int] | None = None) -> str | None:
+    """Why a request ends once `token` is committed, leaving it `n_out` output and
+    `n_tokens` tokens in all: "stop" (a stop token), "length" (`max_tokens` or the
+    context limit), or None. (Also asked inside vLLM's logits processor, which ends a
+    vLLM writer's chunk where the request will end.)"""
+    if token in (stop if stop is not None else params.stop_token_ids):
+        return "stop"
+    if n_out >= params.max_tokens or n_tokens >= max_model_len:
+        return "length"
+    return None

@@ -2,9 +2,12 @@
 
 `SubserverSpec` is JSON-safe because it crosses the spawn boundary of a subserver process
 (`frontend/launch.py` makes one per writer). `load_writer` reads the program and loads the
-writer's compiled router and one engine per model it steps (the model, or an ensemble's
-members). When that fails, `report_startup_failure` sends the frontend a `ready` message
-carrying the error, so `tokenrouter serve` says why instead of waiting.
+writer's compiled router and its `NativeWriter`: one of tokenrouter's engines per model it
+steps (the model, or an ensemble's members). A writer served by vLLM is loaded by
+`runtime/vllm/writer.py: load_vllm_writer` instead, which the launcher hands the subserver
+(the same `LoadedWriter`, another `WriterEngine`). When loading fails,
+`report_startup_failure` sends the frontend a `ready` message carrying the error, so
+`tokenrouter serve` says why instead of waiting.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from tokenrouter.compiler import ir
 from tokenrouter.compiler.backend.compiled import load_routers
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.loader import load_model, quant_options
+from tokenrouter.runtime.subserver.step import NativeWriter, WriterEngine
 from tokenrouter.runtime.transport import wire
 from tokenrouter.runtime.transport.security import Security
 from tokenrouter.runtime.transport.sockets import Sender
@@ -62,12 +66,13 @@ class SubserverSpec:
 class LoadedWriter:
     program: Any  # ir.Program
     members: tuple[str, ...]  # the models this writer steps: itself, or an ensemble's members
-    router: Any  # the writer's compiled router
-    engines: dict[str, Any]  # model name -> Engine
+    router: Any  # the writer's compiled router (its send and receive serve the subserver)
+    engine: WriterEngine
 
 
-def load_writer(spec: SubserverSpec, models: dict[str, Any] | None = None) -> LoadedWriter:
-    """The writer's program, router and engines (`models`: preloaded weights, by model name)."""
+def load_writer(spec: SubserverSpec, phase_s: dict[str, float], models: dict[str, Any] | None = None) -> LoadedWriter:
+    """The writer's program, router and `NativeWriter` (`models`: preloaded weights, by
+    model name; `phase_s`: the step-phase counters its engine adds to)."""
     program = ir.Program.from_json(spec.program_json)
     ens = next((e for e in program.ensembles if e.name == spec.writer), None)
     members = ens.members if ens else (spec.writer,)
@@ -84,7 +89,7 @@ def load_writer(spec: SubserverSpec, models: dict[str, Any] | None = None) -> Lo
             m, pm.quant, device=spec.device, dtype=mdt, block_size=spec.block_size, num_blocks=spec.num_blocks,
             max_model_len=spec.max_model_len))
         log.info("%s (quant %s) loaded in %.1f s", pm.path, pm.quant, time.monotonic() - t0)
-    return LoadedWriter(program, tuple(members), router, engines)
+    return LoadedWriter(program, tuple(members), router, NativeWriter(spec.writer, members, engines, router, phase_s))
 
 
 def report_startup_failure(spec: SubserverSpec, exc: BaseException, ctx=None) -> None:

@@ -38,7 +38,7 @@ import signal
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import zmq
@@ -49,13 +49,13 @@ from tokenrouter.runtime.loader import program_tokenizer
 from tokenrouter.runtime.transport import wire
 from tokenrouter.runtime.subserver.inbox import Inbox
 from tokenrouter.runtime import logs
-from tokenrouter.runtime.metrics import SubserverStats
+from tokenrouter.runtime.metrics import PHASES, SubserverStats
 from tokenrouter.runtime.subserver.policies import retention_policy, transport_policy
 from tokenrouter.runtime.subserver.memory import bound_heap_growth
 from tokenrouter.runtime.subserver.request import Request
 from tokenrouter.runtime.subserver.scheduler import Scheduler
 from tokenrouter.runtime.subserver.step import LOOP_ERROR, StepRunner
-from tokenrouter.runtime.subserver.setup import SubserverSpec, load_writer, report_startup_failure
+from tokenrouter.runtime.subserver.setup import LoadedWriter, SubserverSpec, load_writer, report_startup_failure
 from tokenrouter.runtime.transport.security import Security, check_bind, stop_authenticator
 from tokenrouter.runtime.transport.sockets import Receiver, Sender
 from tokenrouter.runtime.transport.wire import FRONTEND
@@ -69,27 +69,32 @@ HEARTBEAT_S = 0.5
 
 
 class Subserver:
-    def __init__(self, spec: SubserverSpec, ctx=None, models: dict[str, Any] | None = None):
+    """`load` loads the writer (`setup.load_writer`: tokenrouter's engine; the launcher
+    passes `runtime/vllm`'s for a writer served by vLLM)."""
+
+    def __init__(self, spec: SubserverSpec, ctx=None, models: dict[str, Any] | None = None,
+                 load: Callable[..., LoadedWriter] | None = None):
         self.spec = spec
         self.writer = spec.writer
         if spec.set_threads and spec.threads > 0:
             torch.set_num_threads(spec.threads)
-        w = load_writer(spec, models)
-        self.program, self.members, self.router, self.engines = w.program, w.members, w.router, w.engines
+        phase_s = {p: 0.0 for p in PHASES}
+        w = (load or load_writer)(spec, phase_s, models)
+        self.program, self.members, self.router, self.engine = w.program, w.members, w.router, w.engine
         self.writers = self.program.writers()
         self.index = self.writers.index(self.writer)
         self._model_names = {m.name for m in self.program.models}
         self._ensemble_members = {e.name: e.members for e in self.program.ensembles}
-        self.vocab_size = next(iter(self.engines.values())).config.vocab_size
+        self.vocab_size = self.engine.vocab_size
 
         self.sched = Scheduler(spec.batch_threshold, int(spec.max_wait_ms * 1e6), spec.max_batch)
         self.stats = SubserverStats(self.writer, threads=torch.get_num_threads(),
                                     batch_threshold=spec.batch_threshold,
-                                    max_wait_s=spec.max_wait_ms / 1000)
-        self.runner = StepRunner(self.writer, self.writers, self.members, self.engines, self.router,
-                                 self.stats.phase_s, Grammars(load=lambda: program_tokenizer(self.program)))
+                                    max_wait_s=spec.max_wait_ms / 1000, phase_s=phase_s)
+        self.runner = StepRunner(self.writer, self.writers, self.engine, phase_s,
+                                 Grammars(load=lambda: program_tokenizer(self.program)))
         self.max_model_len = self.runner.max_model_len
-        self.retention = retention_policy(spec.retention, self.engines, self._new_seq)
+        self.retention = retention_policy(spec.retention, self.engine, self._new_seq)
         self.transport = transport_policy(spec.transport)
         self.reqs: dict[str, Request] = {}
         self._seq_counter = 0
@@ -114,9 +119,8 @@ class Subserver:
 
     # ----------------------------------------------------------------- life
     def ready_message(self, error: str | None = None) -> wire.Ready:
-        e0 = self.engines[self.members[0]]
-        return wire.Ready(writer=self.writer, pid=os.getpid(), inc=self.incarnation, block_size=e0.block_size,
-                          blocks_total=min(e.blocks_total for e in self.engines.values()),
+        return wire.Ready(writer=self.writer, pid=os.getpid(), inc=self.incarnation, block_size=self.engine.block_size,
+                          blocks_total=self.engine.blocks_total,
                           max_model_len=self.max_model_len, vocab_size=self.vocab_size,
                           threads=self.stats.threads, batch_threshold=self.spec.batch_threshold,
                           max_wait_ms=self.spec.max_wait_ms, error=error)
@@ -160,9 +164,9 @@ class Subserver:
                                                                stats=self.snapshot())))
 
     def snapshot(self) -> dict[str, Any]:
-        used = sum(e.blocks_used for e in self.engines.values())
-        total = sum(e.blocks_total for e in self.engines.values())
+        used, total = self.engine.kv_usage()
         return self.stats.snapshot(blocks_used=used, blocks_free=total - used,
+                                   engine_computed_tokens=self.engine.computed_tokens,
                                    pending=self.sched.count("pending"),
                                    ready=len(self.sched.ready()), requests=len(self.reqs))
 
@@ -341,8 +345,7 @@ class Subserver:
         r = self.reqs.pop(rid, None)
         t0 = time.perf_counter()
         if r is not None:
-            for e in self.engines.values():
-                e.free(r.seq)
+            self.engine.release(r)
         self.retention.release(rid)
         self.sched.remove(rid)
         self.stats.phase_s["bookkeeping"] += time.perf_counter() - t0
@@ -350,6 +353,8 @@ class Subserver:
     def _fail(self, rid: str, message: str) -> None:
         """End a request with an error; the frontend's release frees it everywhere."""
         r = self.reqs.get(rid)
+        if r is not None:
+            self.engine.park(r)
         self.stats.requests_finished["error"] = self.stats.requests_finished.get("error", 0) + 1
         self.out.send(FRONTEND, wire.encode(wire.Done(writer=self.writer, inc=self.incarnation, rid=rid,
                                                       reason="error", n_out=r.n_out if r else 0,
@@ -461,11 +466,12 @@ class Subserver:
         return msg
 
 
-def run_thread(spec: SubserverSpec, ctx=None) -> None:
+def run_thread(spec: SubserverSpec, ctx=None, load: Callable[..., LoadedWriter] | None = None) -> None:
     """Start and serve; a start-up failure is reported to the frontend. The entry point of a
-    subserver thread (thread mode, with the caller's ZeroMQ context), and of a process."""
+    subserver thread (thread mode, with the caller's ZeroMQ context), and of a process.
+    `load`: see `Subserver`."""
     try:
-        sub = Subserver(spec, ctx=ctx)
+        sub = Subserver(spec, ctx=ctx, load=load)
     except Exception as exc:
         report_startup_failure(spec, exc, ctx=ctx)
         return
@@ -478,8 +484,9 @@ def exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def run_process(spec_dict: dict[str, Any]) -> None:
-    """Entry point of a subserver process (multiprocessing target, spawn start method)."""
+def run_process(spec_dict: dict[str, Any], load: Callable[..., LoadedWriter] | None = None) -> None:
+    """Entry point of a subserver process (multiprocessing target, spawn start method);
+    `load` is a module-level function, so it crosses the spawn boundary by name."""
     # progress lines and warnings (TOKENROUTER_LOG); a flood of bad frames is one line with a count
     logs.configure(f"tokenrouter [{spec_dict.get('writer')}]")
     signal.signal(signal.SIGTERM, exit_on_sigterm)
@@ -492,4 +499,4 @@ def run_process(spec_dict: dict[str, Any]) -> None:
         os._exit(0)
 
     threading.Thread(target=watch_parent, daemon=True).start()
-    run_thread(spec)
+    run_thread(spec, load=load)
