@@ -140,13 +140,8 @@ def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
             for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
-def scrape(url: str) -> dict[str, float]:
-    """/metrics as {sample name with its labels: value}."""
+def metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The server's /metrics, read by `scrape`."""
     r = httpx.get(url + "/metrics", timeout=10)
     assert r.status_code == 200, r.text
-    out = {}
-    for line in r.text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
+    return scrape(r.text)

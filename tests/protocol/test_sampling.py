@@ -59,7 +59,7 @@ def test_one_type_everywhere():
     assert wire.Submit.model_fields["sampling"].annotation is SamplingParams
     assert PeerMessage.model_fields["sampling"].annotation is SamplingParams
     p = SamplingParams(temperature=0.5, seed=3, stop_token_ids=[4])
-    back = wire.decode(wire.encode(wire.Submit(rid="r", prompt=[1], sampling=p, route_seed=9)))
+    back = wire.decode(wire.encode(wire.Submit(to=1, rid="r", prompt=[1], sampling=p, route_seed=9)))
     assert back.sampling == p and back.route_seed == 9
 
 

@@ -22,7 +22,7 @@ import zmq
 
 from tests.helpers import tiny
 from tests.helpers.liveness import check_against_reference
-from tests.helpers.serving import ServerThread, scrape
+from tests.helpers.serving import ServerThread, metrics
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.transport import wire
 
@@ -38,7 +38,7 @@ def _port():
 
 
 def _dropped(url, model, reason):
-    return scrape(url).get(f'tokenrouter_frames_dropped_total{{model="{model}",reason="{reason}"}}', 0)
+    return metrics(url).get(("tokenrouter_frames_dropped_total", (("model", model), ("reason", reason))), 0)
 
 
 def _wait(cond, timeout=15.0, what=""):
@@ -94,9 +94,9 @@ def test_a_local_stranger_on_tcp_is_refused_and_counted_and_changes_nothing(prog
         for name, model in (("frontend", "frontend"), ("slm", "slm"), ("llm", "llm")):
             _wait(lambda: _dropped(srv.url, model, "unauthenticated") >= 1, what=f"{name} to count the stranger")
         assert httpx.get(srv.url + "/v1/models", timeout=10).json() == models  # max_model_len unchanged
-        m = scrape(srv.url)
-        assert m['tokenrouter_batch_threshold{model="slm"}'] == 1.0
-        assert m['tokenrouter_kv_blocks_used{model="slm"}'] == 0 and m['tokenrouter_steps_total{model="slm"}'] == 0
+        m = metrics(srv.url)
+        assert m["tokenrouter_batch_threshold", (("model", "slm"),)] == 1.0
+        assert m["tokenrouter_kv_blocks_used", (("model", "slm"),)] == 0 and m["tokenrouter_steps_total", (("model", "slm"),)] == 0
         assert srv.launcher.alive() == {"slm": True, "llm": True} and srv.launcher.pids() == pids
         check_against_reference(srv.url, program, srv.tokenizer, ["after the stranger"])
         assert srv.wait_blocks_free() == {"slm": 0, "llm": 0}
@@ -125,7 +125,7 @@ def test_same_user_forgeries_over_ipc_are_dropped_by_state_and_incarnation(progr
         socks["slm"].send(wire.encode(wire.Configure(to=1, batch_threshold=64)))
         _wait(lambda: _dropped(srv.url, "slm", "stale") >= 2 and _dropped(srv.url, "llm", "stale") >= 1,
               what="the subservers to drop them")
-        assert scrape(srv.url)['tokenrouter_batch_threshold{model="slm"}'] == 1.0
+        assert metrics(srv.url)["tokenrouter_batch_threshold", (("model", "slm"),)] == 1.0
         assert srv.launcher.alive() == {"slm": True, "llm": True}
         # forged heartbeats do not keep a stopped subserver up
         pid = srv.launcher.pids()["llm"]
@@ -184,8 +184,8 @@ def test_a_storm_of_deeply_nested_frames_to_every_socket_declares_nothing_down(p
         after = _latencies(srv.url, 4, "after")
         print(f"\nlatency (s) before / during / after the storm: {statistics.median(before):.3f} / "
               f"{statistics.median(during):.3f} / {statistics.median(after):.3f}")
-        m = scrape(srv.url)
-        assert all(m[f'tokenrouter_subserver_restarts_total{{model="{w}"}}'] == 0 for w in ("slm", "llm"))
+        m = metrics(srv.url)
+        assert all(m["tokenrouter_subserver_restarts_total", (("model", w),)] == 0 for w in ("slm", "llm"))
         assert srv.fe.watch.all_up and srv.fe.loop_restarts == 0
         assert statistics.median(during) < 3 * statistics.median(before) + 1.0
         assert srv.wait_blocks_free() == {"slm": 0, "llm": 0}

@@ -15,7 +15,7 @@ import pytest
 
 from tests.helpers import tiny
 from tests.helpers.liveness import check_against_reference, kill_under_load
-from tests.helpers.serving import ServerThread, scrape
+from tests.helpers.serving import ServerThread, metrics
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 
 
@@ -50,8 +50,8 @@ def test_kill_9_of_a_local_subserver_then_automatic_recovery_then_restarts_exhau
             down = _wait_health(srv.url, ok=False, timeout=5)
             assert down.json()["subservers"]["llm"]["up"] is False and down.headers.get("retry-after")
             assert "llm" in down.json()["error"]["message"]
-            m = scrape(srv.url)  # monitoring keeps working while it is down
-            assert m['tokenrouter_subserver_up{model="slm"}'] == 1
+            m = metrics(srv.url)  # monitoring keeps working while it is down
+            assert m["tokenrouter_subserver_up", (("model", "slm"),)] == 1
             new = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3}, timeout=10)
             outage["new"] = (new.status_code, new.headers.get("retry-after"), new.json()["error"]["message"])
 
@@ -63,9 +63,9 @@ def test_kill_9_of_a_local_subserver_then_automatic_recovery_then_restarts_exhau
         _wait_health(srv.url, ok=True, timeout=30)
         assert time.monotonic() - t_dead < 30
         assert srv.launcher.pids()["llm"] != old
-        m = scrape(srv.url)
-        assert m['tokenrouter_subserver_restarts_total{model="llm"}'] == 1
-        assert m['tokenrouter_subserver_up{model="llm"}'] == 1
+        m = metrics(srv.url)
+        assert m["tokenrouter_subserver_restarts_total", (("model", "llm"),)] == 1
+        assert m["tokenrouter_subserver_up", (("model", "llm"),)] == 1
         check_against_reference(srv.url, program, srv.tokenizer, ["after 1", "after 2", "before 1"])
         assert srv.wait_blocks_free() == {"slm": 0, "llm": 0}
 
@@ -81,7 +81,7 @@ def test_kill_9_of_a_local_subserver_then_automatic_recovery_then_restarts_exhau
         assert r.status_code == 503 and r.headers.get("retry-after") and "giving up" in r.text
         r = httpx.get(srv.url + "/health", timeout=5)
         assert r.status_code == 503 and "giving up" in r.json()["error"]["message"]
-        assert scrape(srv.url)['tokenrouter_subserver_up{model="slm"}'] == 0
+        assert metrics(srv.url)["tokenrouter_subserver_up", (("model", "slm"),)] == 0
     finally:
         srv.close()
 
@@ -114,7 +114,7 @@ def test_kill_9_of_a_remote_subserver_over_curve_tcp(pair, tmp_path):
             assert "no heartbeat" in r.json()["subservers"]["llm"]["reason"]
             new = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3}, timeout=10)
             assert new.status_code == 503 and "llm" in new.json()["error"]["message"]
-            assert scrape(srv.url)['tokenrouter_subserver_up{model="llm"}'] == 0
+            assert metrics(srv.url)["tokenrouter_subserver_up", (("model", "llm"),)] == 0
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
 
         results = kill_under_load(srv.url, procs[0].pid, then=restart_remote)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.helpers import tiny
-from tests.helpers.serving import ServerThread, scrape
+from tests.helpers.serving import ServerThread, metrics
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.reference import Reference
@@ -98,13 +98,13 @@ def test_kill_9_of_either_subserver_under_16_greedy_requests_loses_none(program)
             for p in PROMPTS:
                 assert results[p][1] == want[p], p
         print(f"\nrecovered after kill -9 (s): {recovered}")
-        m = scrape(srv.url)
-        assert m['tokenrouter_subserver_restarts_total{model="llm"}'] == 3
-        assert m['tokenrouter_subserver_restarts_total{model="slm"}'] == 3
-        resumed = sum(v for k, v in m.items() if k.startswith("tokenrouter_requests_resumed_total"))
-        reprefills = sum(v for k, v in m.items() if k.startswith("tokenrouter_reprefills_total"))
+        m = metrics(srv.url)
+        assert m["tokenrouter_subserver_restarts_total", (("model", "llm"),)] == 3
+        assert m["tokenrouter_subserver_restarts_total", (("model", "slm"),)] == 3
+        resumed = sum(v for k, v in m.items() if k[0] == "tokenrouter_requests_resumed_total")
+        reprefills = sum(v for k, v in m.items() if k[0] == "tokenrouter_reprefills_total")
         assert resumed > 0 and reprefills > 0, (resumed, reprefills)
-        assert m.get('tokenrouter_requests_total{reason="error"}', 0) == 0
+        assert m.get(("tokenrouter_requests_total", (("reason", "error"),)), 0) == 0
         assert srv.wait_blocks_free() == {"slm": 0, "llm": 0}
     finally:
         srv.close()
