@@ -20,8 +20,6 @@ range.
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from tokenrouter.runtime.kernels.build import NativeKernelError, available, load
