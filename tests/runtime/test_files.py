@@ -85,7 +85,7 @@ def test_a_read_only_cache_that_holds_everything_serves(pair, tmp_path):
 BUILD = textwrap.dedent("""
     import os, signal, sys, time
     from tokenrouter.runtime import cache
-    from tokenrouter.runtime.subserver.subserver import exit_on_sigterm
+    from tokenrouter.runtime.subserver.process import exit_on_sigterm
     signal.signal(signal.SIGTERM, exit_on_sigterm)
     def build(folder):
         open(os.path.join(folder, "half.bin"), "wb").write(b"x" * 1000)
