@@ -50,7 +50,7 @@ class VllmSteps:
     `StepRunner`, whose commit follows the program's route decisions.
 
     vLLM computes a request it still runs (its route kept it here) from the token it
-    sampled: a step gives such a sequence one token, that one. Any other sequence is
+    sampled: a step feeds such a sequence one token, that one (not the one given). Any other sequence is
     parked in vLLM (or new) and its tokens come as a chunk (`VllmWriter.add_chunk`): the
     prompt, or a return's suffix (the token this writer kept, if it did, then the given
     tokens up to `len(tokens)` unseen ones). A chunk of more than one token ends after its
