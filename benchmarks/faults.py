@@ -3,7 +3,6 @@ connections, abandoned streams.
 
     .venv/bin/python benchmarks/faults.py examples/demo.route --out bench-results/faults \
         [--kills 3] [--concurrency 16] [--overload 300] [--idle 5000] [--abandon 16] [-- EXTRA SERVE ARGS]
-    .venv/bin/python benchmarks/faults.py --render bench-results/faults/faults.json   # the docs' tables
 
 Starts `tokenrouter serve FILE` (its own process, default limits) and measures, in one run:
 
@@ -25,8 +24,8 @@ Starts `tokenrouter serve FILE` (its own process, default limits) and measures, 
    before and 4 times after `--abandon` streaming requests of 200 tokens that the client
    drops at their first chunk, and how long until every KV block is free again.
 
-Writes faults.json (with the host: CPU, cores, load average, measured read bandwidth) and
-prints the tables `--render` prints.
+Writes faults.json (with the host: CPU, cores, load average, measured read bandwidth); the
+docs' tables are made from it by scripts/results_tables.py (table `faults`).
 """
 
 from __future__ import annotations
@@ -227,36 +226,6 @@ async def _abandon(url: str, n: int) -> dict:
     return {"abandoned": n, "before_s": before, "after_s": after, "kv_free_after_s": freed}
 
 
-def render(doc: dict) -> str:
-    """The tables of docs/runtime.md, from a faults.json."""
-    h = doc["host_before"]
-    out = [f"Host: {h['cpu']}, {h.get('cores')} cores, read bandwidth {h.get('read_gb_per_s')} GB/s, load average "
-           f"{h['load_average'][0]:.1f} before / {doc['host_after']['load_average'][0]:.1f} after; "
-           f"`{doc['file']}`, {doc['recovery']['prompts']} greedy requests of {doc['recovery']['max_tokens']} tokens.",
-           "", "| kill -9 | in flight | noticed | ready again | 1-token request after | all done | failed | differ "
-           "| resumed | re-prefills |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-    for k in doc["recovery"]["kills"]:
-        out.append(f"| `{k['writer']}` | {k['in_flight']} | {k['noticed_s']} s | {k['ready_again_s']} s | "
-                   f"{k['one_token_request_after_ready_s']} s | {k['all_done_s']} s | {k['failed']} | {k['differ']} | "
-                   f"{k['resumed']:.0f} | {k['reprefills']:.0f} |")
-    o = doc["overload"]
-    out += ["", "| at once | admitted | 503 (with Retry-After) | admitted latency p50 / p99 |", "|---|---|---|---|",
-            f"| {o['requests']} | {o['status'].get('200', o['status'].get(200, 0))} | "
-            f"{o['status'].get('503', o['status'].get(503, 0))} ({o['503_with_retry_after']}) | "
-            f"{o['admitted_latency_s']['p50']} s / {o['admitted_latency_s']['p99']} s |"]
-    i = doc["idle"]
-    out += ["", "| idle connections | a request served in | evicted at the cap | log growth |", "|---|---|---|---|",
-            f"| {i['idle_connections']:,} | {i['request_s']} s | {i['evicted']:.0f} | {i['log_growth_bytes']} bytes |"]
-    a = doc.get("abandoned")
-    if a:
-        out += ["", "| abandoned streams | 10-token request before | after | every KV block free after |",
-                "|---|---|---|---|",
-                f"| {a['abandoned']} | {', '.join(f'{x} s' for x in a['before_s'])} | "
-                f"{', '.join(f'{x} s' for x in a['after_s'])} | {a['kv_free_after_s']} s |"]
-    return "\n".join(out)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file", nargs="?")
@@ -268,14 +237,9 @@ def main(argv=None) -> int:
     ap.add_argument("--idle", type=int, default=5000)
     ap.add_argument("--abandon", type=int, default=16, help="streams dropped at their first chunk (default 16)")
     ap.add_argument("--out", default="bench-results/faults")
-    ap.add_argument("--render", metavar="JSON", help="print the tables of a faults.json and stop")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     args = ap.parse_args(argv[:cut])
-    if args.render:
-        with open(args.render) as f:
-            print(render(json.load(f)))
-        return 0
     extra = argv[cut + 1:]
     os.makedirs(args.out, exist_ok=True)
     doc = {"host_before": host_info(), "file": args.file, "serve_args": extra}
@@ -319,7 +283,7 @@ def main(argv=None) -> int:
         log.close()
     with open(os.path.join(args.out, "faults.json"), "w") as f:
         json.dump(doc, f, indent=1)
-    print(render(doc))
+    print(f"wrote {os.path.join(args.out, 'faults.json')}")
     bad = sum(k["failed"] + k["differ"] for k in doc["recovery"]["kills"])
     return 0 if bad == 0 else 1
 

@@ -270,43 +270,6 @@ def small_model() -> Table:
     return Table([rel], caption(rel, d, "python benchmarks/bench_small_model.py", spread) + "\n\n" + rows(header, body))
 
 
-def soak() -> Table:
-    runs = [("run1", "soak"), ("kill", "kill -9 each subserver in turn")]
-    rels = [f"{RESULTS}/soak/{r}/soak.json" for r, _ in runs]
-    docs = [load(r) for r in rels]
-    same_host(docs, rels)
-    body = []
-    for (run, what), rel, d in zip(runs, rels, docs):
-        q, lat, kv = d["requests"], d["latency_s"], d["kv_blocks_used"]
-        blocks = "0 → 0 (both)" if not any(kv["start"].values()) and not any(kv["end"].values()) else \
-            f"{kv['start']} → {kv['end']}"
-        h = host_of(d)
-        extra = f", `{' '.join(d['serve_args'])}`" if d["serve_args"] else ""
-        body.append([f"{what} (`{run}`{extra})", f"{d['duration_s']:.0f} s", f"{q['sent']:,}", f"{q['completed']:,}",
-                     f"{q['failed']:,}", f"**{q['lost']}**", f"{lat['p50']:.0f} s / {lat['p99']:.0f} s", blocks,
-                     f"{h['bw']:.1f} GB/s, load {h['load']:.0f}, {date_of(d, rel)}"])
-    header = ["run", "duration", "sent", "completed", "failed", "lost", "latency p50 / p99", "KV blocks start → end",
-              "host read bandwidth, load, date"]
-    h = host_of(docs[0])
-    text = (f"*{h['cpu']}, {h['cores']} cores; `{docs[0]['file']}`, concurrency {docs[0]['concurrency']}; "
-            f"`.venv/bin/python benchmarks/soak.py {docs[0]['file']} --duration S --concurrency "
-            f"{docs[0]['concurrency']}` (`--kill-every 60 -- --num-blocks 512` for the second); one run each "
-            f"({', '.join(rels)}).*\n\n" + rows(header, body))
-    return Table(rels, text)
-
-
-def soak_kills() -> Table:
-    """The kill run: each subserver killed with -9 in turn, its requests' errors and its return."""
-    rel = f"{RESULTS}/soak/kill/soak.json"
-    d = load(rel)
-    body = [[f"`{k['writer']}` at {k['t']:.0f} s", str(k["failed_in_flight"]), f"{k['in_flight_error_max_s']:.2f} s",
-             f"{k['resumed_s']:.1f} s"] for k in d["kills"]]
-    command = (f"python benchmarks/soak.py {d['file']} --duration {d['duration_s']:.0f} --concurrency "
-               f"{d['concurrency']} --kill-every 60 -- {' '.join(d['serve_args'])}")
-    return Table([rel], caption(rel, d, command, "one run") + "\n\n"
-                 + rows(["kill -9", "requests in flight", "all failed within", "serving again after"], body))
-
-
 def soak_hour() -> Table:
     """One long soak run: its requests, then each process's RSS before and after the warm-up."""
     rel = f"{RESULTS}/soak/hour/soak.json"
@@ -322,6 +285,37 @@ def soak_hour() -> Table:
                  f"{r['growth_after_warmup_pct']:+.2f}%"] for w, r in sorted(d["rss"].items())])
     command = f"python benchmarks/soak.py {d['file']} --duration {d['duration_s']:.0f} --concurrency {d['concurrency']}"
     return Table([rel], caption(rel, d, command, "one run") + "\n\n" + first + "\n\n" + rss)
+
+
+def faults_run() -> Table:
+    """benchmarks/faults.py: kill -9 under load, overload at the door, idle connections,
+    abandoned streams; one run, so one host."""
+    rel = f"{RESULTS}/faults/faults.json"
+    d = load(rel)
+    rec, o, i, a = d["recovery"], d["overload"], d["idle"], d["abandoned"]
+    kills = rows(["kill -9", "in flight", "noticed", "ready again", "1-token request after", "all done", "failed",
+                  "differ from no kill", "resumed", "re-prefills"],
+                 [[f"`{k['writer']}`", str(k["in_flight"]), f"{k['noticed_s']} s", f"{k['ready_again_s']} s",
+                   f"{k['one_token_request_after_ready_s']} s", f"{k['all_done_s']} s", f"**{k['failed']}**",
+                   f"**{k['differ']}**", f"{k['resumed']:.0f}", f"{k['reprefills']:.0f}"] for k in rec["kills"]])
+    status = {str(k): v for k, v in o["status"].items()}
+    lat = o["admitted_latency_s"]
+    over = rows(["at once", "admitted", "503 (with Retry-After)", "admitted latency p50 / p99"],
+                [[str(o["requests"]), str(status.get("200", 0)), f"{status.get('503', 0)} ({o['503_with_retry_after']})",
+                  f"{lat['p50']} s / {lat['p99']} s"]])
+    idle = rows(["idle connections", "a request served in", "evicted at the cap", "log growth"],
+                [[f"{i['idle_connections']:,}", f"{i['request_s']} s", f"{i['evicted']:.0f}",
+                  f"{i['log_growth_bytes']:,} bytes"]])
+    aband = rows(["abandoned streams", "10-token request: 3 before", "4 after", "KV blocks all free (polled after those 4)"],
+                 [[str(a["abandoned"]), ", ".join(f"{x:.2f} s" for x in a["before_s"]),
+                   ", ".join(f"{x:.2f} s" for x in a["after_s"]), f"{a['kv_free_after_s']} s"]])
+    extra = f" -- {' '.join(d['serve_args'])}" if d.get("serve_args") else ""
+    command = (f"python benchmarks/faults.py {d['file']} --kills {len(rec['kills']) // 2} --concurrency "
+               f"{rec['prompts']} --max-tokens {rec['max_tokens']} --overload {o['requests']} --idle "
+               f"{i['idle_connections']} --abandon {a['abandoned']}{extra}")
+    return Table([rel], caption(rel, d, command, "one run") + f"\n\n{rec['prompts']} greedy streamed requests of "
+                 f"{rec['max_tokens']} tokens, each subserver killed in turn:\n\n" + kills + "\n\n" + over
+                 + "\n\n" + idle + "\n\n" + aband)
 
 
 def same_host(docs: list[dict], rels: list[str]) -> None:
@@ -460,9 +454,8 @@ TABLES: dict[str, Callable[[], Table]] = {
     "route-overhead": route_overhead,
     "invariance-demo": invariance,
     "small-model": small_model,
-    "soak": soak,
-    "soak-kills": soak_kills,
     "soak-hour": soak_hour,
+    "faults": faults_run,
     "eval-demo": lambda: eval_summary("demo"),
     "eval-lens16": lambda: eval_summary("lens16"),
     "eval-rstitch": lambda: eval_summary("rstitch"),
