@@ -490,6 +490,7 @@ def run_process(spec_dict: dict[str, Any], load: Callable[..., LoadedWriter] | N
     # progress lines and warnings (TOKENROUTER_LOG); a flood of bad frames is one line with a count
     logs.configure(f"tokenrouter [{spec_dict.get('writer')}]")
     signal.signal(signal.SIGTERM, exit_on_sigterm)
+    signal.signal(signal.SIGINT, exit_on_sigterm)  # Ctrl-C at `serve`: unwind quietly, no KeyboardInterrupt traceback
     spec, parent = SubserverSpec(**spec_dict), os.getppid()
     bound_heap_growth()  # RSS flat over hours of changing batch sizes (memory.py)
 
