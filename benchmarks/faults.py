@@ -1,7 +1,8 @@
-"""Faults against a served program: recovery from kill -9, overload at the door, idle connections.
+"""Faults against a served program: recovery from kill -9, overload at the door, idle
+connections, abandoned streams.
 
     .venv/bin/python benchmarks/faults.py examples/demo.route --out bench-results/faults \
-        [--kills 3] [--concurrency 16] [--overload 300] [--idle 5000] [-- EXTRA SERVE ARGS]
+        [--kills 3] [--concurrency 16] [--overload 300] [--idle 5000] [--abandon 16] [-- EXTRA SERVE ARGS]
     .venv/bin/python benchmarks/faults.py --render bench-results/faults/faults.json   # the docs' tables
 
 Starts `tokenrouter serve FILE` (its own process, default limits) and measures, in one run:
@@ -19,7 +20,10 @@ Starts `tokenrouter serve FILE` (its own process, default limits) and measures, 
    carried `Retry-After`, and the admitted requests' latency p50 / p99;
 3. idle connections: `--idle` connections that never send a request, then one normal request:
    its latency, the connections the server evicted at its cap, and how much the server's
-   log grew.
+   log grew;
+4. abandoned streams (vLLM's recovery check): a 10-token greedy request's latency, 3 times
+   before and 4 times after `--abandon` streaming requests of 200 tokens that the client
+   drops at their first chunk, and how long until every KV block is free again.
 
 Writes faults.json (with the host: CPU, cores, load average, measured read bandwidth) and
 prints the tables `--render` prints.
@@ -191,6 +195,38 @@ def _idle(url: str, n: int, log_path: str) -> dict:
             "log_growth_bytes": os.path.getsize(log_path) - log0}
 
 
+async def _abandon(url: str, n: int) -> dict:
+    """`n` streams dropped at their first chunk, between a 10-token request's timings."""
+    import httpx
+    probe = {"prompt": "The capital of France is", "max_tokens": 10, "temperature": 0, "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=url, timeout=600) as c:
+        async def timed() -> float:
+            t0 = time.monotonic()
+            r = await c.post("/v1/completions", json=probe)
+            assert r.status_code == 200, r.text
+            return round(time.monotonic() - t0, 3)
+
+        async def drop(i: int) -> None:
+            body = {"prompt": f"Tell me a long story about {TOPICS[i % len(TOPICS)]}.", "max_tokens": 200,
+                    "stream": True, "ignore_eos": True}
+            async with c.stream("POST", "/v1/completions", json=body) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        return  # the client goes away: the server aborts the request
+
+        before = [await timed() for _ in range(3)]
+        await asyncio.gather(*(drop(i) for i in range(n)))
+        t0 = time.monotonic()
+        after = [await timed() for _ in range(4)]
+        freed = None
+        while freed is None and time.monotonic() - t0 < 120:
+            if _sum(_metrics((await c.get("/metrics")).text), "tokenrouter_kv_blocks_used") == 0:
+                freed = round(time.monotonic() - t0, 2)
+            else:
+                await asyncio.sleep(0.05)
+    return {"abandoned": n, "before_s": before, "after_s": after, "kv_free_after_s": freed}
+
+
 def render(doc: dict) -> str:
     """The tables of docs/runtime.md, from a faults.json."""
     h = doc["host_before"]
@@ -212,6 +248,12 @@ def render(doc: dict) -> str:
     i = doc["idle"]
     out += ["", "| idle connections | a request served in | evicted at the cap | log growth |", "|---|---|---|---|",
             f"| {i['idle_connections']:,} | {i['request_s']} s | {i['evicted']:.0f} | {i['log_growth_bytes']} bytes |"]
+    a = doc.get("abandoned")
+    if a:
+        out += ["", "| abandoned streams | 10-token request before | after | every KV block free after |",
+                "|---|---|---|---|",
+                f"| {a['abandoned']} | {', '.join(f'{x} s' for x in a['before_s'])} | "
+                f"{', '.join(f'{x} s' for x in a['after_s'])} | {a['kv_free_after_s']} s |"]
     return "\n".join(out)
 
 
@@ -224,6 +266,7 @@ def main(argv=None) -> int:
     ap.add_argument("--overload", type=int, default=300)
     ap.add_argument("--overload-max-tokens", type=int, default=32)
     ap.add_argument("--idle", type=int, default=5000)
+    ap.add_argument("--abandon", type=int, default=16, help="streams dropped at their first chunk (default 16)")
     ap.add_argument("--out", default="bench-results/faults")
     ap.add_argument("--render", metavar="JSON", help="print the tables of a faults.json and stop")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -264,6 +307,8 @@ def main(argv=None) -> int:
         print(f"overload: {doc['overload']}", flush=True)
         doc["idle"] = _idle(url, args.idle, log_path)
         print(f"idle: {doc['idle']}", flush=True)
+        doc["abandoned"] = asyncio.run(_abandon(url, args.abandon))
+        print(f"abandoned: {doc['abandoned']}", flush=True)
         doc["host_after"] = {"load_average": load_average()}
     finally:
         proc.send_signal(signal.SIGINT)

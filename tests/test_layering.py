@@ -15,7 +15,8 @@
   subclass on its base's from another module) is caught. What "defines" means is read from
   names, not types (a def, a class, an assignment, a parameter or a keyword argument
   anywhere in the module), so it cannot tell two classes of one module apart, and it
-  leaves alone attributes of objects imported from outside the package (`os._exit`).
+  leaves alone attributes of objects imported from outside the package (`os._exit`);
+- no module in tokenrouter/runtime/ is over 400 lines (read as text, not with `ast`).
 """
 
 from __future__ import annotations
@@ -326,6 +327,17 @@ def test_the_runtime_check_sees_what_it_is_for(tmp_path):
                  "tokenrouter/runtime/gadgets/__init__.py: runtime/gadgets has no place"):
         assert any(f.startswith(what) for f in found), (what, found)
     assert len(found) == 6, found
+
+
+# ------------------------------------------------------------ the runtime's module size
+
+MAX_RUNTIME_LINES = 400  # a longer module holds more than one concept: split it along a seam
+
+
+def test_no_runtime_module_is_over_400_lines():
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in sorted((PACKAGE / "runtime").rglob("*.py"))
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_RUNTIME_LINES}
+    assert not long, f"over {MAX_RUNTIME_LINES} lines: {long}"
 
 
 # ------------------------------------------------------------ where imports stand

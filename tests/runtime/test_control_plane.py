@@ -186,7 +186,7 @@ def test_a_storm_of_deeply_nested_frames_to_every_socket_declares_nothing_down(p
               f"{statistics.median(during):.3f} / {statistics.median(after):.3f}")
         m = metrics(srv.url)
         assert all(m["tokenrouter_subserver_restarts_total", (("model", w),)] == 0 for w in ("slm", "llm"))
-        assert srv.fe.watch.all_up and srv.fe.loop_restarts == 0
+        assert srv.fe.watch.all_up and srv.fe.endpoint.loop_restarts == 0
         assert statistics.median(during) < 3 * statistics.median(before) + 1.0
         assert srv.wait_blocks_free() == {"slm": 0, "llm": 0}
     finally:

@@ -110,7 +110,7 @@ def test_ctrl_c_stops_serve_and_its_subservers_without_a_traceback(pair, tmp_pat
 BUILD = textwrap.dedent("""
     import os, signal, sys, time
     from tokenrouter.runtime import cache
-    from tokenrouter.runtime.subserver.subserver import exit_on_sigterm
+    from tokenrouter.runtime.subserver.process import exit_on_sigterm
     signal.signal(signal.SIGTERM, exit_on_sigterm)
     def build(folder):
         open(os.path.join(folder, "half.bin"), "wb").write(b"x" * 1000)

@@ -195,3 +195,25 @@ def test_a_local_subserver_that_cannot_be_restarted_makes_the_runtime_give_up():
         assert w.fatal and "cannot be restarted" in w.fatal and calls[-1] == ("fatal", w.fatal)
 
     asyncio.run(run())
+
+
+def test_a_silent_subserver_thread_is_starved_not_dead():
+    async def run():
+        async def noop(*a):
+            pass
+
+        def watch(restart):
+            w = Watch(["a"], end_all=lambda msg: 0, lost=lambda *a: None, release=noop, wake=noop,
+                      alive=lambda: {"a": True}, restart=restart, heartbeat_timeout_s=0.01)
+            w.reported_ready("a", 1, 7)
+            w.start().cancel()
+            return w
+
+        threads, processes = watch(None), watch(lambda w: None)
+        await asyncio.sleep(0.05)  # silent for five timeouts
+        await threads.check()
+        await processes.check()
+        assert threads.live["a"].up and not threads.fatal  # another thread held the GIL
+        assert not processes.live["a"].up  # a silent process is down
+
+    asyncio.run(run())

@@ -220,7 +220,7 @@ def _limits(args):
 
 def _run_subserver(args, program, opts) -> int:
     from tokenrouter.runtime.frontend.launch import plan, writer_loader
-    from tokenrouter.runtime.subserver.subserver import run_process
+    from tokenrouter.runtime.subserver.process import run_process
     if opts.addresses is None:
         print("error: --subserver needs --bind NAME=ADDR for the frontend and every writer", file=sys.stderr)
         return EXIT_USAGE

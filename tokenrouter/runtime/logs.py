@@ -14,7 +14,7 @@ library user sees these lines only once they configure logging themselves.
 A repeated message is written once per window, with a count. A fault that repeats fast (a
 flood of invalid frames, a client storm, descriptors running out) would otherwise write the
 same line, or the same traceback, tens of thousands of times a second and fill the disk.
-`RepeatFilter` lets the first record of each kind through, counts the rest for `window_s`,
+`RepeatFilter` lets the first warning or error of each kind through, counts the rest for `window_s`,
 and adds "(N more like this in the last S s)" to the next one it lets through. A record's
 kind is its logger, level, message template (before its arguments are filled in) and
 exception type, so "dropped a frame: %s" is one kind whatever the frame. `configure` puts
@@ -72,6 +72,8 @@ class RepeatFilter(logging.Filter):
         self.kinds: dict[tuple, list] = {}  # kind -> [time it was last let through, repeats since]
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True  # progress lines repeat their template by design ("%s: warming up")
         exc = record.exc_info[0].__name__ if record.exc_info and record.exc_info[0] else None
         kind = (record.name, record.levelno, str(record.msg), exc)
         now = time.monotonic()

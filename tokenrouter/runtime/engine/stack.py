@@ -1,4 +1,4 @@
-"""A quantised model's decode steps as one C call for all its layers (`kernels.bindings.DecodeStack`,
+"""A quantised model's decode steps as one C call for all its layers (`kernels.decode_stack.DecodeStack`,
 `csrc/decode_stack.c`), where the fused path (`Model._fused_layers`) makes nine calls a layer.
 
 It runs where every decoder matrix is on the integer int4 kernel (`int4avx2`, or its opt-in
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from tokenrouter.runtime.kernels.bindings import DecodeStack
+from tokenrouter.runtime.kernels.decode_stack import DecodeStack
 
 STACK_KERNELS = {"int4avx2": 16, "int4avx2-x8": 8}  # the kernels it runs, and their activations' bits
 

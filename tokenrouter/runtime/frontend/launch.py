@@ -44,7 +44,7 @@ import zmq
 from tokenrouter.compiler import ir
 from tokenrouter.runtime.frontend.frontend import Frontend
 from tokenrouter.runtime.subserver.setup import SubserverSpec
-from tokenrouter.runtime.subserver.subserver import run_process, run_thread
+from tokenrouter.runtime.subserver.process import run_process, run_thread
 from tokenrouter.runtime.transport.security import Security, stop_authenticator
 from tokenrouter.runtime.transport.sockets import cleanup_ipc, make_addresses
 from tokenrouter.runtime.transport.wire import FRONTEND

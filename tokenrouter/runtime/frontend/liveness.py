@@ -7,7 +7,8 @@ reported `ready` (`accepts`): a frame from any other (a dead predecessor, a proc
 launcher did not start) is dropped and counted. A subserver is *down* when its process
 exits (local: the launcher sees it at once) or nothing arrived from it for
 `heartbeat_timeout_s` while the frontend's receive loop was keeping up (`drained`: a
-backlog of frames to parse, a flood of invalid ones included, is not silence). Then its
+backlog of frames to parse, a flood of invalid ones included, is not silence; a subserver
+thread, in thread mode, is down only when its thread ends). Then its
 incarnation is dead for good (a dead one that speaks again is told to shut down), and
 `lost` starts the recovery of the requests it held (`recovery.py`); nothing in flight
 fails. New requests get 503 while it is down, and /health and /metrics say which is down.
@@ -166,14 +167,17 @@ class Watch:
         now = time.monotonic()
         # silent: nothing from it up to a moment when no frame was waiting to be read (a
         # receive loop held up by a backlog, or this loop held up, is not its silence), or
-        # nothing for BACKLOG_LIMIT timeouts whatever the backlog
+        # nothing for BACKLOG_LIMIT timeouts whatever the backlog. A subserver thread (thread
+        # mode: no restart) is never silent for good: it shares this process's GIL, which a
+        # long Python-bound call elsewhere (a vLLM engine starting) can hold for seconds;
+        # its end is seen by `alive`
         drained = max(self.drained(), now - (BACKLOG_LIMIT - 1) * self.heartbeat_timeout_s)
         alive = self.processes_alive()
         for w, lv in self.live.items():
             if lv.up:
                 if alive.get(w) is False:
                     await self.went_down(w, "its process exited")
-                elif drained - lv.last_seen > self.heartbeat_timeout_s:
+                elif drained - lv.last_seen > self.heartbeat_timeout_s and not (self.restart is None and w in alive):
                     await self.went_down(w, f"no heartbeat for {drained - lv.last_seen:.1f} s")
                 elif lv.failures and now - lv.since > STABLE_S:
                     lv.failures = 0

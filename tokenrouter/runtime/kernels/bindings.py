@@ -10,7 +10,8 @@ element-wise stretches between a quantised layer's matrix products (residual add
 casts, RoPE, the K/V write, SwiGLU) in one pass each, where torch runs about 25 ops a layer.
 `int4dp_mm` (`csrc/int4_matmul.c`) multiplies by 4-bit weights on AVX-512 bfloat16 dot
 products or AMX tiles, unpacking each block of codes once for up to 8 rows (a kernel
-candidate of `linear.PlannedLinear`).
+candidate of `linear.PlannedLinear`). A decoder's layers as one C call of these kernels are
+`decode_stack.DecodeStack`.
 
 Each wrapper checks what would make the C code read or write out of bounds (dtypes,
 shapes, strides); the indices it is given (block tables, slots) are the caller's to keep in
@@ -18,8 +19,6 @@ range.
 """
 
 from __future__ import annotations
-
-import ctypes
 
 import torch
 
@@ -241,7 +240,9 @@ def int4x_isa(lib=None) -> str | None:
     return I4X_ISAS[(lib or load()).tr_i4x_isa()]
 
 
-def _i4x_rc(rc: int, what: str) -> None:
+def check_int4x_rc(rc: int, what: str) -> None:
+    """Raise for a nonzero return code of the integer int4 kernel (or of a C call made of its
+    products, `decode_stack.DecodeStack`): 1 no memory, 2 not built for this CPU, else refused."""
     if rc == 1:
         raise MemoryError(f"the integer int4 kernel's {what} could not allocate its scratch")
     if rc == 2:
@@ -261,7 +262,7 @@ def int4x_pack(codes: torch.Tensor, s: torch.Tensor, m: torch.Tensor | None, lib
     s = s.to(_F32).contiguous()
     m = None if m is None else m.to(_F32).contiguous()
     packed = torch.empty(lib.tr_i4x_packed_bytes(n, k), dtype=torch.uint8)
-    _i4x_rc(lib.tr_i4x_pack(codes.data_ptr(), s.data_ptr(), None if m is None else m.data_ptr(), n, k,
+    check_int4x_rc(lib.tr_i4x_pack(codes.data_ptr(), s.data_ptr(), None if m is None else m.data_ptr(), n, k,
                             packed.data_ptr()), "packing")
     return packed
 
@@ -286,7 +287,7 @@ def int4x_mm(x: torch.Tensor, packed: torch.Tensor, n: int, xbits: int = 16, out
         out = torch.empty(t, n, dtype=_F32)
     elif not checked:
         _rows_ok(out, t, n, _F32, "out")
-    _i4x_rc(lib.tr_i4x_mm(x.data_ptr(), int(x.dtype == _BF16), x.stride(0), t, k, xbits, packed.data_ptr(), n,
+    check_int4x_rc(lib.tr_i4x_mm(x.data_ptr(), int(x.dtype == _BF16), x.stride(0), t, k, xbits, packed.data_ptr(), n,
                           out.data_ptr(), out.stride(0), None,
                           torch.get_num_threads() if threads is None else threads), "product")
     return out
@@ -300,7 +301,7 @@ def int4x_quantize(x: torch.Tensor, xbits: int = 16, lib=None) -> tuple[torch.Te
     if k % 32 or x.stride(1) != 1 or x.dtype not in (_BF16, _F32) or xbits not in I4X_BITS:
         raise ValueError("x must be bf16/float32 with contiguous rows of a multiple of 32 columns")
     buf = torch.zeros(lib.tr_i4x_scratch_bytes(t, k), dtype=torch.uint8)
-    _i4x_rc(lib.tr_i4x_quantize(x.data_ptr(), int(x.dtype == _BF16), x.stride(0), t, k, xbits, buf.data_ptr()),
+    check_int4x_rc(lib.tr_i4x_quantize(x.data_ptr(), int(x.dtype == _BF16), x.stride(0), t, k, xbits, buf.data_ptr()),
             "quantisation")
     plane = (t * k + 63) // 64 * 64  # the scratch layout: two code planes, then (dx, sx) pairs
     q = buf[:t * k].view(torch.int8).view(t, k).to(torch.int32)
@@ -335,89 +336,3 @@ def rescore_top(lg: torch.Tensor, h: torch.Tensor, codes: torch.Tensor, scales: 
                             scales.data_ptr(), hdim // scales.shape[1], k, torch.get_num_threads())
     if rc:
         raise ValueError("the rescoring kernel refused its arguments")
-
-
-# ------------------------------------------------------------------ decode_stack.c
-
-class _Stack(ctypes.Structure):
-    """`tr_stack` of csrc/decode_stack.c, field for field."""
-    _pp = ctypes.POINTER(ctypes.c_void_p)
-    _fields_ = [("layers", ctypes.c_int64), ("hidden", ctypes.c_int64), ("inter", ctypes.c_int64),
-                ("heads", ctypes.c_int64), ("kv_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64),
-                ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("num_blocks", ctypes.c_int64),
-                ("block_size", ctypes.c_int64), ("ln1", _pp), ("ln2", _pp), ("qk_norm", _pp), ("qkv_bias", _pp),
-                ("o_bias", _pp), ("w_qkv", _pp), ("w_o", _pp), ("w_gu", _pp), ("w_down", _pp),
-                ("xbits", ctypes.POINTER(ctypes.c_int32)), ("kv", _pp), ("kv_type", ctypes.c_int64)]
-
-
-class DecodeStack:
-    """A decoder's layers as one C call per decode step (`csrc/decode_stack.c`): every matrix
-    on the integer int4 kernel, attention on the paged C kernel. Built once per model and
-    cache from per-layer tensors (`layers`: dicts with ln1, ln2, qk_norm, qkv_bias, o_bias
-    [float32 or None], qkv, o, gate_up, down [packed int4x weights], xbits [4 ints], kv [the
-    layer's cache]); it keeps them alive, and its own work and scratch buffers, grown to the
-    largest step seen. `run` computes layers l0..l1-1 in place on h."""
-
-    def __init__(self, layers: list[dict], hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int,
-                 eps: float, scale: float):
-        lib = load()
-        kv0 = layers[0]["kv"]
-        if kv0.dtype not in KV_TYPES or any(not ly["kv"].is_contiguous() or ly["kv"].shape != kv0.shape
-                                            or ly["kv"].dtype != kv0.dtype for ly in layers):
-            raise ValueError("the stack takes contiguous float32/float16/bfloat16 cache layers of one shape")
-        if kv0.shape[0] != 2 * kv_heads or kv0.shape[3] != head_dim or heads % kv_heads:
-            raise ValueError("the cache layers do not match the model's heads")
-        self._keep = layers  # the tensors whose addresses the C struct holds
-        n = len(layers)
-
-        def ptrs(key):
-            arr = (ctypes.c_void_p * n)(*[None if ly[key] is None else ly[key].data_ptr() for ly in layers])
-            self._arrays.append(arr)
-            return ctypes.cast(arr, ctypes.POINTER(ctypes.c_void_p))
-
-        self._arrays: list = []
-        self._xbits = (ctypes.c_int32 * (4 * n))(*[b for ly in layers for b in ly["xbits"]])
-        s = _Stack(n, hidden, inter, heads, kv_heads, head_dim, eps, scale, kv0.shape[1], kv0.shape[2])
-        for key in ("ln1", "ln2", "qk_norm", "qkv_bias", "o_bias", "kv"):
-            setattr(s, key, ptrs(key))
-        for key, field in (("qkv", "w_qkv"), ("o", "w_o"), ("gate_up", "w_gu"), ("down", "w_down")):
-            setattr(s, field, ptrs(key))
-        s.xbits = ctypes.cast(self._xbits, ctypes.POINTER(ctypes.c_int32))
-        s.kv_type = KV_TYPES[kv0.dtype]
-        self._struct = s
-        self._ref = ctypes.byref(s)
-        self._widest = max(hidden, inter, heads * head_dim)
-        self._lib = lib
-        self._rows = 0
-        self._work = self._scratch = None
-
-    KEEP_ROWS = 64  # buffers for steps up to this many rows are kept; larger steps allocate their own
-
-    def _buffers(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(work, scratch) for a step of `rows` rows: kept from step to step up to `KEEP_ROWS`
-        rows (a decode batch), so a rare large step does not hold its memory for good."""
-        if rows <= self._rows:
-            return self._work, self._scratch
-        work = torch.empty(self._lib.tr_decode_stack_work_floats(self._ref, rows), dtype=_F32)
-        scratch = torch.empty(self._lib.tr_i4x_scratch_bytes(rows, self._widest), dtype=torch.uint8)
-        if rows <= self.KEEP_ROWS:
-            self._rows, self._work, self._scratch = rows, work, scratch
-        return work, scratch
-
-    def run(self, h: torch.Tensor, l0: int, l1: int, cis: torch.Tensor, positions: torch.Tensor,
-            slots: torch.Tensor, tables: torch.Tensor, rows: torch.Tensor, reqs: torch.Tensor,
-            lens: torch.Tensor) -> None:
-        """Layers l0..l1-1 over h [T, hidden] (float32, contiguous, updated in place) for a step
-        whose every token's attention runs on the C kernel (rows, reqs, lens, tables as
-        `paged_attention` takes them); cis [max_len, head_dim / 2, 2] float32, positions and
-        slots [T] int64. The indices are the caller's to keep in range (`attention.build_meta`)."""
-        t = h.shape[0]
-        s = self._struct
-        if h.dtype != _F32 or not h.is_contiguous() or h.shape[1] != s.hidden or rows.numel() != t:
-            raise ValueError("h must be contiguous float32 [T, hidden] and every token's attention in the call")
-        work, scratch = self._buffers(t)
-        rc = self._lib.tr_decode_stack(self._ref, l0, l1, h.data_ptr(), t, cis.data_ptr(), positions.data_ptr(),
-                                       slots.data_ptr(), tables.data_ptr(), tables.stride(0), rows.data_ptr(),
-                                       reqs.data_ptr(), lens.data_ptr(), work.data_ptr(), scratch.data_ptr(),
-                                       torch.get_num_threads())
-        _i4x_rc(rc, "decode stack")

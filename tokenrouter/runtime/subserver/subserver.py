@@ -1,6 +1,6 @@
 """One subserver per writer: its engine(s), its compiled router, its scheduler, two loops.
 
-The *messaging loop* (a `sockets.Receiver` thread) only parses frames and queues them
+The *messaging loop* (a `sockets.Receiver` thread, `links.py`) only parses frames and queues them
 (`inbox.py`). The *decoding loop* (`Subserver.serve`, the main thread of the process)
 applies queued messages between steps, asks the scheduler for a batch, and runs one step
 (`step.py`: feed, forward, combine, sample, route, commit), then tells the others:
@@ -15,18 +15,12 @@ with its KV and peer to peer here; `rematch` and `relay` for the baselines.
 Faults stay inside a request: a frame that fails validation is dropped and counted
 (`frames_dropped{reason}`), a message whose handling raises fails only its request, and a
 step that raises fails the requests of that step; the loops keep running. A heartbeat
-thread tells the frontend this process is alive (see `frontend/liveness.py`), while its
-messaging loop runs.
+thread tells the frontend this process is alive (`links.py`), while its messaging loop
+runs. The launcher starts a subserver as a thread or a process (`process.py`).
 
-When a peer's process dies, the frontend says so (`peer_down`, `_peer_down`): this
-subserver then drops that incarnation's handoffs, forgets what the peer had read of each
-request (the next handoff to its successor carries the whole context, `refill`), and
-answers with a census of its requests, from which the frontend decides which requests were
-lost with the peer (`frontend/recovery.py`); those come back as `resume` messages. A
-request departing to a peer that is down waits here (parked) until the frontend's `peers`
-says which incarnation is live; every handoff names it (`to`), so one sent to a dead
-predecessor is dropped by its successor. A handoff or resume older than what is known here
-of its request (`hops`) is dropped and counted as `stale`.
+How a handoff addresses its peer, and what a peer's death means here (its handoffs fenced
+off, a census for the frontend, departures parked until it is back) are `peers.py`. A handoff or resume older than what is
+known here of its request (`hops`) is dropped and counted as `stale`.
 """
 
 from __future__ import annotations
@@ -34,38 +28,32 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import signal
-import threading
 import time
 import traceback
 from typing import Any, Callable
 
 import torch
-import zmq
 
 from tokenrouter.protocol.state import PeerMessage, RouteState
 from tokenrouter.runtime.engine.grammar import Grammars
 from tokenrouter.runtime.loader import program_tokenizer
 from tokenrouter.runtime.transport import wire
 from tokenrouter.runtime.subserver.inbox import Inbox
-from tokenrouter.runtime import logs
+from tokenrouter.runtime.subserver.links import Links
 from tokenrouter.runtime.metrics import PHASES, SubserverStats
 from tokenrouter.runtime.subserver.policies import retention_policy, transport_policy
-from tokenrouter.runtime.subserver.memory import bound_heap_growth
+from tokenrouter.runtime.subserver.peers import Peers
 from tokenrouter.runtime.subserver.request import Request
 from tokenrouter.runtime.subserver.scheduler import Scheduler
 from tokenrouter.runtime.subserver.step import LOOP_ERROR, StepRunner
-from tokenrouter.runtime.subserver.setup import LoadedWriter, SubserverSpec, load_writer, report_startup_failure
-from tokenrouter.runtime.transport.security import Security, check_bind, stop_authenticator
-from tokenrouter.runtime.transport.sockets import Receiver, Sender
+from tokenrouter.runtime.subserver.setup import LoadedWriter, SubserverSpec, load_writer
 from tokenrouter.runtime.transport.wire import FRONTEND
 
-__all__ = ["Subserver", "SubserverSpec", "run_process", "run_thread"]
+__all__ = ["Subserver", "SubserverSpec"]
 
 log = logging.getLogger(__name__)
 
 _TOMBSTONES = 65536  # released request ids remembered, to drop handoffs still in flight
-HEARTBEAT_S = 0.5
 
 
 class Subserver:
@@ -83,8 +71,6 @@ class Subserver:
         self.program, self.members, self.router, self.engine = w.program, w.members, w.router, w.engine
         self.writers = self.program.writers()
         self.index = self.writers.index(self.writer)
-        self._model_names = {m.name for m in self.program.models}
-        self._ensemble_members = {e.name: e.members for e in self.program.ensembles}
         self.vocab_size = self.engine.vocab_size
 
         self.sched = Scheduler(spec.batch_threshold, int(spec.max_wait_ms * 1e6), spec.max_batch)
@@ -101,21 +87,11 @@ class Subserver:
         self._tombstones: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.incarnation = wire.new_incarnation()
         self.inbox = Inbox(self.writer, self.incarnation, spec.test_hooks, self._answer_stats, self._dropped)
-        self._fenced: set[tuple[str, int]] = set()  # (writer, incarnation) the frontend declared dead
-        self._refill: set[tuple[str, str]] = set()  # (rid, peer): the peer lost the request's KV
-        self._peer_inc: dict[str, int] = {}  # each peer's live incarnation (the frontend's `peers`)
-        self._parked: set[str] = set()  # departed to a peer that is down: sent when it is up
+        self.peers = Peers(self.writer, self.program, self.router)
         self._stop = False
 
-        self._ctx = ctx or zmq.Context()
-        self._own_ctx = ctx is None
-        self.security = Security.load(spec.curve_keys, spec.insecure_tcp, spec.curve_pair)
-        check_bind(spec.addresses[self.writer], self.security)  # before `ready`: a clear start-up error
-        sec, front = self.security, {FRONTEND: spec.addresses[FRONTEND]}
-        self.out = Sender(self._ctx, self.transport.peers(self.writer, spec.addresses), sec)  # decoding loop only
-        self._reply = Sender(self._ctx, front, sec)  # messaging loop only
-        self._beat = Sender(self._ctx, front, sec)  # heartbeat thread only
-        self._beating = threading.Event()
+        self.links = Links(spec, self.transport.peers(self.writer, spec.addresses), ctx)
+        self.out = self.links.out  # decoding loop only
 
     # ----------------------------------------------------------------- life
     def ready_message(self, error: str | None = None) -> wire.Ready:
@@ -127,41 +103,21 @@ class Subserver:
 
     def serve(self) -> None:
         """Run until a shutdown message arrives."""
-        self.receiver = Receiver(self._ctx, self.spec.addresses[self.writer], self.inbox.on_frame,
-                                 name=f"msg-{self.writer}", security=self.security,
-                                 on_refused=lambda: self._dropped("unauthenticated"))
+        self.links.listen(self.inbox.on_frame, on_refused=lambda: self._dropped("unauthenticated"))
         self.out.send(FRONTEND, wire.encode(self.ready_message()))
-        beat = threading.Thread(target=self._heartbeat, name=f"beat-{self.writer}", daemon=True)
-        beat.start()
+        self.links.start_heartbeat(wire.encode(wire.Heartbeat(writer=self.writer, pid=os.getpid(),
+                                                              inc=self.incarnation)))
         try:
             self._decode_loop()
         finally:
-            self._beating.set()
-            beat.join(5)
-            self.receiver.stop()
-            self.out.close()
-            self._reply.close()
-            self._beat.close()
-            if self._own_ctx:
-                stop_authenticator(self._ctx)
-                self._ctx.term()
-
-    def _heartbeat(self) -> None:
-        """Beat while the messaging loop runs: a process that can no longer hear the frontend
-        stops beating, so it is declared down and replaced."""
-        frame = wire.encode(wire.Heartbeat(writer=self.writer, pid=os.getpid(), inc=self.incarnation))
-        while not self._beating.wait(HEARTBEAT_S):
-            if not self.receiver.alive:
-                log.error("%s: the messaging loop stopped; no more heartbeats", self.writer)
-                return
-            self._beat.send(FRONTEND, frame)
+            self.links.close()
 
     def _dropped(self, reason: str) -> None:
         self.stats.frames_dropped[reason] = self.stats.frames_dropped.get(reason, 0) + 1
 
     def _answer_stats(self, msg: wire.Stats) -> None:  # messaging loop
-        self._reply.send(FRONTEND, wire.encode(wire.StatsReply(id=msg.id, writer=self.writer, inc=self.incarnation,
-                                                               stats=self.snapshot())))
+        reply = wire.StatsReply(id=msg.id, writer=self.writer, inc=self.incarnation, stats=self.snapshot())
+        self.links.reply.send(FRONTEND, wire.encode(reply))
 
     def snapshot(self) -> dict[str, Any]:
         used, total = self.engine.kv_usage()
@@ -218,7 +174,7 @@ class Subserver:
         if isinstance(m, wire.Submit):
             self._submit(m)
         elif isinstance(m, wire.Handoff):
-            if (m.sender, m.inc) in self._fenced:
+            if self.peers.fenced(m.sender, m.inc):
                 self._dropped("stale")  # sent by a process the frontend declared dead
                 return
             self._receive(m.msg, m.sender, m.refill)
@@ -309,36 +265,20 @@ class Subserver:
             self.sched.returned(rid, time.monotonic_ns())
 
     def _peer_down(self, m: wire.PeerDown) -> None:
-        """Writer `m.writer`'s incarnation `m.inc` is dead: drop what it still sends, forget
-        what it had read (its successor knows nothing), and tell the frontend what is here."""
-        self._fenced.add((m.writer, m.inc))
-        self._peer_inc[m.writer] = 0
-        entries = []
-        for rid, r in self.reqs.items():
-            st = r.state
-            if st.peer_read.pop(m.writer, 0):
-                self._refill.add((rid, m.writer))
-            pending = self.sched.state(rid) == "pending" and rid not in self._parked
-            status = "ended" if st.finished else ("pending" if pending else "active")
-            have = m.have.get(rid, r.n_out)
-            tail = st.tokens[st.prompt_len + have:] if r.n_out > have else []
-            entries.append(wire.CensusEntry(rid=rid, hops=st.hops, status=status, dest=st.writer,
-                                            n_out=r.n_out, tail=tail))
+        """A peer's incarnation is dead (`Peers.down`): tell the frontend what is here."""
+        entries = self.peers.down(m, self.reqs, self.sched.state)
         self.out.send(FRONTEND, wire.encode(wire.Census(writer=self.writer, inc=self.incarnation, round=m.round,
                                                         entries=entries)))
 
     def _peers(self, incarnations: dict[str, int]) -> None:
         """The peers' live incarnations: send what waited for a peer that is up now."""
-        self._peer_inc.update({w: inc for w, inc in incarnations.items() if w != self.writer})
-        for rid in [rid for rid in self._parked if self._peer_inc.get(self.reqs[rid].state.writer)]:
-            self._parked.discard(rid)
+        for rid in self.peers.up(incarnations, self.reqs):
+            self.peers.unpark(rid)
             r = self.reqs[rid]
             self._send(r, r.state.writer)
 
     def _release(self, rid: str) -> None:
-        self._parked.discard(rid)
-        for peer in self.writers:
-            self._refill.discard((rid, peer))
+        self.peers.forget(rid)
         self._tombstones[rid] = None
         if len(self._tombstones) > _TOMBSTONES:
             self._tombstones.popitem(last=False)
@@ -422,22 +362,20 @@ class Subserver:
 
     def _send(self, r: Request, dest: str) -> None:
         rid = r.rid
-        to = self._peer_inc.get(dest, 0)
+        to = self.peers.live(dest)
         if not to:  # the peer is down (or not yet known): the request waits here for it
-            self._parked.add(rid)
+            self.peers.park(rid)
             self.sched.depart(rid)
             return
         self.retention.before_send(r.state, dest)
         try:
-            msg = self._compiled_send(r.state, dest)
+            msg = self.peers.message(r.state, dest)
         except Exception as exc:
             self._fail(rid, f"{self.writer}: cannot send to {dest}: {exc}")
             return
         self.stats.handoffs_out[dest] = self.stats.handoffs_out.get(dest, 0) + 1
-        refill = (rid, dest) in self._refill
-        self._refill.discard((rid, dest))
         frame = wire.encode(wire.Handoff(sender=self.writer, inc=self.incarnation, to=to, dest=dest, msg=msg,
-                                         refill=refill))
+                                         refill=self.peers.take_refill(rid, dest)))
         self.out.send(self.transport.hop(dest), frame)
         if self.retention.keep(rid, r.seq, r.state.tokens[:self.runner.fed(r)]):
             self.sched.depart(rid)
@@ -445,59 +383,3 @@ class Subserver:
             del self.reqs[rid]
             self.sched.remove(rid)
             self.sched.announce(rid)
-
-    def _compiled_send(self, st: RouteState, dest: str) -> PeerMessage:
-        """The compiled `send` addresses models; an ensemble writer is reached through one
-        of its members' names, while `peer_read` stays keyed by the writer (as the
-        compiled `receive` keys it by the message's sender)."""
-        if dest in self._model_names:
-            return self.router.send(st, dest)
-        key = self._ensemble_members[dest][0]
-        saved = st.peer_read.get(key)
-        st.peer_read[key] = st.peer_read.get(dest, 0)
-        try:
-            msg = self.router.send(st, key)
-            st.peer_read[dest] = st.peer_read[key]
-        finally:
-            if saved is None:
-                st.peer_read.pop(key, None)
-            else:
-                st.peer_read[key] = saved
-        return msg
-
-
-def run_thread(spec: SubserverSpec, ctx=None, load: Callable[..., LoadedWriter] | None = None) -> None:
-    """Start and serve; a start-up failure is reported to the frontend. The entry point of a
-    subserver thread (thread mode, with the caller's ZeroMQ context), and of a process.
-    `load`: see `Subserver`."""
-    try:
-        sub = Subserver(spec, ctx=ctx, load=load)
-    except Exception as exc:
-        report_startup_failure(spec, exc, ctx=ctx)
-        return
-    sub.serve()
-
-
-def exit_on_sigterm(signum, frame) -> None:
-    """A terminated subserver unwinds (`finally` blocks run: a model build in progress removes
-    its temporary folder) instead of vanishing mid-write."""
-    raise SystemExit(128 + signum)
-
-
-def run_process(spec_dict: dict[str, Any], load: Callable[..., LoadedWriter] | None = None) -> None:
-    """Entry point of a subserver process (multiprocessing target, spawn start method);
-    `load` is a module-level function, so it crosses the spawn boundary by name."""
-    # progress lines and warnings (TOKENROUTER_LOG); a flood of bad frames is one line with a count
-    logs.configure(f"tokenrouter [{spec_dict.get('writer')}]")
-    signal.signal(signal.SIGTERM, exit_on_sigterm)
-    signal.signal(signal.SIGINT, exit_on_sigterm)  # Ctrl-C at `serve`: unwind quietly, no KeyboardInterrupt traceback
-    spec, parent = SubserverSpec(**spec_dict), os.getppid()
-    bound_heap_growth()  # RSS flat over hours of changing batch sizes (memory.py)
-
-    def watch_parent() -> None:  # no orphans: end with the process that started us
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(0)
-
-    threading.Thread(target=watch_parent, daemon=True).start()
-    run_thread(spec, load=load)
