@@ -40,11 +40,11 @@ import tokenrouter
 from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS
 from tokenrouter.runtime.frontend.frontend import RuntimeUnavailable
 from tokenrouter.runtime.http import fields
-from tokenrouter.runtime.http.completions import Choice, Reply, Server, choice_seed
+from tokenrouter.runtime.http.completions import Choice, Server, choice_seed
 from tokenrouter.runtime.http.connections import ConnectionStats
 from tokenrouter.runtime.http.limits import Guard, Limits
 from tokenrouter.runtime.http.protocol import (BadRequest, ChatRequest, CompletionRequest, DeadlineExceeded,
-                                               DetokenizeRequest, Overloaded, TokenizeRequest, error_response)
+                                               DetokenizeRequest, Overloaded, Reply, TokenizeRequest, error_response)
 from tokenrouter.runtime.http.validation import chat_logprobs, completion_logprobs, template_variables
 from tokenrouter.runtime.metrics import CONTENT_TYPE, render
 

@@ -9,14 +9,15 @@ differ; choice 0 uses the seed itself, so n = 1 is unchanged.
 
 Every choice has `token_ids` and `token_writers` (the writer of each token) and every
 response `tokens_by_model` (how many tokens each model wrote; in the final chunk when
-streaming). What else the request asked to get back is its `Reply`: the response id's tail
-(the client's request id), the prompt's token ids and rendered text (in the first chunk of
-each choice when streaming), logprob tokens named by id. The text comes from the frontend
-(`frontend/text.py`), which withholds stop strings. A client that disconnects aborts its requests, which releases their KV
-everywhere; a request past its deadline ends with 504 (or an `error` event of type
-`timeout` in a stream). A request that cannot complete because the runtime is down (its
-deadline passed while a subserver restarted, or restarts are exhausted) gets 503 naming the
-cause, with `Retry-After` (streams: an `error` event with code `unavailable`).
+streaming). What else the request asked to get back is its `Reply` (`protocol.py`): the
+response id's tail (the client's request id), the prompt's token ids and rendered text (in
+the first chunk of each choice when streaming), logprob tokens named by id. The text comes
+from the frontend (`frontend/text.py`), which withholds stop strings. A client that
+disconnects aborts its requests, which releases their KV everywhere; a request past its
+deadline ends with 504 (or an `error` event of type `timeout` in a stream). A request that
+cannot complete because the runtime is down (its deadline passed while a subserver
+restarted, or restarts are exhausted) gets 503 naming the cause, with `Retry-After`
+(streams: an `error` event with code `unavailable`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS, INT64, SamplingParams
 from tokenrouter.runtime.frontend.frontend import Delta, Final, Frontend, RuntimeUnavailable
 from tokenrouter.runtime.http.limits import Admission, Limits
-from tokenrouter.runtime.http.protocol import DeadlineExceeded, error_response
+from tokenrouter.runtime.http.protocol import DeadlineExceeded, Reply, error_response
 from tokenrouter.runtime.http.validation import Validator
 
 _MIX = 0x9E3779B97F4A7C15
@@ -59,21 +60,6 @@ class Choice:
     prompt_index: int = 0  # the prompt it continues (a completion request's list of prompts)
     echo: str = ""  # text before the output (completions' `echo`)
     stop_ids: frozenset[int] = frozenset()  # the client's own stop ids (for `stop_reason`)
-
-
-@dataclass(frozen=True)
-class Reply:
-    """How the response to a request is shaped, as the request asked."""
-
-    chat: bool
-    model: str | None = None  # the served name the request gave (None: the first)
-    stream: bool = False
-    include_usage: bool = False  # a stream's last chunk has the usage
-    skip_special_tokens: bool = True
-    request_id: str | None = None  # the client's (X-Request-Id, else `request_id`): the response id's tail
-    prompt_token_ids: bool = False  # `return_token_ids`: the prompt's token ids too
-    prompt_text: str | None = None  # chat's `return_prompt_text`: the rendered prompt
-    tokens_as_ids: bool = False  # `return_tokens_as_token_ids`: logprob tokens as "token_id:N"
 
 
 @dataclass

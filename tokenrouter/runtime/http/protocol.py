@@ -1,4 +1,5 @@
-"""The OpenAI protocol as this server speaks it: request bodies, errors and their JSON form.
+"""The OpenAI protocol as this server speaks it: request bodies, the shape of the response a
+request asks for (`Reply`), errors and their JSON form.
 
 The request models declare the fields that act here. Extensions to the OpenAI schema, named
 as vLLM names them: `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`,
@@ -13,6 +14,7 @@ accepts those that change nothing here, and warns about those vLLM does not defi
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
@@ -144,3 +146,18 @@ class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str | None = None
     tokens: list[int]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """How the response to a request is shaped, as the request asked."""
+
+    chat: bool
+    model: str | None = None  # the served name the request gave (None: the first)
+    stream: bool = False
+    include_usage: bool = False  # a stream's last chunk has the usage
+    skip_special_tokens: bool = True
+    request_id: str | None = None  # the client's (X-Request-Id, else `request_id`): the response id's tail
+    prompt_token_ids: bool = False  # `return_token_ids`: the prompt's token ids too
+    prompt_text: str | None = None  # chat's `return_prompt_text`: the rendered prompt
+    tokens_as_ids: bool = False  # `return_tokens_as_token_ids`: logprob tokens as "token_id:N"
