@@ -49,7 +49,11 @@ class LlamaCppServer:
                "--threads", str(threads), "--ctx", str(parallel * ctx_per_slot)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True, env=dict(os.environ))
-        self.url = self._wait_ready(timeout)
+        try:
+            self.url = self._wait_ready(timeout)
+        except BaseException:  # an interrupt (Ctrl-C, a test's timeout) too: no server outlives the bench
+            self.close()
+            raise
 
     def _wait_ready(self, timeout: float) -> str:
         sel = selectors.DefaultSelector()
@@ -165,7 +169,7 @@ class LlamaCppStandard:
         try:
             for m in program.models:
                 self.servers[m.name] = LlamaCppServer(ggufs[m.name], parallel, threads[m.name], ctx_per_slot)
-        except Exception:
+        except BaseException:
             self.close()
             raise
         self._loop = LoopThread()

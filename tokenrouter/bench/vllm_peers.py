@@ -70,7 +70,11 @@ class VllmServer:
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the stock server, as a user runs it
         self.log = tempfile.NamedTemporaryFile("w+", prefix=f"vllm-{name}-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        self._wait_ready(timeout)
+        try:
+            self._wait_ready(timeout)
+        except BaseException:  # an interrupt (Ctrl-C, a test's timeout) too: no server outlives the bench
+            self.close()
+            raise
 
     def _wait_ready(self, timeout: float) -> None:
         import httpx
@@ -162,7 +166,7 @@ class VllmStandard:
             for m, cpus in zip(program.models, sets):
                 self.servers[m.name] = VllmServer(folders[m.name], m.name, m.dtype, cpus, max_model_len,
                                                   max_num_seqs, prefix_caching=True)
-        except Exception:
+        except BaseException:
             self.close()
             raise
         self._loop = LoopThread()

@@ -1,4 +1,4 @@
-"""Measuring a profile with the real engine: step latency against batch size, alone and
+"""Measuring a profile on the real engines: step latency against batch size, alone and
 co-located, for every model of a program.
 
 Alone: the model's engine runs decode steps (one token per request) for each batch size,
@@ -6,6 +6,13 @@ and we keep the median of a few timed steps. Co-located: the same, while another
 process runs the other model's decode steps back to back on the same cores (what a
 second subserver does), so the profile carries the slowdown 1 + c the tuner needs.
 Extends of k tokens per request are measured alone when asked.
+
+Each model is timed on the engine that serves it, through `steps.py` (one timing loop,
+one implementation of its step/free/seq_len per engine): tokenrouter's `Engine`, or, for
+`engine = vllm`, its `VllmWriter` stepped by a `StepRunner` as its subserver steps it
+(vLLM's step with our logits processor sampling and routing; an extend is a step of
+returning chunks). A vLLM model is timed in a process of its own (`_measure_apart`), and
+the other process of a co-located measurement may be either engine.
 
 The slowdown is measured in pairs: for each batch size, timed steps alternate between
 the other process paused and running, and the profile keeps alone x the median ratio.
@@ -27,66 +34,55 @@ import time
 import torch
 from tqdm import tqdm
 
-from tokenrouter.runtime.engine.engine import Engine
-from tokenrouter.runtime.loader import load_model, quant_options
-
+from tokenrouter.compiler import ir
 from tokenrouter.tuner.profile import Curve, ModelProfile, Profile, machine_info, timestamp
+from tokenrouter.tuner.steps import open_steps
 
 PROMPT = 16
 BG_CONTEXT = 256
 
 
-def served_engine(path: str, dtype_name: str, threads: int, max_len: int, quant: str = "none"):
-    """The model as its subserver holds it: its dtype and its weight format (`quant`, with the
-    kernel plan cached for it), so the profile times the steps serving will run."""
-    if threads > 0:
-        torch.set_num_threads(threads)
-    dtype = getattr(torch, dtype_name)
-    m = load_model(path, dtype=dtype, quant=quant)
-    return (Engine(m.config, m.weights, quant_options(m, quant, dtype=dtype, max_model_len=max_len, num_blocks=None)),
-            m.config.vocab_size)
-
-
-def _time_steps(engine, vocab: int, batch: int, tokens: int, warmup: int, repeats: int, tag: str) -> float:
+def _time_steps(steps, vocab: int, batch: int, tokens: int, warmup: int, repeats: int, tag: str) -> float:
     rng = random.Random(batch * 7919 + tokens)
     ids = [(tag, batch, i) for i in range(batch)]
-    engine.step([(s, [rng.randrange(vocab) for _ in range(PROMPT)]) for s in ids])
+    steps.step([(s, [rng.randrange(vocab) for _ in range(PROMPT)]) for s in ids])
     times = []
     for r in range(warmup + repeats):
         t0 = time.perf_counter()
-        engine.step([(s, [rng.randrange(vocab) for _ in range(tokens)]) for s in ids])
+        steps.step([(s, [rng.randrange(vocab) for _ in range(tokens)]) for s in ids])
         if r >= warmup:
             times.append((time.perf_counter() - t0) * 1000.0)
     for s in ids:
-        engine.free(s)
+        steps.free(s)
     return statistics.median(times)
 
 
-def _background(path: str, dtype: str, threads: int, ready, run, stop, quant: str = "none") -> None:
+def _background(program_json: str, name: str, threads: int, ready, run, stop) -> None:
     """Another model stepping back to back (batch 1 decode) while `run` is set, until `stop`."""
-    engine, vocab = served_engine(path, dtype, threads, BG_CONTEXT + PROMPT + 8, quant)
+    program = ir.Program.from_json(program_json)
+    steps, vocab = open_steps(program, program.model(name), threads, BG_CONTEXT + PROMPT + 8, 1)
     n = 0
-    engine.step([("bg", [1] * PROMPT)])
+    steps.step([("bg", [1] * PROMPT)])
     ready.set()
     while not stop.is_set():
         if not run.wait(0.05):
             continue
-        engine.step([("bg", [n % vocab])])
+        steps.step([("bg", [n % vocab])])
         n += 1
-        if engine.seq_len("bg") > BG_CONTEXT:
-            engine.free("bg")
-            engine.step([("bg", [1] * PROMPT)])
+        if steps.seq_len("bg") > BG_CONTEXT:
+            steps.free("bg")
+            steps.step([("bg", [1] * PROMPT)])
 
 
-def _paired_slowdown(engine, vocab: int, batch: int, warmup: int, repeats: int, run) -> float:
+def _paired_slowdown(steps, vocab: int, batch: int, warmup: int, repeats: int, run) -> float:
     """Median over rounds of (step with the other model running) / (step with it paused)."""
     ratios = []
     for r in range(repeats):
         run.clear()
         time.sleep(0.1)  # the other model finishes its current step (the warm-up steps absorb the rest)
-        alone = _time_steps(engine, vocab, batch, 1, warmup, 1, f"pa{r}")
+        alone = _time_steps(steps, vocab, batch, 1, warmup, 1, f"pa{r}")
         run.set()
-        co = _time_steps(engine, vocab, batch, 1, warmup, 1, f"pc{r}")
+        co = _time_steps(steps, vocab, batch, 1, warmup, 1, f"pc{r}")
         ratios.append(co / alone)
     run.clear()
     return statistics.median(ratios)
@@ -97,65 +93,103 @@ def _paired_slowdown(engine, vocab: int, batch: int, warmup: int, repeats: int, 
 DEFAULT_EXTEND_TOKENS = (4, 16)
 
 
+def _measure_model(program: ir.Program, name: str, other: str | None, batch_sizes, extend_tokens, repeats: int,
+                   warmup: int, threads: dict[str, int], progress: bool) -> ModelProfile:
+    """Model `name`'s curves: decodes and extends alone, then decodes paired with `other`
+    stepping in another process (None: not co-located)."""
+    m = program.model(name)
+    max_len = PROMPT + warmup + repeats + max([1, *extend_tokens]) * (warmup + repeats) + 8
+    total = len(batch_sizes) * (1 + (other is not None) + len(extend_tokens))
+    bar = tqdm(total=total, desc=f"profiling {name}", unit="point", disable=not progress)
+    try:
+        steps, vocab = open_steps(program, m, threads[name], max_len, max(batch_sizes))
+        alone, co, ext = [], [], {}
+        for b in batch_sizes:
+            bar.set_postfix_str(f"b={b} alone")
+            alone.append(_time_steps(steps, vocab, b, 1, warmup, repeats, "alone"))
+            bar.update()
+        for k in extend_tokens:
+            ms = []
+            for b in batch_sizes:
+                bar.set_postfix_str(f"b={b} extend {k}")
+                ms.append(_time_steps(steps, vocab, b, k, warmup, repeats, f"ext{k}"))
+                bar.update()
+            ext[k] = Curve(tuple(batch_sizes), tuple(ms))
+        if other is not None:
+            ctx = mp.get_context("spawn")
+            ready, run, stop = ctx.Event(), ctx.Event(), ctx.Event()
+            proc = ctx.Process(target=_background, daemon=True,
+                               args=(program.to_json(indent=None), other, threads[other], ready, run, stop))
+            proc.start()
+            try:
+                deadline = time.monotonic() + 900
+                while not ready.wait(0.2):
+                    if not proc.is_alive() or time.monotonic() > deadline:
+                        raise RuntimeError(f"the co-located {other} did not start")
+                for b, ms in zip(batch_sizes, alone):
+                    bar.set_postfix_str(f"b={b} with {other}")
+                    co.append(ms * _paired_slowdown(steps, vocab, b, warmup, repeats, run))
+                    bar.update()
+            finally:
+                stop.set()
+                proc.join(60)
+                if proc.is_alive():
+                    proc.terminate()
+                    proc.join()
+    finally:
+        bar.close()
+    return ModelProfile(name, Curve(tuple(batch_sizes), tuple(alone)),
+                        Curve(tuple(batch_sizes), tuple(co)) if co else None, ext, m.path, threads[name], m.engine)
+
+
+def _measure_child(send, program_json: str, name: str, kwargs: dict) -> None:
+    try:
+        send.send(("ok", _measure_model(ir.Program.from_json(program_json), name, **kwargs)))
+    except Exception as exc:  # the parent raises it, with the model's name
+        send.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _measure_apart(program: ir.Program, name: str, **kwargs) -> ModelProfile:
+    """`_measure_model` in a process of its own, for a model served by vLLM: vLLM's engine
+    whose worker runs in its caller's process (as in a subserver) is one per process, for
+    the process's life, and its CPU worker binds that process's threads to its cores."""
+    ctx = mp.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_measure_child, args=(send, program.to_json(indent=None), name, kwargs))
+    proc.start()
+    send.close()
+    try:
+        kind, value = recv.recv()
+    except EOFError:
+        kind, value = "error", f"its process ended with exit code {proc.exitcode}"
+    finally:
+        proc.join(120)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join()
+    if kind == "error":
+        raise RuntimeError(f"profiling {name} on vLLM failed: {value}")
+    return value
+
+
 def measure_profile(program, batch_sizes, *, extend_tokens=DEFAULT_EXTEND_TOKENS, colocate: bool = True,
                     repeats: int = 5, warmup: int = 2, threads: dict[str, int] | None = None, progress: bool = True,
                     source: str = "") -> Profile:
-    """A `Profile` of `program`'s models on this machine."""
+    """A `Profile` of `program`'s models on this machine, each timed on the engine that serves it."""
     models = list(program.models)
     threads = dict(threads or {})
     default_threads = max(1, (os.cpu_count() or 1) // max(1, len(models)))
     sched_threads = dict(program.schedule.threads)
     for m in models:
         threads.setdefault(m.name, sched_threads.get(m.name) or default_threads)
-    max_len = PROMPT + warmup + repeats + max([1, *extend_tokens]) * (warmup + repeats) + 8
     others = len(models) > 1 and colocate
-    total = len(models) * len(batch_sizes) * (1 + others) + len(models) * len(batch_sizes) * len(extend_tokens)
-    bar = tqdm(total=total, desc="profiling", unit="point", disable=not progress)
     out = {}
-    ctx = mp.get_context("spawn")
-    try:
-        for m in models:
-            engine, vocab = served_engine(m.path, m.dtype, threads[m.name], max_len, m.quant)
-            alone, co, ext = [], [], {}
-            for b in batch_sizes:
-                bar.set_postfix_str(f"{m.name} b={b} alone")
-                alone.append(_time_steps(engine, vocab, b, 1, warmup, repeats, "alone"))
-                bar.update()
-            for k in extend_tokens:
-                ms = []
-                for b in batch_sizes:
-                    bar.set_postfix_str(f"{m.name} b={b} extend {k}")
-                    ms.append(_time_steps(engine, vocab, b, k, warmup, repeats, f"ext{k}"))
-                    bar.update()
-                ext[k] = Curve(tuple(batch_sizes), tuple(ms))
-            if others:
-                other = next(o for o in models if o.name != m.name)
-                ready, run, stop = ctx.Event(), ctx.Event(), ctx.Event()
-                proc = ctx.Process(target=_background,
-                                   args=(other.path, other.dtype, threads[other.name], ready, run, stop, other.quant),
-                                   daemon=True)
-                proc.start()
-                try:
-                    deadline = time.monotonic() + 600
-                    while not ready.wait(0.2):
-                        if not proc.is_alive() or time.monotonic() > deadline:
-                            raise RuntimeError(f"the co-located {other.name} did not start")
-                    for b, ms in zip(batch_sizes, alone):
-                        bar.set_postfix_str(f"{m.name} b={b} with {other.name}")
-                        co.append(ms * _paired_slowdown(engine, vocab, b, warmup, repeats, run))
-                        bar.update()
-                finally:
-                    stop.set()
-                    proc.join(60)
-                    if proc.is_alive():
-                        proc.terminate()
-                        proc.join()
-            out[m.name] = ModelProfile(m.name, Curve(tuple(batch_sizes), tuple(alone)),
-                                       Curve(tuple(batch_sizes), tuple(co)) if co else None, ext, m.path,
-                                       threads[m.name])
-            del engine
-    finally:
-        bar.close()
+    for m in models:
+        kwargs = dict(other=next(o.name for o in models if o.name != m.name) if others else None,
+                      batch_sizes=list(batch_sizes), extend_tokens=list(extend_tokens), repeats=repeats,
+                      warmup=warmup, threads=threads, progress=progress)
+        measure = _measure_apart if m.engine == "vllm" else _measure_model
+        out[m.name] = measure(program, m.name, **kwargs)
     info = machine_info()
     info.update({"torch": torch.__version__, "device": "cpu", "torch_threads_default": torch.get_num_threads(),
                  "co_located_with": (f"another process decoding batch 1 back to back (contexts up to {BG_CONTEXT}); "

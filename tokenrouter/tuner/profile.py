@@ -84,6 +84,7 @@ class ModelProfile:
     extend: dict[int, Curve] = field(default_factory=dict)  # tokens per request -> curve
     path: str = ""
     threads: int = 0
+    engine: str = "native"  # what stepped it: "native" (tokenrouter's engine) or "vllm"
 
     def step_ms(self, batch: int, co_located: bool = False, tokens: float = 1.0) -> float:
         """L_i(b): one step of `batch` requests feeding `tokens` tokens each on average
@@ -153,7 +154,7 @@ class Profile:
                 if m.co_located.batch_sizes != m.alone.batch_sizes:
                     decode["co_located_batch_sizes"] = list(m.co_located.batch_sizes)
                 decode["co_located_ms"] = list(m.co_located.ms)
-            entry: dict[str, Any] = {"path": m.path, "threads": m.threads, "decode": decode}
+            entry: dict[str, Any] = {"path": m.path, "engine": m.engine, "threads": m.threads, "decode": decode}
             if m.extend:
                 entry["extend"] = [{"tokens": k, "batch_sizes": list(c.batch_sizes), "alone_ms": list(c.ms)}
                                    for k, c in sorted(m.extend.items())]
@@ -190,7 +191,8 @@ class Profile:
                 raise ProfileError(f"{where}: model {name!r}: {exc}") from None
             except (KeyError, TypeError, ValueError) as exc:
                 raise ProfileError(f"{where}: model {name!r}: malformed decode entry ({exc})") from None
-            models[name] = ModelProfile(name, alone, co, ext, str(entry.get("path", "")), int(entry.get("threads", 0)))
+            models[name] = ModelProfile(name, alone, co, ext, str(entry.get("path", "")), int(entry.get("threads", 0)),
+                                        str(entry.get("engine", "native")))
         return Profile(models, dict(data.get("machine", {})), str(data.get("created", "")), str(data.get("source", "")))
 
     @staticmethod
