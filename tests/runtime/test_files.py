@@ -28,10 +28,10 @@ def _port():
         return s.getsockname()[1]
 
 
-def _serve(route, pair, port, env, prefix=()):
+def _serve(route, pair, port, env, prefix=(), **popen):
     cmd = [*prefix, *EXE, "serve", str(route), "--port", str(port), "--model", f"slm={pair['slm']}",
            "--model", f"llm={pair['llm']}", "--num-blocks", "64"]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, **popen)
 
 
 def _stop(proc):
@@ -80,6 +80,31 @@ def test_a_read_only_cache_that_holds_everything_serves(pair, tmp_path):
         assert status in (0, 128 + signal.SIGINT) and "Traceback" not in out, out  # SIGINT: uvicorn re-raises it
         if not read_only:
             assert any(cache.rglob("*.json")), "the first run kept nothing in the cache"
+
+
+def test_ctrl_c_stops_serve_and_its_subservers_without_a_traceback(pair, tmp_path):
+    tiny.example_program("demo", str(tmp_path), pair, dtype="float32")
+    port = _port()
+    env = {**os.environ, "TOKENROUTER_CACHE": str(tmp_path / "cache")}
+    proc = _serve(tmp_path / "demo.route", pair, port, env, start_new_session=True)  # a group of its own
+    try:
+        wait_until_healthy(proc, f"http://127.0.0.1:{port}", timeout_s=180)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: every process of the group
+        status = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = proc.stdout.read()
+    assert status in (0, 128 + signal.SIGINT), out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    deadline = time.monotonic() + 10
+    while True:  # the subservers end too
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "a subserver outlived serve"
+        time.sleep(0.1)
 
 
 BUILD = textwrap.dedent("""

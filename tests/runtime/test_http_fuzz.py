@@ -1,9 +1,9 @@
 """No body gets a 5xx: 2,400 fuzzed bodies (JSON that parses, with every field of either
-endpoint given values of every type, nested, huge, empty, unknown fields, content parts of
-every shape, stop ids past the limit once the server adds its end-of-sequence id), half of
-them streamed, against the real server with real subserver processes. Every answer is a 2xx
-or a 4xx (a stream carries no server error), the server keeps serving, and every KV block
-comes back."""
+endpoint given values of every type, nested, huge, empty, unknown fields, message keys and
+content parts of every shape, chat template variables, stop ids past the limit once the
+server adds its end-of-sequence id), half of them streamed, against the real server with
+real subserver processes. Every answer is a 2xx or a 4xx (a stream carries no server
+error), the server keeps serving, and every KV block comes back."""
 
 import asyncio
 import json
@@ -23,7 +23,9 @@ N_BODIES = 2400
 FIELDS = ["model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stream",
           "stream_options", "stop", "stop_token_ids", "ignore_eos", "n", "logprobs", "echo", "best_of",
           "presence_penalty", "frequency_penalty", "tools", "tool_choice", "functions", "function_call",
-          "response_format", "logit_bias", "user", "suffix"]
+          "response_format", "logit_bias", "user", "suffix", "request_id", "return_token_ids",
+          "return_tokens_as_token_ids", "add_special_tokens", "chat_template_kwargs", "documents", "reasoning_effort",
+          "return_prompt_text", "priority", "prompt_embeds", "min_tokens", "store"]
 
 
 def _value(rng: random.Random, depth: int = 0):
@@ -73,7 +75,7 @@ def _message(rng: random.Random):
     if rng.random() < 0.2:
         m.pop(rng.choice(["role", "content"]))
     if rng.random() < 0.1:
-        m["name"] = _value(rng, 1)
+        m[rng.choice(["name", "tool_call_id", "reasoning", "task", "tool_calls", "refusal"])] = _value(rng, 1)
     return m
 
 

@@ -13,10 +13,11 @@ Load is bounded (`Limits`): a body over `max_body_bytes` gets 413 before it is p
 tokenisation and chat templates run in worker threads (the event loop keeps answering
 /health), at most `max_running` requests run and `max_queue` more wait in FIFO order
 (beyond that: 503 with `Retry-After`), an optional deadline ends a request that runs too
-long (504), and with an `api_key` every /v1 endpoint but the model list wants
-`Authorization: Bearer KEY`. The program is served under one or more names (`names`; the
-first is the one responses carry unless a request names another). CORS is off unless
-`allowed_origins` names origins.
+long (504), and with an `api_key` every /v1 endpoint but the model list, /tokenize and
+/detokenize want `Authorization: Bearer KEY` (/health, /version, /metrics and the model list
+stay open). The program is served under one or more names (`names`; the first is the one
+responses carry unless a request names another). CORS is off unless `allowed_origins` names
+origins. FastAPI's /docs, /redoc and /openapi.json are off.
 
 `build_app` puts the app together from its parts: the lifespan that runs the runtime
 (`Holder`), the error handlers, the status routes (health, models, metrics), the
@@ -38,12 +39,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import tokenrouter
 from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS
 from tokenrouter.runtime.frontend.frontend import RuntimeUnavailable
+from tokenrouter.runtime.http import fields
 from tokenrouter.runtime.http.completions import Choice, Server, choice_seed
 from tokenrouter.runtime.http.connections import ConnectionStats
 from tokenrouter.runtime.http.limits import Guard, Limits
 from tokenrouter.runtime.http.protocol import (BadRequest, ChatRequest, CompletionRequest, DeadlineExceeded,
-                                               DetokenizeRequest, Overloaded, TokenizeRequest, error_response)
-from tokenrouter.runtime.http.validation import chat_logprobs, completion_logprobs
+                                               DetokenizeRequest, Overloaded, Reply, TokenizeRequest, error_response)
+from tokenrouter.runtime.http.validation import chat_logprobs, completion_logprobs, template_variables
 from tokenrouter.runtime.metrics import CONTENT_TYPE, render
 
 __all__ = ["Holder", "Limits", "Server", "build_app"]
@@ -82,7 +84,9 @@ def build_app(make_runtime, served_name: str | Sequence[str], tokenizer, max_tok
             yield
             holder.server = None
 
-    app = FastAPI(title="tokenrouter", lifespan=lifespan)
+    # no /docs, /redoc or /openapi.json: the API is OpenAI's (docs/runtime.md), and the schema
+    # FastAPI would derive lists only the fields this server implements, not those it accepts
+    app = FastAPI(title="tokenrouter", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.connections = ConnectionStats()  # counted by the connection guard (`connections.py`)
     app.add_middleware(Guard, limits=limits)
     if allowed_origins:  # outermost: a preflight is answered before the API key is asked for
@@ -193,18 +197,25 @@ def add_token_routes(app: FastAPI, holder: Holder) -> None:
     async def tokenize(body: TokenizeRequest):
         s = holder.serving()
         s.checks.check_model(body.model)
+        fields.check(body)
         if (body.prompt is None) == (body.messages is None):
             raise BadRequest("give prompt or messages", "prompt")
+        special = body.add_special_tokens
         if body.messages is not None:
-            ids = await s.checks.chat_ids(body.messages, body.add_generation_prompt)
+            _, ids = await s.checks.chat_prompt(body.messages, body.add_generation_prompt, bool(special),
+                                                template_variables(body.chat_template_kwargs))
         else:
-            ids = await s.checks.encode(body.prompt, add_special_tokens=body.add_special_tokens)
-        return {"tokens": ids, "count": len(ids), "max_model_len": s.fe.max_model_len}
+            ids = await s.checks.encode(body.prompt, add_special_tokens=special is not False)
+        out = {"tokens": ids, "count": len(ids), "max_model_len": s.fe.max_model_len}
+        if body.return_token_strs:
+            out["token_strs"] = [s.tok.id_to_token(t) for t in ids]
+        return out
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
         s = holder.serving()
         s.checks.check_model(body.model)
+        fields.check(body)
         vocab = s.fe.vocab_size
         bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:
@@ -226,24 +237,27 @@ def add_completion_routes(app: FastAPI, holder: Holder) -> None:
         choices = []
         for i, ids in enumerate(prompts):
             echo = await asyncio.to_thread(s.tok.decode, ids) if body.echo else ""
-            choices += expand(body, i, ids, params.replace(max_tokens=s.checks.max_tokens(len(ids), body.max_tokens)),
-                              len(choices), echo)
-        return await s.run(request, choices, False, bool(body.stream), _include_usage(body), body.model,
-                           deadline, body.skip_special_tokens)
+            mt = s.checks.max_tokens(len(ids), body.max_tokens, body.min_tokens)
+            choices += expand(body, i, ids, params.replace(max_tokens=mt), len(choices), echo)
+        return await s.run(request, choices, reply(body, request, chat=False), deadline)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         s = holder.serving()
         deadline = s.arrived()
         s.checks.check_common(body)
-        if body.echo or body.continue_final_message:
-            raise BadRequest("echo and continue_final_message are not supported for chat", "echo")
+        if body.echo:
+            raise BadRequest("echo is not supported for chat", "echo")
         k = chat_logprobs(body)
-        ids = await s.checks.chat_ids(body.messages, body.add_generation_prompt)
+        text, ids = await s.checks.chat_prompt(body.messages, body.add_generation_prompt, body.add_special_tokens,
+                                               template_variables(body.chat_template_kwargs, body.documents,
+                                                                  body.reasoning_effort))
         mt = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        params = (await s.checks.sampling(body, k)).replace(max_tokens=s.checks.max_tokens(len(ids), mt))
-        return await s.run(request, expand(body, 0, ids, params, 0), True, bool(body.stream), _include_usage(body),
-                           body.model, deadline, body.skip_special_tokens)
+        params = (await s.checks.sampling(body, k)).replace(max_tokens=s.checks.max_tokens(len(ids), mt,
+                                                                                            body.min_tokens))
+        return await s.run(request, expand(body, 0, ids, params, 0),
+                           reply(body, request, chat=True, prompt_text=text if body.return_prompt_text else None),
+                           deadline)
 
 
 def expand(body, prompt_index: int, ids: list[int], params, first: int, echo: str = "") -> list[Choice]:
@@ -258,5 +272,12 @@ def expand(body, prompt_index: int, ids: list[int], params, first: int, echo: st
     return out
 
 
-def _include_usage(body) -> bool:
-    return bool(body.stream_options and body.stream_options.include_usage)
+def reply(body, request: Request, chat: bool, prompt_text: str | None = None) -> Reply:
+    """How the response to `body` is shaped. The X-Request-Id header names the request before
+    its `request_id` field (as in vLLM)."""
+    return Reply(chat=chat, model=body.model, stream=bool(body.stream),
+                 include_usage=bool(body.stream_options and body.stream_options.include_usage),
+                 skip_special_tokens=body.skip_special_tokens,
+                 request_id=request.headers.get("x-request-id") or body.request_id,
+                 prompt_token_ids=bool(body.return_token_ids), prompt_text=prompt_text,
+                 tokens_as_ids=bool(body.return_tokens_as_token_ids))

@@ -9,12 +9,15 @@ differ; choice 0 uses the seed itself, so n = 1 is unchanged.
 
 Every choice has `token_ids` and `token_writers` (the writer of each token) and every
 response `tokens_by_model` (how many tokens each model wrote; in the final chunk when
-streaming). The text comes from the frontend (`frontend/text.py`), which withholds stop
-strings. A client that disconnects aborts its requests, which releases their KV
-everywhere; a request past its deadline ends with 504 (or an `error` event of type
-`timeout` in a stream). A request that cannot complete because the runtime is down (its
-deadline passed while a subserver restarted, or restarts are exhausted) gets 503 naming the
-cause, with `Retry-After` (streams: an `error` event with code `unavailable`).
+streaming). What else the request asked to get back is its `Reply` (`protocol.py`): the
+response id's tail (the client's request id), the prompt's token ids and rendered text (in
+the first chunk of each choice when streaming), logprob tokens named by id. The text comes
+from the frontend (`frontend/text.py`), which withholds stop strings. A client that
+disconnects aborts its requests, which releases their KV everywhere; a request past its
+deadline ends with 504 (or an `error` event of type `timeout` in a stream). A request that
+cannot complete because the runtime is down (its deadline passed while a subserver
+restarted, or restarts are exhausted) gets 503 naming the cause, with `Retry-After`
+(streams: an `error` event with code `unavailable`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS, INT64, SamplingParams
 from tokenrouter.runtime.frontend.frontend import Delta, Final, Frontend, RuntimeUnavailable
 from tokenrouter.runtime.http.limits import Admission, Limits
-from tokenrouter.runtime.http.protocol import DeadlineExceeded, error_response
+from tokenrouter.runtime.http.protocol import DeadlineExceeded, Reply, error_response
 from tokenrouter.runtime.http.validation import Validator
 
 _MIX = 0x9E3779B97F4A7C15
@@ -96,16 +99,14 @@ class Server:
         return None if t is None else time.monotonic() + t
 
     # -------------------------------------------------------------- running
-    async def run(self, request: Request, choices: list[Choice], chat: bool, stream: bool, include_usage: bool,
-                  model: str | None, deadline: float | None = None, skip_special_tokens: bool = True):
+    async def run(self, request: Request, choices: list[Choice], reply: Reply, deadline: float | None = None):
         """Run one admitted request's choices."""
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        run = Run(self, rid, choices, chat, model or self.name, skip_special_tokens)
+        run = Run(self, choices, reply)
         await self._admit(deadline)
         release = self.admission.release
         try:
-            if stream:
-                resp = AdmittedStream(run.stream(include_usage, deadline), media_type="text/event-stream")
+            if reply.stream:
+                resp = AdmittedStream(run.stream(deadline), media_type="text/event-stream")
                 resp.on_close, release = self.admission.release, None  # released when the stream ends
                 return resp
             return await run.complete(request, deadline)
@@ -121,16 +122,21 @@ class Server:
 
 
 class Run:
-    """One HTTP request's choices on the frontend, and their response."""
+    """One HTTP request's choices on the frontend, and their response. The frontend's request
+    ids are the server's own, unique; the response's `id` ends with the client's request id
+    when it gave one (as vLLM's does)."""
 
-    def __init__(self, server: Server, rid: str, choices: list[Choice], chat: bool, model: str,
-                 skip_special_tokens: bool):
-        self.s, self.rid, self.choices, self.chat, self.model = server, rid, choices, chat, model
-        self.rids = [rid if len(choices) == 1 else f"{rid}-{c.index}" for c in choices]
+    def __init__(self, server: Server, choices: list[Choice], reply: Reply):
+        self.s, self.choices, self.reply, self.chat = server, choices, reply, reply.chat
+        self.model = reply.model or server.name
+        prefix, rid = "chatcmpl-" if self.chat else "cmpl-", uuid.uuid4().hex
+        self.id = prefix + (rid if reply.request_id is None else reply.request_id)
+        self.rids = [prefix + rid if len(choices) == 1 else f"{prefix}{rid}-{c.index}" for c in choices]
         self.gens = [server.fe.generate(c.prompt, c.params, route_seed=c.route_seed, rid=r, tokenizer=server.tok,
-                                        skip_special_tokens=skip_special_tokens)
+                                        skip_special_tokens=reply.skip_special_tokens)
                      for c, r in zip(choices, self.rids)]
         self.created = int(time.time())
+        self.opened: set[int] = set()  # the choices whose first chunk is sent
 
     def abort(self) -> None:
         for r in self.rids:
@@ -179,12 +185,24 @@ class Run:
             return error_response(500, f"the request failed: {failed.error}", "server_error")
         if any(o.final is None or o.final.reason == "abort" for o in outs):
             return error_response(499, "the request was aborted", "aborted")
-        body = {"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
+        body = {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model,
                 "choices": [self._choice(c, o) for c, o in zip(self.choices, outs)],
                 "usage": self._usage([len(o.tokens) for o in outs], [o.final for o in outs])}
         body["tokens_by_model"] = body["usage"]["tokens_by_model"]
+        if self.chat:
+            body.update(self._prompt(self.choices[0]))
         return JSONResponse(body)
+
+    def _prompt(self, c: Choice) -> dict[str, Any]:
+        """What the request asked to get back of choice c's prompt (chat: in the response;
+        completions: in the choice; a stream: in the choice's first chunk)."""
+        out: dict[str, Any] = {}
+        if self.reply.prompt_token_ids:
+            out["prompt_token_ids"] = c.prompt
+        if self.reply.prompt_text is not None:
+            out["prompt_text"] = self.reply.prompt_text
+        return out
 
     def _choice(self, c: Choice, o: Outcome) -> dict[str, Any]:
         final = o.final
@@ -196,7 +214,7 @@ class Run:
             out["message"] = {"role": "assistant", "content": o.text}
             out["logprobs"] = lp
         else:
-            out.update(text=c.echo + o.text, logprobs=lp)
+            out.update(text=c.echo + o.text, logprobs=lp, **self._prompt(c))
         return out
 
     def _usage(self, n_out: list[int], finals: list[Final | None]) -> dict[str, Any]:
@@ -214,14 +232,15 @@ class Run:
         if k is None:
             return None
         dec = self.s.tok.decode
+        name = (lambda i: f"token_id:{i}") if self.reply.tokens_as_ids else (lambda i: dec([i]))
         if self.chat:
             content = []
             for tok, w, lp in zip(tokens, writers, logprobs):
                 if lp is None:
                     continue
-                text = dec([tok])
+                text = name(tok)
                 content.append({"token": text, "logprob": lp[0], "bytes": list(text.encode("utf-8")), "writer": w,
-                                "top_logprobs": [{"token": (t := dec([i])), "logprob": v,
+                                "top_logprobs": [{"token": (t := name(i)), "logprob": v,
                                                   "bytes": list(t.encode("utf-8"))} for i, v in lp[1]]})
             return {"content": content}
         out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
@@ -229,11 +248,11 @@ class Run:
             if lp is None:
                 continue
             text = dec([tok])
-            out["tokens"].append(text)
+            out["tokens"].append(name(tok))
             out["token_logprobs"].append(lp[0])
             top: dict[str, float] = {}
             for i, v in [*lp[1], (tok, lp[0])]:  # keyed by text: the most likely of tokens that decode alike
-                top.setdefault(dec([i]), v)
+                top.setdefault(name(i), v)
             out["top_logprobs"].append(top)
             out["text_offset"].append(offset)
             offset += len(text)
@@ -247,7 +266,7 @@ class Run:
                 return
 
     # ------------------------------------------------------------- a stream
-    async def stream(self, include_usage: bool, deadline: float | None = None):
+    async def stream(self, deadline: float | None = None):
         """Server-sent events of every choice, interleaved as their tokens come."""
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -308,8 +327,8 @@ class Run:
                 yield self._chunk(c, text, ev.tokens, end, toks[i], lp, ev.writers,
                                   extra={"tokens_by_model": end.written_by} if end else None)
             else:
-                if include_usage:
-                    yield sse({"id": self.rid, "object": self._object, "created": self.created, "model": self.model,
+                if self.reply.include_usage:
+                    yield sse({"id": self.id, "object": self._object, "created": self.created, "model": self.model,
                                "choices": [], "usage": self._usage([len(t) for t in toks], finals)})
             yield "data: [DONE]\n\n"
         finally:
@@ -337,8 +356,11 @@ class Run:
             choice["stop_reason"] = why
         if isinstance(text, str):
             choice.update(token_ids=token_ids, token_writers=writers or [])
-        body = {"id": self.rid, "object": self._object, "created": self.created, "model": self.model,
+        body = {"id": self.id, "object": self._object, "created": self.created, "model": self.model,
                 "choices": [choice], **(extra or {})}
+        if c.index not in self.opened:
+            self.opened.add(c.index)
+            (body if self.chat else choice).update(self._prompt(c))
         return sse(body)
 
 

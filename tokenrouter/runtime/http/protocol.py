@@ -1,16 +1,20 @@
-"""The OpenAI protocol as this server speaks it: request bodies, errors and their JSON form.
+"""The OpenAI protocol as this server speaks it: request bodies, the shape of the response a
+request asks for (`Reply`), errors and their JSON form.
 
-Extensions to the OpenAI schema, named as vLLM names them: `top_k`, `min_p`,
-`repetition_penalty`, `min_tokens`, `stop_token_ids`, `include_stop_str_in_output`,
-`ignore_eos`, `skip_special_tokens`, `structured_outputs` in requests. Fields the server
-does not support are parsed so that a request using them gets a 400 naming them
-(`validation.py`) rather than being silently ignored; fields that change nothing here
-(`user`, `parallel_tool_calls`, ...) are accepted.
+The request models declare the fields that act here. Extensions to the OpenAI schema, named
+as vLLM names them: `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`,
+`include_stop_str_in_output`, `ignore_eos`, `skip_special_tokens`, `add_special_tokens`,
+`structured_outputs`, `request_id`, `return_token_ids`, `return_tokens_as_token_ids`, and
+for chat `chat_template_kwargs`, `documents`, `reasoning_effort`, `return_prompt_text`. A
+body's other fields are kept (`extra="allow"`, in `model_extra`) so that none is silently
+ignored: `fields.py` refuses those this server does not implement with a 400 naming them,
+accepts those that change nothing here, and warns about those vLLM does not define either.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
@@ -64,7 +68,7 @@ class CommonRequest(BaseModel):
     """The fields completions and chat completions share. A field OpenAI allows to be null
     may be null (the default then)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
     model: str | None = None
     max_tokens: int | None = Field(default=None)
     temperature: float | None = Field(default=None, ge=0.0, le=100.0)  # None: 1.0, as OpenAI
@@ -87,32 +91,28 @@ class CommonRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
-    user: str | None = None
-    # not supported: refused with a 400 rather than silently ignored (`validation.UNSUPPORTED`)
-    best_of: int | None = None
-    use_beam_search: bool = False
-    prompt_logprobs: int | None = None
-    logprob_token_ids: list[int] | None = None
-    allowed_token_ids: list[int] | None = None
-    bad_words: list[str] | None = None
-    truncate_prompt_tokens: int | None = None
-    tools: Any = None
-    tool_choice: Any = None
-    functions: Any = None
-    function_call: Any = None
+    request_id: str | None = None  # the response's id ("cmpl-" + it); the X-Request-Id header wins
+    return_token_ids: bool | None = None  # the prompt's token ids too (every choice has its `token_ids`)
+    return_tokens_as_token_ids: bool | None = None  # logprob tokens as "token_id:N"
 
 
 class CompletionRequest(CommonRequest):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[int] | list[str] | list[list[int]] | None = None  # None: a 400 (`Validator.prompts`)
     logprobs: int | None = Field(default=None, ge=0)
     echo: bool | None = False
-    suffix: str | None = None
+    add_special_tokens: bool = True  # a text prompt's BOS, if the model has one
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """A message, with the keys vLLM gives the chat template besides its text."""
+
+    model_config = ConfigDict(extra="allow")
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None  # a tool message's
+    reasoning: str | None = None  # an assistant message's (also `reasoning_content` to the template)
+    task: str | None = None
 
 
 class ChatRequest(CommonRequest):
@@ -120,23 +120,44 @@ class ChatRequest(CommonRequest):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0)
-    echo: bool = False  # vLLM's: the last message's content before the reply
+    echo: bool = False  # vLLM's: the last message's content before the reply (refused)
     add_generation_prompt: bool = True
-    continue_final_message: bool = False
+    add_special_tokens: bool = False  # tokens the tokenizer adds to the rendered template (vLLM's default)
+    chat_template_kwargs: dict[str, Any] | None = None  # variables of the chat template
+    documents: list[dict[str, str]] | None = None  # the template's `documents` (RAG templates)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    return_prompt_text: bool | None = None  # the rendered prompt as `prompt_text`
 
 
 class TokenizeRequest(BaseModel):
     """`POST /tokenize` (vLLM's): a prompt, or chat messages through the chat template."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None  # None: true for a prompt, false for messages (vLLM's defaults)
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool | None = False  # each token's string as `token_strs`
 
 
 class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
     model: str | None = None
     tokens: list[int]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """How the response to a request is shaped, as the request asked."""
+
+    chat: bool
+    model: str | None = None  # the served name the request gave (None: the first)
+    stream: bool = False
+    include_usage: bool = False  # a stream's last chunk has the usage
+    skip_special_tokens: bool = True
+    request_id: str | None = None  # the client's (X-Request-Id, else `request_id`): the response id's tail
+    prompt_token_ids: bool = False  # `return_token_ids`: the prompt's token ids too
+    prompt_text: str | None = None  # chat's `return_prompt_text`: the rendered prompt
+    tokens_as_ids: bool = False  # `return_tokens_as_token_ids`: logprob tokens as "token_id:N"

@@ -1,13 +1,15 @@
 """Checks that turn an HTTP request into token ids and its `SamplingParams`.
 
 Anything malformed or unsupported is a `BadRequest` (HTTP 400 with an OpenAI-style body)
-before the runtime sees it: a model not served here, options this server does not
-implement (`UNSUPPORTED`), token ids outside the vocabulary, a prompt longer than the
-context, `max_tokens` over what the context or the server allows, a request needing more KV
-blocks than exist, a structured-output spec that does not compile, sampling parameters
-outside `SamplingParams`' bounds. The tokenizer's end-of-sequence ids join the stop ids
-unless `ignore_eos` (`SamplingParams.with_eos`). Tokenisation, chat templates and grammar
-checks run in worker threads, so the event loop keeps answering.
+before the runtime sees it: a model not served here, fields this server does not implement
+(`fields.py`), token ids outside the vocabulary, a prompt longer than the context,
+`max_tokens` over what the context or the server allows (or under `min_tokens`), a request
+needing more KV blocks than exist, a structured-output spec that does not compile, sampling
+parameters outside `SamplingParams`' bounds. A chat prompt is the messages through the
+model's chat template, with the variables vLLM gives it (`template_variables`). The
+tokenizer's end-of-sequence ids join the stop ids unless `ignore_eos`
+(`SamplingParams.with_eos`). Tokenisation, chat templates and grammar checks run in worker
+threads, so the event loop keeps answering.
 """
 
 from __future__ import annotations
@@ -21,21 +23,12 @@ from pydantic import ValidationError
 from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS, MAX_LOGPROBS, SamplingParams, Structured, invalid_because
 from tokenrouter.runtime.engine.grammar import Grammars
 from tokenrouter.runtime.frontend.frontend import Frontend
+from tokenrouter.runtime.http import fields
 from tokenrouter.runtime.http.protocol import (BadRequest, ChatMessage, ChatRequest, CommonRequest, CompletionRequest,
                                                check_text)
 
-#: Request fields this server refuses when set, and why (a client relying on them must know).
-UNSUPPORTED = {
-    "best_of": "best_of > 1 is not supported (vLLM removed it too); use n",
-    "use_beam_search": "beam search is not supported",
-    "prompt_logprobs": "prompt logprobs are not supported (the engine returns the last position's logits only)",
-    "logprob_token_ids": "logprob_token_ids is not supported",
-    "allowed_token_ids": "allowed_token_ids is not supported; use logit_bias or structured_outputs",
-    "bad_words": "bad_words is not supported; use logit_bias",
-    "truncate_prompt_tokens": "truncate_prompt_tokens is not supported",
-    "suffix": "suffix (insertion) is not supported",
-}
-TOOLS = ("tools", "tool_choice", "functions", "function_call")
+#: `chat_template_kwargs` a request may not set: the template's source, how it is applied, its messages
+RESERVED_TEMPLATE_KWARGS = ("chat_template", "tokenize", "messages")
 
 
 class Validator:
@@ -72,14 +65,9 @@ class Validator:
 
     def check_common(self, req: CommonRequest) -> None:
         self.check_model(req.model)
-        for name, why in UNSUPPORTED.items():
-            fine = (None, False, []) + ((1,) if name == "best_of" else ())
-            if getattr(req, name, None) not in fine:
-                raise BadRequest(why, name)
-        for name in TOOLS:
-            if getattr(req, name) not in (None, [], "none"):
-                raise BadRequest(f"{name} (tool and function calling) is not supported by this server; "
-                                 f"response_format with a json_schema constrains the output instead", name)
+        fields.check(req)
+        if req.request_id is not None:
+            check_text(req.request_id, "request_id")
         if req.stream_options is not None and not req.stream:
             raise BadRequest("stream_options is only allowed when stream is true", "stream_options")
         if req.stream_options is not None and req.stream_options.continuous_usage_stats:
@@ -93,15 +81,17 @@ class Validator:
     async def prompts(self, req: CompletionRequest) -> list[list[int]]:
         """The prompts of a completion request (a string, token ids, or a list of either)."""
         prompt = req.prompt
+        if prompt is None:
+            raise BadRequest("prompt: Field required (a text, token ids, or a list of either)", "prompt")
         many = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
-        out = [await self._prompt_ids(p) for p in (prompt if many else [prompt])]
+        out = [await self._prompt_ids(p, req.add_special_tokens) for p in (prompt if many else [prompt])]
         if not out:
             raise BadRequest("the prompt is empty", "prompt")
         return out
 
-    async def _prompt_ids(self, prompt) -> list[int]:
+    async def _prompt_ids(self, prompt, add_special_tokens: bool) -> list[int]:
         if isinstance(prompt, str):
-            ids = await self.encode(check_text(prompt, "prompt"))
+            ids = await self.encode(check_text(prompt, "prompt"), add_special_tokens)
         else:
             ids = list(prompt)
             if len(ids) >= self.fe.max_model_len:
@@ -115,36 +105,39 @@ class Validator:
             raise BadRequest("the prompt is empty", "prompt")
         return ids
 
-    async def chat_ids(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
-        """The prompt of a chat request: its messages through the model's chat template."""
-        rendered = []
-        for m in messages:
-            content = m.content
-            if isinstance(content, list):
-                content = "".join(text_part(p) for p in content)
-            rendered.append({"role": m.role, "content": check_text(content or "", "messages")})
+    async def chat_prompt(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
+                          add_special_tokens: bool = False,
+                          variables: dict[str, Any] | None = None) -> tuple[str, list[int]]:
+        """The prompt of a chat request, as text and token ids: its messages through the
+        model's chat template (with `variables`, `template_variables`), then tokenised, with
+        the tokenizer's special tokens when `add_special_tokens`."""
+        rendered = [template_message(m) for m in messages]
         if not self.tok.chat_template:
             raise BadRequest("the model has no chat template: add one to its folder (a \"chat_template\" in "
                              "tokenizer_config.json, or a chat_template.jinja file; docs/models.md, \"Serving your "
                              "own models\"), or send a plain prompt to /v1/completions", "messages")
         try:
-            ids = await asyncio.to_thread(self.tok.apply_chat_template, rendered,
-                                          add_generation_prompt=add_generation_prompt)
+            text = await asyncio.to_thread(self.tok.apply_chat_template, rendered,
+                                           add_generation_prompt=add_generation_prompt, **(variables or {}))
         except Exception as exc:
             raise BadRequest(f"cannot apply the chat template: {exc}", "messages") from None
-        if isinstance(ids, str):
-            ids = await self.encode(ids, add_special_tokens=False)
+        try:  # the messages are checked: only the template's variables can bring a lone surrogate
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest("chat_template_kwargs or documents hold text that is not valid Unicode (a lone "
+                             "surrogate)", "chat_template_kwargs") from None
+        ids = await self.encode(text, add_special_tokens=add_special_tokens)
         if not ids:
             raise BadRequest("the conversation is empty", "messages")
         vocab = self.fe.vocab_size
         ids = list(ids)
         if any(not 0 <= t < vocab for t in ids):
             raise BadRequest("the chat template produced tokens outside the model's vocabulary", "messages")
-        return ids
+        return text, ids
 
-    def max_tokens(self, prompt_len: int, max_tokens: int | None) -> int:
-        """`max_tokens` checked against the context, the server's limit and the KV cache;
-        None takes the server's default."""
+    def max_tokens(self, prompt_len: int, max_tokens: int | None, min_tokens: int = 0) -> int:
+        """`max_tokens` checked against the context, the server's limit, the KV cache and
+        `min_tokens` (vLLM refuses more than `max_tokens` too); None takes the server's default."""
         ctx = self.fe.max_model_len
         if prompt_len >= ctx:
             raise BadRequest(f"the prompt has {prompt_len} tokens; the context holds {ctx} "
@@ -159,6 +152,8 @@ class Validator:
             why = (f"the context of {ctx} tokens leaves {room} after the {prompt_len}-token prompt"
                    if limit == room else f"this server allows at most {limit}")
             raise BadRequest(f"max_tokens {max_tokens} is over the limit: {why}", "max_tokens")
+        if min_tokens > max_tokens:
+            raise BadRequest(f"min_tokens {min_tokens} is more than max_tokens {max_tokens}", "min_tokens")
         blocks = self.fe.blocks_needed(prompt_len, max_tokens)
         if blocks > self.fe.capacity_blocks:
             raise BadRequest(f"the request needs {blocks} KV blocks; the cache has {self.fe.capacity_blocks}",
@@ -268,6 +263,40 @@ def completion_logprobs(req: CompletionRequest) -> int | None:
     if req.echo and req.logprobs is not None:
         raise BadRequest("echo with logprobs needs prompt logprobs, which are not supported", "echo")
     return req.logprobs
+
+
+def template_variables(kwargs: dict[str, Any] | None, documents: list | None = None,
+                       reasoning_effort: str | None = None) -> dict[str, Any]:
+    """The chat template's variables besides the messages, as vLLM builds them: the request's
+    `chat_template_kwargs`, with its `documents` and `reasoning_effort` over them when given,
+    and `enable_thinking` (false for effort "none") unless the kwargs set it. The request's
+    `add_generation_prompt` field wins over the kwargs' (`Validator.chat_prompt`)."""
+    out = dict(kwargs or {})
+    reserved = [k for k in RESERVED_TEMPLATE_KWARGS if k in out]
+    if reserved:
+        raise BadRequest(f"chat_template_kwargs may not set {reserved[0]!r}", "chat_template_kwargs")
+    out.pop("add_generation_prompt", None)
+    if documents is not None:
+        out["documents"] = documents
+    if reasoning_effort is not None:
+        out["reasoning_effort"] = reasoning_effort
+        out.setdefault("enable_thinking", reasoning_effort != "none")
+    return out
+
+
+def template_message(m: ChatMessage) -> dict[str, Any]:
+    """A message as the chat template sees it (vLLM's keys): its text (text parts joined), and
+    `name`, `task`, a tool message's `tool_call_id`, an assistant's `reasoning` (also as
+    `reasoning_content`) when given."""
+    content = m.content
+    if isinstance(content, list):
+        content = "".join(text_part(p) for p in content)
+    out: dict[str, Any] = {"role": m.role, "content": check_text(content or "", "messages")}
+    given = {"name": m.name, "task": m.task, "tool_call_id": m.tool_call_id if m.role == "tool" else None}
+    if m.role == "assistant" and m.reasoning is not None:
+        given.update(reasoning=m.reasoning, reasoning_content=m.reasoning)
+    out.update((k, check_text(v, "messages")) for k, v in given.items() if v is not None)
+    return out
 
 
 def text_part(part: dict) -> str:

@@ -106,6 +106,10 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
 
+    def id_to_token(self, token_id: int) -> str | None:
+        """The token's string in the vocabulary (a byte-level token as the vocabulary writes it)."""
+        return self.backend.id_to_token(token_id)
+
     def _text(self, token_id: int | None) -> str | None:
         return None if token_id is None else self.backend.id_to_token(token_id)
 
@@ -125,11 +129,13 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             **extra: Any) -> str:
-        """Render the model's chat template (Jinja2, sandboxed as transformers does)."""
+        """Render the model's chat template (Jinja2, sandboxed as transformers does); `extra`
+        are more variables of the template, and may set `bos_token` and `eos_token` (as
+        transformers lets them)."""
         if not self.chat_template:
             raise LoadError("this model has no chat template; run without --chat")
         from tokenrouter.runtime.loader.chat_template import render
+        special = {"bos_token": self._text(self.bos_token_id) or "",
+                   "eos_token": self._text(self.eos_token_ids[0]) if self.eos_token_ids else ""}
         return render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                      bos_token=self._text(self.bos_token_id) or "",
-                      eos_token=self._text(self.eos_token_ids[0]) if self.eos_token_ids else "",
-                      **extra)
+                      **{**special, **extra})

@@ -2,7 +2,8 @@
 in thread mode, `run_process` as a multiprocessing target; `tokenrouter serve --subserver`
 runs the latter in the foreground). A start-up failure is reported to the frontend
 (`setup.report_startup_failure`); a process logs with its writer's name, bounds its heap
-growth (`memory.py`), unwinds on SIGTERM and ends with the process that started it.
+growth (`memory.py`), unwinds on SIGTERM and SIGINT (Ctrl-C at `serve` reaches the whole
+process group) and ends with the process that started it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def run_process(spec_dict: dict[str, Any], load: Callable[..., LoadedWriter] | N
     # progress lines and warnings (TOKENROUTER_LOG); a flood of bad frames is one line with a count
     logs.configure(f"tokenrouter [{spec_dict.get('writer')}]")
     signal.signal(signal.SIGTERM, exit_on_sigterm)
+    signal.signal(signal.SIGINT, exit_on_sigterm)  # Ctrl-C at `serve`: unwind quietly, no KeyboardInterrupt traceback
     spec, parent = SubserverSpec(**spec_dict), os.getppid()
     bound_heap_growth()  # RSS flat over hours of changing batch sizes (memory.py)
 
