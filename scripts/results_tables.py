@@ -56,7 +56,7 @@ def host_of(doc: dict) -> dict:
     load_avg = h.get("load_average") or h.get("loadavg") or h.get("load_avg")
     return {"cpu": h.get("cpu") or h.get("cpu_model"), "cores": h.get("cores") or h.get("cpus"),
             "bw": h.get("read_gb_per_s") or h.get("read_bandwidth_gb_s"),
-            "load": load_avg[0] if load_avg else None,
+            "load": load_avg[0] if load_avg else None, "flags": h.get("flags"),
             "load_end": (h.get("load_average_at_end") or h.get("load_avg_end") or [None])[0],
             "date": h.get("date")}
 
@@ -81,7 +81,8 @@ def host_words(doc: dict, rel: str) -> str:
     load = ("load " + "-".join(f"{x:.1f}" for x in sorted(set(round(v, 1) for v in loads)))) if loads else \
         "load not recorded"
     cores = f"{h['cores']} cores" if h["cores"] else "cores not recorded"
-    return f"{cpu}, {cores}, {bw}, {load}, {date_of(doc, rel)}"
+    flags = f" ({' '.join(h['flags'])})" if h.get("flags") else ""
+    return f"{cpu}{flags}, {cores}, {bw}, {load}, {date_of(doc, rel)}"
 
 
 def rerun(command: str) -> str:
@@ -450,6 +451,9 @@ TABLES: dict[str, Callable[[], Table]] = {
     "quant-int4-kernels": lambda: quant("bench_quant_xeon/int4_kernels",
                                         "python benchmarks/bench_quant.py --configs none,native,native-torch-int4,"
                                         "llama.cpp --batches 1,8,16 --rounds 2"),
+    "quant-epyc-avx512": lambda: quant("bench_quant_epyc_avx512",
+                                       "python benchmarks/bench_quant.py --configs none,native,native-torch-int4,"
+                                       "llama.cpp --batches 1,8,16 --rounds 2"),
     "engine-vs-transformers": engine_vs_transformers,
     "route-overhead": route_overhead,
     "invariance-demo": invariance,
