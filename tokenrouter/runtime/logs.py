@@ -54,7 +54,9 @@ def level(default: str = "INFO") -> str:
 
 def configure(prefix: str, level_name: str | None = None) -> None:
     """One stderr handler on the root logger with `LineFormatter(prefix)`, replacing any
-    handler a previous call installed; the level is `level_name`, else `level()`."""
+    handler a previous call installed. tokenrouter's own loggers log at `level_name`, else
+    `level()`; other libraries' at WARNING at most (httpx's INFO line per request would
+    drown the progress lines of a benchmark that sends thousands)."""
     root = logging.getLogger()
     for h in [h for h in root.handlers if isinstance(h.formatter, LineFormatter)]:
         root.removeHandler(h)
@@ -62,7 +64,9 @@ def configure(prefix: str, level_name: str | None = None) -> None:
     handler.setFormatter(LineFormatter(prefix))
     handler.addFilter(RepeatFilter())
     root.addHandler(handler)
-    root.setLevel((level_name or level()).upper())
+    ours = logging.getLevelName((level_name or level()).upper())
+    logging.getLogger("tokenrouter").setLevel(ours)
+    root.setLevel(max(ours, logging.WARNING))
 
 
 class RepeatFilter(logging.Filter):
