@@ -241,8 +241,8 @@ def int4x_isa(lib=None) -> str | None:
 
 
 def check_int4x_rc(rc: int, what: str) -> None:
-    """Raise for a nonzero return code of the integer int4 kernel (or of a C call made of its
-    products, `decode_stack.DecodeStack`): 1 no memory, 2 not built for this CPU, else refused."""
+    """Raise for a nonzero return code of the integer int4 kernel: 1 no memory, 2 not built for
+    this CPU, else refused."""
     if rc == 1:
         raise MemoryError(f"the integer int4 kernel's {what} could not allocate its scratch")
     if rc == 2:

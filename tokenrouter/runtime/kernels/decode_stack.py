@@ -1,8 +1,9 @@
 """A decoder's layers as one C call per decode step (`csrc/decode_stack.c`): `DecodeStack`
 holds the C struct of a model's per-layer tensors, the tensors it points to, and the work
 and scratch buffers of its steps. The stack makes the calls of `bindings.py`'s kernels in C
-(the integer int4 products, `rope_write`, `paged_attention`, `add_rmsnorm`, `silu_mul`), so
-it shares their cache types (`KV_TYPES`) and the integer int4 kernel's return codes.
+(the 4-bit products `int4x_mm` and `int4dp_mm`, `rope_write`, `paged_attention`,
+`add_rmsnorm`, `silu_mul`), so it shares their cache types (`KV_TYPES`), and returns the
+first failing product's code (1: no memory, 2: not built for this CPU).
 """
 
 from __future__ import annotations
@@ -11,8 +12,26 @@ import ctypes
 
 import torch
 
-from tokenrouter.runtime.kernels.bindings import KV_TYPES, check_int4x_rc
-from tokenrouter.runtime.kernels.build import load
+from tokenrouter.runtime.kernels.bindings import KV_TYPES
+from tokenrouter.runtime.kernels.build import NativeKernelError, load
+from tokenrouter.runtime.kernels.quant import Int4Avx2Weight, Int4DotWeight
+
+MAT_I4X, MAT_DP = 0, 1  # `tr_mat.kernel`: tr_i4x_mm (int4avx2, -x8), tr_int4dp_mm (int4dp, int4amx)
+
+
+class _Mat(ctypes.Structure):
+    """`tr_mat` of csrc/decode_stack.c: one matrix and the kernel that runs it."""
+    _fields_ = [("packed", ctypes.c_void_p), ("codes", ctypes.c_void_p), ("sm", ctypes.c_void_p),
+                ("kernel", ctypes.c_int32), ("xbits", ctypes.c_int32), ("amx", ctypes.c_int32)]
+
+
+def _mat(w: Int4Avx2Weight | Int4DotWeight) -> _Mat:
+    """The descriptor of a matrix as the per-call path holds it for its kernel (`PlannedLinear.impl`)."""
+    if isinstance(w, Int4Avx2Weight):
+        return _Mat(packed=w.packed.data_ptr(), kernel=MAT_I4X, xbits=w.xbits)
+    if isinstance(w, Int4DotWeight):
+        return _Mat(codes=w.codes.data_ptr(), sm=w.sm.data_ptr(), kernel=MAT_DP, amx=int(w.amx))
+    raise TypeError(f"the stack runs the C int4 kernels' matrices, not {type(w).__name__}")
 
 
 class _Stack(ctypes.Structure):
@@ -22,17 +41,17 @@ class _Stack(ctypes.Structure):
                 ("heads", ctypes.c_int64), ("kv_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64),
                 ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("num_blocks", ctypes.c_int64),
                 ("block_size", ctypes.c_int64), ("ln1", _pp), ("ln2", _pp), ("qk_norm", _pp), ("qkv_bias", _pp),
-                ("o_bias", _pp), ("w_qkv", _pp), ("w_o", _pp), ("w_gu", _pp), ("w_down", _pp),
-                ("xbits", ctypes.POINTER(ctypes.c_int32)), ("kv", _pp), ("kv_type", ctypes.c_int64)]
+                ("o_bias", _pp), ("mats", ctypes.POINTER(_Mat)), ("kv", _pp), ("kv_type", ctypes.c_int64)]
 
 
 class DecodeStack:
     """A decoder's layers as one C call per decode step (`csrc/decode_stack.c`): every matrix
-    on the integer int4 kernel, attention on the paged C kernel. Built once per model and
-    cache from per-layer tensors (`layers`: dicts with ln1, ln2, qk_norm, qkv_bias, o_bias
-    [float32 or None], qkv, o, gate_up, down [packed int4x weights], xbits [4 ints], kv [the
-    layer's cache]); it keeps them alive, and its own work and scratch buffers, grown to the
-    largest step seen. `run` computes layers l0..l1-1 in place on h."""
+    on a 4-bit C kernel, attention on the paged C kernel. Built once per model and cache from
+    per-layer tensors (`layers`: dicts with ln1, ln2, qk_norm, qkv_bias, o_bias [float32 or
+    None], qkv, o, gate_up, down [each the weight its kernel runs: `Int4Avx2Weight` for the
+    integer kernel, `Int4DotWeight` for int4dp or int4amx], kv [the layer's cache]); it keeps
+    them alive, and its own work and scratch buffers, grown to the largest step seen. `run`
+    computes layers l0..l1-1 in place on h."""
 
     def __init__(self, layers: list[dict], hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int,
                  eps: float, scale: float):
@@ -52,13 +71,11 @@ class DecodeStack:
             return ctypes.cast(arr, ctypes.POINTER(ctypes.c_void_p))
 
         self._arrays: list = []
-        self._xbits = (ctypes.c_int32 * (4 * n))(*[b for ly in layers for b in ly["xbits"]])
+        self._mats = (_Mat * (4 * n))(*[_mat(ly[key]) for ly in layers for key in ("qkv", "o", "gate_up", "down")])
         s = _Stack(n, hidden, inter, heads, kv_heads, head_dim, eps, scale, kv0.shape[1], kv0.shape[2])
         for key in ("ln1", "ln2", "qk_norm", "qkv_bias", "o_bias", "kv"):
             setattr(s, key, ptrs(key))
-        for key, field in (("qkv", "w_qkv"), ("o", "w_o"), ("gate_up", "w_gu"), ("down", "w_down")):
-            setattr(s, field, ptrs(key))
-        s.xbits = ctypes.cast(self._xbits, ctypes.POINTER(ctypes.c_int32))
+        s.mats = ctypes.cast(self._mats, ctypes.POINTER(_Mat))
         s.kv_type = KV_TYPES[kv0.dtype]
         self._struct = s
         self._ref = ctypes.byref(s)
@@ -96,4 +113,9 @@ class DecodeStack:
                                        slots.data_ptr(), tables.data_ptr(), tables.stride(0), rows.data_ptr(),
                                        reqs.data_ptr(), lens.data_ptr(), work.data_ptr(), scratch.data_ptr(),
                                        torch.get_num_threads())
-        check_int4x_rc(rc, "decode stack")
+        if rc == 1:
+            raise MemoryError("a product of the decode stack could not allocate its scratch")
+        if rc == 2:
+            raise NativeKernelError("a product's C kernel in the decode stack is not built for this CPU")
+        if rc:
+            raise ValueError("a kernel of the decode stack refused its arguments")

@@ -4,18 +4,21 @@
  * step's time outside the products at batch 1.
  *
  * `tr_decode_stack` runs layers l0 .. l1-1 of a Llama-family decoder (the model: `tr_stack`,
- * pointers the engine fills once) over the step's rows, every matrix on the integer int4
- * kernel (`int4_avx2.c`), every token's attention on the paged C kernel, in the order and
- * with the very calls the engine's fused path makes (`Model._fused_layers`), so the results
- * are the same bits: per layer
+ * pointers the engine fills once) over the step's rows, every matrix on the 4-bit C kernel
+ * its plan chose (`tr_mat`: the integer int4 kernel of `int4_avx2.c`, or `int4_matmul.c`'s
+ * on AVX-512 bfloat16 dot products or AMX tiles; a layer may mix them), every token's
+ * attention on the paged C kernel, in the order and with the very calls the engine's fused
+ * path makes (`Model._fused_layers`: float32 x, which each kernel rounds itself), so the
+ * results are the same bits: per layer
  *
  *     qkv = x Wqkv^T (+ b);  rope_write(qkv) -> q, cache;  o = attention(q);
  *     h += o Wo^T (+ b);  x = rmsnorm(h) ln2;  act = silu(gate) up  for  x Wgu^T;
  *     h += act Wdown^T;  x = rmsnorm(h) ln1[next]
  *
  * The residual stream h [rows, hidden] is updated in place; the intermediate rows live in
- * `work` (tr_decode_stack_work_floats) and the products' quantised activations in `scratch`
- * (tr_i4x_scratch_bytes for the widest input), both the caller's, reused from step to step.
+ * `work` (tr_decode_stack_work_floats) and the integer kernel's quantised activations in
+ * `scratch` (tr_i4x_scratch_bytes for the widest input), both the caller's, reused from step
+ * to step (`tr_int4dp_mm` allocates its bfloat16 copy of x itself, as in the per-call path).
  * Each row is computed as in the per-call path (every kernel here computes a row on its own),
  * so batch invariance holds as there.
  */
@@ -24,14 +27,24 @@
 
 #include "kernels.h"
 
+/* One matrix and the kernel that runs it (`linear.PlannedLinear`'s plan) */
+enum { TR_MAT_I4X = 0 /* tr_i4x_mm */, TR_MAT_DP = 1 /* tr_int4dp_mm */ };
+typedef struct {
+    const uint8_t *packed;  /* TR_MAT_I4X: the packed weights (tr_i4x_pack) */
+    const uint32_t *codes;  /* TR_MAT_DP: the codes and the float16 scales and mins (quant.Int4DotWeight) */
+    const uint16_t *sm;
+    int32_t kernel;         /* TR_MAT_I4X or TR_MAT_DP */
+    int32_t xbits;          /* TR_MAT_I4X: the activations' bits, 8 or 16 */
+    int32_t amx;            /* TR_MAT_DP: 1 on AMX tiles (`int4amx`), 0 on dot products (`int4dp`) */
+} tr_mat;
+
 typedef struct {
     int64_t layers, hidden, inter, heads, kv_heads, head_dim;
     float eps, scale;
     int64_t num_blocks, block_size;   /* each layer's cache: [2 kv_heads, num_blocks, block_size, head_dim] */
     /* per layer (arrays of `layers` pointers; qk_norm and the biases may hold NULLs) */
     const float *const *ln1, *const *ln2, *const *qk_norm, *const *qkv_bias, *const *o_bias;
-    const uint8_t *const *w_qkv, *const *w_o, *const *w_gu, *const *w_down; /* packed (tr_i4x_pack) */
-    const int32_t *xbits;             /* [layers, 4]: the activations' bits of qkv, o, gate_up, down */
+    const tr_mat *mats;               /* [layers, 4]: qkv, o, gate_up, down */
     void *const *kv;
     int64_t kv_type;                  /* the cache's elements: 0 float32, 1 float16, 2 bfloat16 */
 } tr_stack;
@@ -50,6 +63,20 @@ static void add_bias(float *y, int64_t rows, int64_t n, const float *b) {
             y[r * n + i] += b[i];
 }
 
+/* out [rows, n] = x [rows, k] W^T, both float32 with contiguous rows, on w's kernel, called as
+ * the per-call path calls it (`bindings.int4x_mm`, `bindings.int4dp_mm`) */
+static int mat_mul(const tr_mat *w, const float *x, int64_t rows, int64_t k, int64_t n, float *out, void *scratch,
+                   int threads) {
+    switch (w->kernel) {
+    case TR_MAT_I4X:
+        return tr_i4x_mm(x, 0, k, rows, k, w->xbits, w->packed, n, out, n, scratch, threads);
+    case TR_MAT_DP:
+        return tr_int4dp_mm(x, 0, k, rows, k, w->codes, w->sm, n, out, n, threads, w->amx);
+    default:
+        return 3;
+    }
+}
+
 /* Returns 0, or the first failing kernel's code (1: no memory, 2: not built here, 3: bad arguments). */
 int tr_decode_stack(const tr_stack *m, int64_t l0, int64_t l1, float *h, int64_t rows, const float *cis,
                     const int64_t *positions, const int64_t *slots, const int64_t *tables, int64_t table_stride,
@@ -64,8 +91,8 @@ int tr_decode_stack(const tr_stack *m, int64_t l0, int64_t l1, float *h, int64_t
     int rc;
     tr_add_rmsnorm(h, H, NULL, 0, 0, m->ln1[l0], m->eps, x, 0, H, rows, H, threads);
     for (int64_t l = l0; l < l1; l++) {
-        const int32_t *bits = m->xbits + 4 * l;
-        if ((rc = tr_i4x_mm(x, 0, H, rows, H, bits[0], m->w_qkv[l], nqkv, qkv, nqkv, scratch, threads)))
+        const tr_mat *w = m->mats + 4 * l;
+        if ((rc = mat_mul(&w[0], x, rows, H, nqkv, qkv, scratch, threads)))
             return rc;
         add_bias(qkv, rows, nqkv, m->qkv_bias[l]);
         tr_rope_write(qkv, 0, nqkv, rows, m->heads, m->kv_heads, hd, cis, positions, m->qk_norm[l], m->eps,
@@ -74,14 +101,14 @@ int tr_decode_stack(const tr_stack *m, int64_t l0, int64_t l1, float *h, int64_t
                                m->heads / m->kv_heads, hd, tables, table_stride, att_rows, reqs, lens, rows,
                                m->scale, o, nq, threads))
             return 1;
-        if ((rc = tr_i4x_mm(o, 0, nq, rows, nq, bits[1], m->w_o[l], H, y, H, scratch, threads)))
+        if ((rc = mat_mul(&w[1], o, rows, nq, H, y, scratch, threads)))
             return rc;
         add_bias(y, rows, H, m->o_bias[l]);
         tr_add_rmsnorm(h, H, y, 0, H, m->ln2[l], m->eps, x, 0, H, rows, H, threads);
-        if ((rc = tr_i4x_mm(x, 0, H, rows, H, bits[2], m->w_gu[l], 2 * I, gu, 2 * I, scratch, threads)))
+        if ((rc = mat_mul(&w[2], x, rows, H, 2 * I, gu, scratch, threads)))
             return rc;
         tr_silu_mul(gu, 0, 2 * I, act, 0, I, rows, I, threads);
-        if ((rc = tr_i4x_mm(act, 0, I, rows, I, bits[3], m->w_down[l], H, y, H, scratch, threads)))
+        if ((rc = mat_mul(&w[3], act, rows, I, H, y, scratch, threads)))
             return rc;
         const float *next = l + 1 < l1 ? m->ln1[l + 1] : NULL;
         tr_add_rmsnorm(h, H, y, 0, H, next, m->eps, next ? x : NULL, 0, H, rows, H, threads);
