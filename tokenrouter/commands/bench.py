@@ -39,8 +39,8 @@ def configure(parser) -> None:
                              "(official: one wave of 8)")
     parser.add_argument("--steady-s", type=float, default=None,
                         help="size each configuration's measurement for at least this many seconds at its own "
-                             "speed, calibrated on a short wave, in whole waves of N (--quick: 30; otherwise 0: "
-                             "--requests for every configuration)")
+                             "speed, calibrated on the faster of two short waves, in whole waves of N (--quick: "
+                             "30; otherwise 0: --requests for every configuration)")
     parser.add_argument("--out", default="bench-results/bench",
                         help="folder for summary.json, details.json and plots (default bench-results/bench, a "
                              "scratch folder git ignores)")
