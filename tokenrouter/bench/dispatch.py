@@ -19,6 +19,7 @@ concurrency, a free slot) to its answer, and the wall time of them all.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from typing import Any, AsyncContextManager, Awaitable, Callable
 
@@ -76,13 +77,33 @@ async def timed_all(prompts, turn: Callable[[], AsyncContextManager], one) -> tu
     return outs, time.perf_counter() - t0
 
 
+RETRIES = 3
+
+
+async def resend(httpx, send, who: str, retries: int = RETRIES):
+    """`await send()` (an HTTP call: a pure function of its body, which the server's cache
+    makes cheap to repeat), sent again when the connection drops under it: a keep-alive
+    connection that the server closes just as the next call goes out is an ordinary event
+    over the thousands of calls a run makes (seen at N = 16 on llama.cpp's server, at N = 32
+    on vLLM's). Returns (the response, the times it was sent again); a server that keeps
+    failing is a RuntimeError naming it (`who`)."""
+    for attempt in range(retries + 1):
+        try:
+            return await send(), attempt
+        except httpx.TransportError as exc:
+            if attempt == retries:
+                raise RuntimeError(f"{who} failed {retries + 1} times in a row: {type(exc).__name__}: {exc}") from exc
+            print(f"{who}: connection dropped ({type(exc).__name__}), sending the call again", file=sys.stderr)
+
+
 async def run_dispatched(httpx, name: str, concurrency: int, prompts, servers: dict[str, Any],
                          turn: Callable[[], AsyncContextManager], request) -> Measurement:
     """A per-token dispatcher's run over HTTP: one keep-alive client (the `httpx` module's)
     per writer's server (`servers`: writer -> a server with `url` and `threads`), every
     prompt's `request(call, i, prompt, held)` at once through `timed_all` (`turn` and `held`
     as there), where `await call(writer, send)` is `await send(the writer's client)` counted
-    as one call of the writer's, with its seconds; the run's `measurement`."""
+    as one call of the writer's, with its seconds (sent again where its connection dropped:
+    `resend`); the run's `measurement`."""
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     clients = {w: httpx.AsyncClient(base_url=s.url, limits=limits, timeout=600.0) for w, s in servers.items()}
     calls = {w: 0 for w in servers}
@@ -90,7 +111,7 @@ async def run_dispatched(httpx, name: str, concurrency: int, prompts, servers: d
 
     async def call(writer: str, send):
         t0 = time.perf_counter()
-        r = await send(clients[writer])
+        r, _ = await resend(httpx, lambda: send(clients[writer]), f"{name}: the server of {writer!r}")
         busy[writer] += time.perf_counter() - t0
         calls[writer] += 1
         return r

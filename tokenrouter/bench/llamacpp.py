@@ -177,7 +177,6 @@ class LlamaCppStandard:
             raise
         self._loop = LoopThread()
         self.blind_steps = 0  # steps whose distribution the server did not return (counted, see _request)
-        self.retries = 0  # calls sent again after their connection dropped (`_post`)
 
     def measure(self, name: str, prompts, sampling: SamplingParams, concurrency: int, batch=None) -> Measurement:
         return self._loop.call(self._run(name, prompts, sampling, concurrency))
@@ -191,7 +190,7 @@ class LlamaCppStandard:
     async def _request(self, call, prompt, sampling, slot, route_seed):
         """One request through `run_dispatched`'s `call`, on `slot` of every server."""
         async def next_token(writer: str, tokens: list[int]):
-            r = await call(writer, lambda client: self._post(client, writer, completion_body(tokens, slot, 1, TOP_N)))
+            r = await call(writer, lambda client: client.post("/completion", json=completion_body(tokens, slot, 1, TOP_N)))
             r.raise_for_status()
             body = r.json()
             probs = body.get("completion_probabilities")  # held back for a token that ends mid-UTF-8
@@ -201,26 +200,6 @@ class LlamaCppStandard:
                                                   sampling, route_seed)
         self.blind_steps += blind
         return out, written
-
-    RETRIES = 3
-
-    async def _post(self, client, writer: str, body: dict):
-        """One `/completion` call, sent again (it is a pure function of the prompt, and the
-        slot's cache makes the repeat cheap) when the connection drops under it: a keep-alive
-        connection that the server closes just as the next call goes out is an ordinary
-        event over the thousands of calls a run makes (seen at N = 16). A server that keeps
-        failing is a RuntimeError naming it."""
-        httpx = require("bench", "httpx", "the llama.cpp dispatcher")
-        for attempt in range(self.RETRIES + 1):
-            try:
-                return await client.post("/completion", json=body)
-            except httpx.TransportError as exc:
-                if attempt == self.RETRIES:
-                    raise RuntimeError(f"llama.cpp server of {writer!r} failed {self.RETRIES + 1} times in a row: "
-                                       f"{type(exc).__name__}: {exc}") from exc
-                self.retries += 1
-                print(f"llama.cpp {writer}: connection dropped ({type(exc).__name__}), sending the call again",
-                      file=sys.stderr)
 
     def close(self):
         if hasattr(self, "_loop"):
