@@ -238,7 +238,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench-results/soak")
     args, extra = parse_with_serve_args(ap, argv)
     os.makedirs(args.out, exist_ok=True)
-    info = {"host_before": host_info(), "file": args.file, "duration_s": args.duration,
+    info = {"host_before": host_info(), "file": args.file, "duration_s": args.duration, "kill_every_s": args.kill_every,
             "concurrency": args.concurrency, "max_tokens": args.max_tokens, "serve_args": extra}
     port = free_port()
     url = f"http://127.0.0.1:{port}"
