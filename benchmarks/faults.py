@@ -36,40 +36,19 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 
+from _serve import free_port, metrics, parse_with_serve_args, pct, start_serve, stop_serve, wait_healthy
 from tokenrouter.runtime.host import host_info, load_average
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 TOPICS = ["the printing press", "vaccines", "why the sky is blue", "chess openings", "compilers",
           "the water cycle", "inflation", "bees", "plate tectonics", "transistors", "stars", "bread",
           "tides", "volcanoes", "the moon", "rivers"]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _metrics(text: str) -> dict[str, float]:
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
-
-
 def _sum(m: dict[str, float], prefix: str) -> float:
     return sum(v for k, v in m.items() if k.startswith(prefix))
-
-
-def _pct(xs: list[float], q: float) -> float | None:
-    xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3) if xs else None
 
 
 async def _stream(c, prompt: str, max_tokens: int, first: asyncio.Event | None = None):
@@ -107,7 +86,7 @@ async def _recovery(url: str, args, writers: list[str]) -> dict:
 
 
 async def _kill_once(c, writer: str, prompts: list[str], want: list[list[int]], args) -> dict:
-    before = _metrics((await c.get("/metrics")).text)
+    before = metrics((await c.get("/metrics")).text)
     firsts = [asyncio.Event() for _ in prompts]
     t_start = time.monotonic()
     runs = [asyncio.create_task(_stream(c, p, args.max_tokens, f)) for p, f in zip(prompts, firsts)]
@@ -130,7 +109,7 @@ async def _kill_once(c, writer: str, prompts: list[str], want: list[list[int]], 
         probe = round(time.monotonic() - t1, 3) if p.status_code == 200 else f"status {p.status_code}"
     results = await asyncio.gather(*runs)
     done = time.monotonic() - t0
-    after = _metrics((await c.get("/metrics")).text)
+    after = metrics((await c.get("/metrics")).text)
     return {"writer": writer, "in_flight": unfinished, "killed_after_s": round(t0 - t_start, 2),
             "noticed_s": None if noticed is None else round(noticed, 3),
             "ready_again_s": None if ready is None else round(ready, 2), "one_token_request_after_ready_s": probe,
@@ -167,7 +146,7 @@ async def _overload(url: str, n: int, max_tokens: int) -> dict:
         await asyncio.gather(*(one(i) for i in range(n)))
         wall = time.monotonic() - t0
     return {"requests": n, "max_tokens": max_tokens, "status": codes, "503_with_retry_after": retry,
-            "admitted_latency_s": {"p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99), "n": len(lat)},
+            "admitted_latency_s": {"p50": pct(lat, 0.5, 3), "p99": pct(lat, 0.99, 3), "n": len(lat)},
             "wall_s": round(wall, 1)}
 
 
@@ -184,7 +163,7 @@ def _idle(url: str, n: int, log_path: str) -> dict:
         r = httpx.post(url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 8, "temperature": 0},
                        timeout=120)
         served = time.monotonic() - t0
-        m = _metrics(httpx.get(url + "/metrics", timeout=30).text)
+        m = metrics(httpx.get(url + "/metrics", timeout=30).text)
     finally:
         for s in socks:
             s.close()
@@ -219,7 +198,7 @@ async def _abandon(url: str, n: int) -> dict:
         after = [await timed() for _ in range(4)]
         freed = None
         while freed is None and time.monotonic() - t0 < 120:
-            if _sum(_metrics((await c.get("/metrics")).text), "tokenrouter_kv_blocks_used") == 0:
+            if _sum(metrics((await c.get("/metrics")).text), "tokenrouter_kv_blocks_used") == 0:
                 freed = round(time.monotonic() - t0, 2)
             else:
                 await asyncio.sleep(0.05)
@@ -237,35 +216,19 @@ def main(argv=None) -> int:
     ap.add_argument("--idle", type=int, default=5000)
     ap.add_argument("--abandon", type=int, default=16, help="streams dropped at their first chunk (default 16)")
     ap.add_argument("--out", default="bench-results/faults")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    cut = argv.index("--") if "--" in argv else len(argv)
-    args = ap.parse_args(argv[:cut])
-    extra = argv[cut + 1:]
+    args, extra = parse_with_serve_args(ap, argv)
     os.makedirs(args.out, exist_ok=True)
     doc = {"host_before": host_info(), "file": args.file, "serve_args": extra}
-    port = _port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = os.path.join(args.out, "serve.log")
     log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "tokenrouter.cli", "serve", args.file, "--port", str(port),
-                             "--concurrency", str(args.concurrency), *extra],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    proc = start_serve(args.file, port, ["--concurrency", str(args.concurrency), *extra], log)
     try:
-        import httpx
-        deadline = time.monotonic() + 900
-        while True:
-            if proc.poll() is not None:
-                print(f"serve exited with {proc.returncode}; see {log_path}", file=sys.stderr)
-                return 2
-            try:
-                r = httpx.get(url + "/health", timeout=2)
-                if r.status_code == 200:
-                    writers = sorted(r.json()["subservers"])
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "serve did not come up"
-            time.sleep(1)
+        health = wait_healthy(proc, url, 900, log_path)
+        if health is None:
+            return 2
+        writers = sorted(health["subservers"])
         doc["recovery"] = asyncio.run(_recovery(url, args, writers))
         doc["overload"] = asyncio.run(_overload(url, args.overload, args.overload_max_tokens))
         print(f"overload: {doc['overload']}", flush=True)
@@ -275,11 +238,7 @@ def main(argv=None) -> int:
         print(f"abandoned: {doc['abandoned']}", flush=True)
         doc["host_after"] = {"load_average": load_average()}
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_serve(proc, 120)
         log.close()
     with open(os.path.join(args.out, "faults.json"), "w") as f:
         json.dump(doc, f, indent=1)

@@ -39,22 +39,15 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
 
+from _serve import free_port, metrics, parse_with_serve_args, pct, start_serve, stop_serve, wait_healthy
 from tokenrouter.runtime.host import host_info, load_average
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 TOPICS = ["the printing press", "vaccines", "why the sky is blue", "chess openings", "compilers",
           "the water cycle", "inflation", "bees", "plate tectonics", "transistors", "stars", "bread"]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rss_mb(pid: int) -> float | None:
@@ -68,24 +61,8 @@ def _rss_mb(pid: int) -> float | None:
     return None
 
 
-def _metrics(text: str) -> dict[str, float]:
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
-
-
 def _blocks(m: dict[str, float]) -> dict[str, float]:
     return {k.split('"')[1]: v for k, v in m.items() if k.startswith("tokenrouter_kv_blocks_used{")}
-
-
-def _pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 async def _load(url: str, args, stats: dict, stop: asyncio.Event) -> None:
@@ -159,7 +136,7 @@ async def _sample(url: str, proc: subprocess.Popen, series: list, stats: dict, t
             except (httpx.HTTPError, ValueError):
                 pass
             try:
-                m = _metrics((await c.get("/metrics")).text)
+                m = metrics((await c.get("/metrics")).text)
                 row["kv_blocks_used"] = _blocks(m)
                 row["running"] = m.get("tokenrouter_requests_running")
             except httpx.HTTPError as exc:
@@ -184,7 +161,7 @@ async def _killer(url: str, every: float, kills: list, stats: dict, t0: float, d
             w = writers[turn % len(writers)]
             turn += 1
             pid = subs[w]["pid"]
-            running = _metrics((await c.get("/metrics")).text).get("tokenrouter_requests_running")
+            running = metrics((await c.get("/metrics")).text).get("tokenrouter_requests_running")
             n_failed = len(stats["fail_times"])
             t_kill = time.monotonic()
             os.kill(pid, signal.SIGKILL)
@@ -259,36 +236,20 @@ def main(argv=None) -> int:
     ap.add_argument("--kill-every", type=float, default=None, metavar="S",
                     help="kill -9 one subserver every S seconds, writers in turn")
     ap.add_argument("--out", default="bench-results/soak")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    cut = argv.index("--") if "--" in argv else len(argv)
-    args = ap.parse_args(argv[:cut])
-    extra = argv[cut + 1:]  # after --: extra `tokenrouter serve` arguments
+    args, extra = parse_with_serve_args(ap, argv)
     os.makedirs(args.out, exist_ok=True)
-    info = {"host_before": host_info(), "file": args.file, "duration_s": args.duration,
+    info = {"host_before": host_info(), "file": args.file, "duration_s": args.duration, "kill_every_s": args.kill_every,
             "concurrency": args.concurrency, "max_tokens": args.max_tokens, "serve_args": extra}
-    port = _port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "tokenrouter.cli", "serve", args.file, "--port", str(port),
-           "--concurrency", str(args.concurrency), "--max-running", str(max(64, args.concurrency)), *extra]
     log = open(os.path.join(args.out, "serve.log"), "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    proc = start_serve(args.file, port, ["--concurrency", str(args.concurrency),
+                                         "--max-running", str(max(64, args.concurrency)), *extra], log)
     try:
         import httpx
-        deadline = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None:
-                print(f"serve exited with {proc.returncode}; see {log.name}", file=sys.stderr)
-                return 2
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                print("serve did not come up", file=sys.stderr)
-                return 2
-            time.sleep(1)
-        kv_start = _blocks(_metrics(httpx.get(url + "/metrics", timeout=10).text))
+        if wait_healthy(proc, url, 600, log.name) is None:
+            return 2
+        kv_start = _blocks(metrics(httpx.get(url + "/metrics", timeout=10).text))
         stats = {"sent": 0, "completed": 0, "failed": 0, "refused": 0, "latency_s": [], "errors": [],
                  "fail_times": []}
         kills: list = []
@@ -320,14 +281,14 @@ def main(argv=None) -> int:
             await sampler
 
         asyncio.run(run())
-        kv_end = _blocks(_metrics(httpx.get(url + "/metrics", timeout=10).text))
+        kv_end = _blocks(metrics(httpx.get(url + "/metrics", timeout=10).text))
         lost = stats["sent"] - stats["completed"] - stats["failed"]
         warmup = 600.0 if args.duration >= 1800 else args.duration / 6
         lat = stats["latency_s"]
         result = {**info, "host_after": {"load_average": load_average()},
                   "requests": {"sent": stats["sent"], "completed": stats["completed"], "failed": stats["failed"],
                                "lost": lost, "refused_503_then_sent_again": stats["refused"]},
-                  "latency_s": {"p50": _pct(lat, 0.5), "p99": _pct(lat, 0.99), "n": len(lat)},
+                  "latency_s": {"p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "n": len(lat)},
                   "kv_blocks_used": {"start": kv_start, "end": kv_end},
                   "warmup_s": warmup, "rss": _growth(series, warmup),
                   "kills": kills, "errors_sample": stats["errors"][:20], "series": series}
@@ -339,11 +300,7 @@ def main(argv=None) -> int:
         print(json.dumps({k: result[k] for k in ("requests", "latency_s", "kv_blocks_used", "rss", "kills")}, indent=1))
         return 0 if lost == 0 and stats["failed"] == 0 and kv_end == kv_start else 1
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_serve(proc, 60)
         log.close()
 
 

@@ -271,21 +271,30 @@ def small_model() -> Table:
     return Table([rel], caption(rel, d, "python benchmarks/bench_small_model.py", spread) + "\n\n" + rows(header, body))
 
 
-def soak_hour() -> Table:
-    """One long soak run: its requests, then each process's RSS before and after the warm-up."""
-    rel = f"{RESULTS}/soak/hour/soak.json"
+def soak_run(run: str) -> Table:
+    """One soak run: its requests, each kill -9 it made (if any), then each process's RSS
+    before and after the warm-up."""
+    rel = f"{RESULTS}/soak/{run}/soak.json"
     d = load(rel)
     q, lat, kv = d["requests"], d["latency_s"], d["kv_blocks_used"]
     blocks = ", ".join(f"{w} {kv['start'][w]:.0f} → {kv['end'][w]:.0f}" for w in sorted(kv["start"]))
-    first = rows(["duration", "sent", "completed", "failed", "lost", "latency p50 / p99", "KV blocks start → end"],
-                 [[f"{d['duration_s']:.0f} s", f"{q['sent']:,}", f"{q['completed']:,}", f"{q['failed']:,}",
-                   f"**{q['lost']}**", f"{lat['p50']:.1f} s / {lat['p99']:.1f} s", blocks]])
+    parts = [rows(["duration", "sent", "completed", "failed", "lost", "latency p50 / p99", "KV blocks start → end"],
+                  [[f"{d['duration_s']:.0f} s", f"{q['sent']:,}", f"{q['completed']:,}", f"{q['failed']:,}",
+                    f"**{q['lost']}**", f"{lat['p50']:.1f} s / {lat['p99']:.1f} s", blocks]])]
+    if d.get("kills"):
+        parts.append(rows(["kill -9", "requests in flight", "of them failed", "new requests failed", "serving again after"],
+                          [[f"`{k['writer']}` at {k['t']:.0f} s", f"{k['in_flight']:.0f}", f"**{k['failed_in_flight']}**",
+                            str(k["failed_new"]), f"{k['resumed_s']:.1f} s"] for k in d["kills"]]))
     warm = f"{d['warmup_s'] / 60:.0f} min"
-    rss = rows(["process", "RSS at start", f"after the first {warm}", "at the end", f"growth after the first {warm}"],
-               [[f"`{w}`", f"{r['start_mb']:,.0f} MB", f"{r['after_warmup_mb']:,.0f} MB", f"{r['end_mb']:,.0f} MB",
-                 f"{r['growth_after_warmup_pct']:+.2f}%"] for w, r in sorted(d["rss"].items())])
-    command = f"python benchmarks/soak.py {d['file']} --duration {d['duration_s']:.0f} --concurrency {d['concurrency']}"
-    return Table([rel], caption(rel, d, command, "one run") + "\n\n" + first + "\n\n" + rss)
+    parts.append(rows(["process", "RSS at start", f"after the first {warm}", "at the end", f"growth after the first {warm}"],
+                      [[f"`{w}`", f"{r['start_mb']:,.0f} MB", f"{r['after_warmup_mb']:,.0f} MB", f"{r['end_mb']:,.0f} MB",
+                        f"{r['growth_after_warmup_pct']:+.2f}%"] for w, r in sorted(d["rss"].items())]))
+    kill_every = ""
+    if d.get("kills"):  # runs before kill_every_s was recorded: the first kill comes after S seconds
+        kill_every = f" --kill-every {d.get('kill_every_s') or round(d['kills'][0]['t'], -1):.0f}"
+    command = (f"python benchmarks/soak.py {d['file']} --duration {d['duration_s']:.0f} --concurrency "
+               f"{d['concurrency']}{kill_every}")
+    return Table([rel], caption(rel, d, command, "one run") + "\n\n" + "\n\n".join(parts))
 
 
 def faults_run() -> Table:
@@ -458,7 +467,8 @@ TABLES: dict[str, Callable[[], Table]] = {
     "route-overhead": route_overhead,
     "invariance-demo": invariance,
     "small-model": small_model,
-    "soak-hour": soak_hour,
+    "soak-hour": lambda: soak_run("hour"),
+    "soak-kills": lambda: soak_run("kill30"),
     "faults": faults_run,
     "eval-demo": lambda: eval_summary("demo"),
     "eval-lens16": lambda: eval_summary("lens16"),

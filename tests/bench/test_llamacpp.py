@@ -5,7 +5,6 @@ tokens are ours; the per-token dispatcher routes as the program says."""
 import asyncio
 import dataclasses
 import functools
-import types
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ from gguf import GGUFReader
 pytest.importorskip("xllamacpp")
 
 from tokenrouter.bench import workload  # noqa: E402
-from tokenrouter.bench.dispatch import logits_row  # noqa: E402
+from tokenrouter.bench.dispatch import logits_row, resend  # noqa: E402
 from tokenrouter.bench.llamacpp import LlamaCppLarge, LlamaCppServer, LlamaCppStandard  # noqa: E402
 from tokenrouter.bench.official import CiterOfficial  # noqa: E402
 from tokenrouter.runtime.engine.engine import Engine  # noqa: E402
@@ -196,11 +195,11 @@ def test_a_call_whose_connection_drops_is_sent_again_and_a_dead_server_is_named(
 
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        holder = types.SimpleNamespace(RETRIES=LlamaCppStandard.RETRIES, retries=0)
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-                r = await LlamaCppStandard._post(holder, client, "large", {"prompt": [1]})
-                return r.json(), holder.retries
+                r, again = await resend(httpx, lambda: client.post("/completion", json={"prompt": [1]}),
+                                        "the server of 'large'")
+                return r.json(), again
         finally:
             server.close()
             await server.wait_closed()

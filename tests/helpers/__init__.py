@@ -10,7 +10,9 @@ sys.path, so these import the same way from every test folder.)
   configs, a tiny BPE vocabulary, writers of checkpoint folders and of GGUF files laid out
   as llama.cpp's converter lays them out, and a slow reference BPE encoder (loader tests).
 - `hf_parity`: float64 `transformers` models for the engine's logit-parity tests.
-- `serving`: the real HTTP server in a thread of the test process, and clients for it.
+- `serving`: the real HTTP server in a thread of the test process, and clients for it;
+  `tokenrouter serve` as a subprocess (its command, waiting for it, stopping it).
+- `ports`: a free loopback port.
 - `fitting`: programs, prompt files and learnable pairs for the fit tests.
 - `cdp`: headless Chromium over the DevTools protocol (the eval report's browser test).
 """

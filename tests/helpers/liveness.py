@@ -1,8 +1,9 @@
 """Serving under faults: streamed load, killing a subserver under it, checking answers
-against the single-request reference (the liveness and network-namespace tests)."""
+against the single-request reference (the liveness, recovery and network-namespace tests)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -14,27 +15,39 @@ from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.reference import Reference
 
 
+def stream_tokens(c: httpx.Client, body: dict, started: threading.Semaphore) -> tuple[int, str | None, list[int]]:
+    """One streamed completion of `body` on client `c`: (HTTP status, the error chunk or None,
+    the token ids). `started` is released at its first chunk; a response with no chunk (a
+    503, say) releases it at its end, and its body is the error."""
+    ids, err, first, other = [], None, True, []
+    with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                break
+            if not line.startswith("data: {"):
+                other.append(line)
+                continue
+            if first:
+                started.release()
+                first = False
+            if '"error"' in line:
+                err = line
+            else:
+                choices = json.loads(line[6:])["choices"]
+                ids += choices[0].get("token_ids", []) if choices else []
+        if first:
+            started.release()
+            err = err or "\n".join(other)
+    return r.status_code, err, ids
+
+
 def stream_load(url, n, results, started):
     """n long streamed requests; record (status, error text, end time) for each."""
     def one(i):
         with httpx.Client(base_url=url, timeout=120) as c:
-            with c.stream("POST", "/v1/completions", json={
-                    "prompt": f"load {i}", "max_tokens": 200, "temperature": 0, "ignore_eos": True,
-                    "stream": True}) as r:
-                err, first = None, True
-                for line in r.iter_lines():
-                    if line.startswith("data: {"):
-                        if first:
-                            started.release()
-                            first = False
-                        if '"error"' in line:
-                            err = line
-                    if line == "data: [DONE]":
-                        break
-                if first:
-                    started.release()
-                    err = err or r.read().decode()
-                results.append((r.status_code, err, time.monotonic()))
+            status, err, _ = stream_tokens(c, {"prompt": f"load {i}", "max_tokens": 200, "temperature": 0,
+                                               "ignore_eos": True}, started)
+            results.append((status, err, time.monotonic()))
     ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in ts:
         t.start()

@@ -1,9 +1,14 @@
-"""Run the real HTTP app (uvicorn, real subserver processes) inside a test, and talk to it."""
+"""Run the real HTTP app (uvicorn, real subserver processes) inside a test, and talk to it;
+and `tokenrouter serve` as a subprocess: its command (`CLI`), waiting for it to be healthy
+and stopping it."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import subprocess
+import sys
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -16,6 +21,8 @@ from tokenrouter.runtime.frontend.launch import LaunchOptions, close_runtime, op
 from tokenrouter.runtime.http.app import Limits, build_app
 from tokenrouter.runtime.http.connections import server_config
 from tokenrouter.runtime.loader import program_tokenizer
+
+CLI = [sys.executable, "-m", "tokenrouter.cli"]  # `tokenrouter` as a user runs it, from this interpreter
 
 
 class ServerThread:
@@ -132,6 +139,18 @@ def wait_until_healthy(proc, url: str, timeout_s: float, poll_s: float = 0.2) ->
             pass
         assert time.monotonic() < deadline, "the server did not come up"
         time.sleep(poll_s)
+
+
+def stop(proc: subprocess.Popen, timeout_s: float) -> int:
+    """Stop a `tokenrouter serve` subprocess as Ctrl-C does (SIGINT) and return its exit
+    status; one still running after `timeout_s` is killed and the test fails
+    (`subprocess.TimeoutExpired`)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
 
 
 def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -2,26 +2,17 @@
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 
 import pytest
 
 from tests.helpers import tiny
-from tests.helpers.serving import wait_until_healthy
+from tests.helpers.ports import free_port
+from tests.helpers.serving import CLI, stop, wait_until_healthy
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.reference import Reference
 
 pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them
-
-EXE = [sys.executable, "-m", "tokenrouter.cli"]
-
-
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _children(pid):
@@ -40,8 +31,8 @@ def _children(pid):
 
 def test_serve_cli_end_to_end(pair, tmp_path):
     program = tiny.example_program("demo", str(tmp_path), pair, dtype="float32")
-    port = _port()
-    cmd = EXE + ["serve", str(tmp_path / "demo.route"), "--port", str(port), "--model", f"slm={pair['slm']}",
+    port = free_port()
+    cmd = CLI + ["serve", str(tmp_path / "demo.route"), "--port", str(port), "--model", f"slm={pair['slm']}",
                  "--model", f"llm={pair['llm']}", "--num-blocks", "64", "--max-restarts", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
@@ -68,12 +59,7 @@ def test_serve_cli_end_to_end(pair, tmp_path):
         assert proc.wait(30) == 3
         assert "giving up" in proc.stdout.read()
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        stop(proc, 30)
     assert not _children(proc.pid)
 
 
@@ -90,7 +76,7 @@ def test_serve_cli_bad_input_is_a_clear_error(pair, tmp_path, args, message):
     tiny.example_program("demo", str(tmp_path), pair)
     args = [str(tmp_path / "demo.route") if a == "DEMO" else a for a in args]
     models = ["--model", f"slm={pair['slm']}", "--model", f"llm={pair['llm']}"]
-    r = subprocess.run(EXE + ["serve"] + args + models, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(CLI + ["serve"] + args + models, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert message in r.stderr
     assert "Traceback" not in r.stderr

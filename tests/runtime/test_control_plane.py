@@ -11,10 +11,10 @@ legitimate requests their latency."""
 import json
 import os
 import signal
-import socket
 import statistics
 import threading
 import time
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -22,6 +22,7 @@ import zmq
 
 from tests.helpers import tiny
 from tests.helpers.liveness import check_against_reference
+from tests.helpers.ports import free_port
 from tests.helpers.serving import ServerThread, metrics
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.transport import wire
@@ -29,12 +30,6 @@ from tokenrouter.runtime.transport import wire
 pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them
 
 NESTED = b"[" * 50_000 + b"]" * 50_000  # 100 KB
-
-
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _dropped(url, model, reason):
@@ -48,14 +43,38 @@ def _wait(cond, timeout=15.0, what=""):
         time.sleep(0.1)
 
 
-def _pushers(ctx, addresses: dict[str, str]) -> dict:
-    """A plain PUSH socket to every endpoint (what a process that can reach them can open)."""
-    socks = {}
-    for name, addr in addresses.items():
-        socks[name] = ctx.socket(zmq.PUSH)
-        socks[name].setsockopt(zmq.SNDHWM, 0)
-        socks[name].connect(addr)
-    return socks
+class _Stranger:
+    """A process that can reach the sockets: a zmq context and the PUSH sockets it opens,
+    closed together."""
+
+    def __init__(self):
+        self.ctx = zmq.Context()
+        self.socks: dict = {}
+
+    def push(self, addresses: dict[str, str]) -> dict:
+        """A plain PUSH socket to every endpoint (what a process that can reach them can open)."""
+        for name, addr in addresses.items():
+            self.socks[name] = self.ctx.socket(zmq.PUSH)
+            self.socks[name].setsockopt(zmq.SNDHWM, 0)
+            self.socks[name].connect(addr)
+        return self.socks
+
+    def close(self):
+        for s in self.socks.values():
+            s.close(0)
+        self.ctx.term()
+
+
+@contextmanager
+def _served_with_a_stranger(program, opts: LaunchOptions, liveness: dict | None = None):
+    """(the server, a `_Stranger`) for the test's body; both are closed when it ends."""
+    srv = ServerThread(program, opts, liveness=liveness)
+    stranger = _Stranger()
+    try:
+        yield srv, stranger
+    finally:
+        stranger.close()
+        srv.close()
 
 
 def _forged_ready(old_format: bool) -> bytes:
@@ -73,14 +92,12 @@ def program(pair):
 
 
 def test_a_local_stranger_on_tcp_is_refused_and_counted_and_changes_nothing(program):
-    binds = {n: f"tcp://127.0.0.1:{_port()}" for n in ("frontend", "slm", "llm")}
-    srv = ServerThread(program, LaunchOptions(mode="process", num_blocks=240, addresses=binds))
-    ctx = zmq.Context()
-    socks = {}
-    try:
+    binds = {n: f"tcp://127.0.0.1:{free_port()}" for n in ("frontend", "slm", "llm")}
+    opts = LaunchOptions(mode="process", num_blocks=240, addresses=binds)
+    with _served_with_a_stranger(program, opts) as (srv, stranger):
         models = httpx.get(srv.url + "/v1/models", timeout=10).json()
         pids = srv.launcher.pids()
-        socks = _pushers(ctx, binds)
+        socks = stranger.push(binds)
         s = socks["frontend"]
         s.send(_forged_ready(True))
         s.send(_forged_ready(False))
@@ -100,20 +117,12 @@ def test_a_local_stranger_on_tcp_is_refused_and_counted_and_changes_nothing(prog
         assert srv.launcher.alive() == {"slm": True, "llm": True} and srv.launcher.pids() == pids
         check_against_reference(srv.url, program, srv.tokenizer, ["after the stranger"])
         assert srv.wait_blocks_free() == {"slm": 0, "llm": 0}
-    finally:
-        for s in socks.values():
-            s.close(0)
-        ctx.term()
-        srv.close()
 
 
 def test_same_user_forgeries_over_ipc_are_dropped_by_state_and_incarnation(program):
-    srv = ServerThread(program, LaunchOptions(mode="process", num_blocks=240),
-                       liveness={"heartbeat_timeout_s": 2.0})
-    addrs = srv.launcher.addresses
-    ctx = zmq.Context()
-    socks = _pushers(ctx, addrs)
-    try:
+    opts = LaunchOptions(mode="process", num_blocks=240)
+    with _served_with_a_stranger(program, opts, liveness={"heartbeat_timeout_s": 2.0}) as (srv, stranger):
+        socks = stranger.push(srv.launcher.addresses)
         models = httpx.get(srv.url + "/v1/models", timeout=10).json()
         # a second ready cannot reconfigure anything
         socks["frontend"].send(_forged_ready(False))
@@ -143,11 +152,6 @@ def test_same_user_forgeries_over_ipc_are_dropped_by_state_and_incarnation(progr
         _wait(lambda: httpx.get(srv.url + "/health", timeout=5).status_code == 200, 60, "the restart")
         assert srv.launcher.pids()["llm"] != pid
         check_against_reference(srv.url, program, srv.tokenizer, ["after the forgeries"])
-    finally:
-        for s in socks.values():
-            s.close(0)
-        ctx.term()
-        srv.close()
 
 
 def _latencies(url, n, tag):
@@ -162,10 +166,9 @@ def _latencies(url, n, tag):
 
 
 def test_a_storm_of_deeply_nested_frames_to_every_socket_declares_nothing_down(program):
-    srv = ServerThread(program, LaunchOptions(mode="process", num_blocks=240), liveness={"heartbeat_timeout_s": 3.0})
-    ctx = zmq.Context()
-    socks = _pushers(ctx, srv.launcher.addresses)
-    try:
+    opts = LaunchOptions(mode="process", num_blocks=240)
+    with _served_with_a_stranger(program, opts, liveness={"heartbeat_timeout_s": 3.0}) as (srv, stranger):
+        socks = stranger.push(srv.launcher.addresses)
         before = _latencies(srv.url, 8, "before")
         socks["frontend"].send(NESTED)  # the frame that used to kill the frontend's receive loop
         _wait(lambda: _dropped(srv.url, "frontend", "invalid") >= 1, what="the frame to be dropped")
@@ -189,8 +192,3 @@ def test_a_storm_of_deeply_nested_frames_to_every_socket_declares_nothing_down(p
         assert srv.fe.watch.all_up and srv.fe.endpoint.loop_restarts == 0
         assert statistics.median(during) < 3 * statistics.median(before) + 1.0
         assert srv.wait_blocks_free() == {"slm": 0, "llm": 0}
-    finally:
-        for s in socks.values():
-            s.close(0)
-        ctx.term()
-        srv.close()

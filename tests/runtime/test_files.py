@@ -15,32 +15,16 @@ import httpx
 import pytest
 
 from tests.helpers import tiny
-from tests.helpers.serving import wait_until_healthy
+from tests.helpers.ports import free_port
+from tests.helpers.serving import CLI, stop, wait_until_healthy
 
 pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them
 
-EXE = [sys.executable, "-m", "tokenrouter.cli"]
-
-
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _serve(route, pair, port, env, prefix=(), **popen):
-    cmd = [*prefix, *EXE, "serve", str(route), "--port", str(port), "--model", f"slm={pair['slm']}",
+    cmd = [*prefix, *CLI, "serve", str(route), "--port", str(port), "--model", f"slm={pair['slm']}",
            "--model", f"llm={pair['llm']}", "--num-blocks", "64"]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, **popen)
-
-
-def _stop(proc):
-    proc.send_signal(signal.SIGINT)
-    try:
-        return proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
 
 
 def _can_mount_read_only(tmp_path) -> str | None:
@@ -65,7 +49,7 @@ def test_a_read_only_cache_that_holds_everything_serves(pair, tmp_path):
     env = {**os.environ, "TOKENROUTER_CACHE": str(cache)}
     url = None
     for read_only in (False, True):  # the first run fills the cache; the second cannot write to it
-        port = _port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         prefix = ("unshare", "-m", "sh", "-c", f'mount --bind -o ro "{cache}" "{cache}" && exec "$@"', "sh") \
             if read_only else ()
@@ -75,7 +59,7 @@ def test_a_read_only_cache_that_holds_everything_serves(pair, tmp_path):
             r = httpx.post(url + "/v1/completions", json={"prompt": "read only", "max_tokens": 8}, timeout=60)
             assert r.status_code == 200, r.text
         finally:
-            status = _stop(proc)
+            status = stop(proc, 60)
         out = proc.stdout.read()
         assert status in (0, 128 + signal.SIGINT) and "Traceback" not in out, out  # SIGINT: uvicorn re-raises it
         if not read_only:
@@ -84,7 +68,7 @@ def test_a_read_only_cache_that_holds_everything_serves(pair, tmp_path):
 
 def test_ctrl_c_stops_serve_and_its_subservers_without_a_traceback(pair, tmp_path):
     tiny.example_program("demo", str(tmp_path), pair, dtype="float32")
-    port = _port()
+    port = free_port()
     env = {**os.environ, "TOKENROUTER_CACHE": str(tmp_path / "cache")}
     proc = _serve(tmp_path / "demo.route", pair, port, env, start_new_session=True)  # a group of its own
     try:
@@ -167,10 +151,10 @@ def test_serve_exit_statuses_are_distinct(pair, tmp_path):
           visit llm max 1 then slm
         }}
         """))
-    r = subprocess.run(EXE + ["serve", str(bad)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(CLI + ["serve", str(bad)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "E311" in r.stderr and "is a folder" in r.stderr and "Traceback" not in r.stderr
     # 2: a bad argument
-    r = subprocess.run(EXE + ["serve", str(route), "--max-queue", "-1", *models], capture_output=True, text=True,
+    r = subprocess.run(CLI + ["serve", str(route), "--max-queue", "-1", *models], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and "--max-queue" in r.stderr
     # 4: did not start (the port is taken)
@@ -178,7 +162,7 @@ def test_serve_exit_statuses_are_distinct(pair, tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        r = subprocess.run(EXE + ["serve", str(route), "--port", str(port), "--num-blocks", "64", *models],
+        r = subprocess.run(CLI + ["serve", str(route), "--port", str(port), "--num-blocks", "64", *models],
                            capture_output=True, text=True, timeout=180)
     assert r.returncode == 4, r.stderr[-2000:]
     # 3: restarts exhausted while serving (test_cli.py's end-to-end test)

@@ -5,9 +5,7 @@ reference's greedy tokens; when restarts are exhausted what is in flight ends wi
 the cause. A remote one (over CURVE-authenticated tcp on loopback) is noticed by its missing
 heartbeats, and its requests finish when a new process of it reports ready."""
 
-import socket
 import subprocess
-import sys
 import time
 
 import httpx
@@ -15,14 +13,9 @@ import pytest
 
 from tests.helpers import tiny
 from tests.helpers.liveness import check_against_reference, kill_under_load
-from tests.helpers.serving import ServerThread, metrics
+from tests.helpers.ports import free_port
+from tests.helpers.serving import CLI, ServerThread, metrics
 from tokenrouter.runtime.frontend.launch import LaunchOptions
-
-
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_health(url, ok: bool, timeout: float):
@@ -97,8 +90,8 @@ def test_kill_9_of_a_remote_subserver_over_curve_tcp(pair, tmp_path):
     keys = str(tmp_path / "keys")
     generate_keys(keys)
     program = tiny.example_program("demo", str(tmp_path), pair)
-    binds = {n: f"tcp://127.0.0.1:{_port()}" for n in ("frontend", "slm", "llm")}
-    cmd = [sys.executable, "-m", "tokenrouter.cli", "serve", str(tmp_path / "demo.route"), "--subserver", "llm",
+    binds = {n: f"tcp://127.0.0.1:{free_port()}" for n in ("frontend", "slm", "llm")}
+    cmd = [*CLI, "serve", str(tmp_path / "demo.route"), "--subserver", "llm",
            "--model", f"slm={pair['slm']}", "--model", f"llm={pair['llm']}", "--num-blocks", "240",
            "--curve-keys", keys] + [a for n, addr in binds.items() for a in ("--bind", f"{n}={addr}")]
     procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)]

@@ -11,9 +11,7 @@ CAP_SYS_ADMIN). Only the namespace's own link-local pair of addresses is used.""
 import os
 import random
 import shutil
-import socket
 import subprocess
-import sys
 import time
 
 import httpx
@@ -22,7 +20,8 @@ import zmq
 
 from tests.helpers import tiny
 from tests.helpers.liveness import check_against_reference, kill_under_load
-from tests.helpers.serving import ServerThread
+from tests.helpers.ports import free_port
+from tests.helpers.serving import CLI, ServerThread
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.transport.security import Security, generate_keys
 from tokenrouter.runtime.transport.sockets import Sender
@@ -76,21 +75,15 @@ def netns():
         _ip("link", "delete", host_if, check=False)
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_remote_subserver_in_a_network_namespace_over_curve(pair, tmp_path, netns):
     ns, host_ip, ns_ip = netns
     keys = str(tmp_path / "keys")
     generate_keys(keys)
     program = tiny.example_program("demo", str(tmp_path), pair)
-    binds = {"frontend": f"tcp://{host_ip}:{_port()}", "slm": f"tcp://{host_ip}:{_port()}",
-             "llm": f"tcp://{ns_ip}:{_port()}"}
+    binds = {"frontend": f"tcp://{host_ip}:{free_port()}", "slm": f"tcp://{host_ip}:{free_port()}",
+             "llm": f"tcp://{ns_ip}:{free_port()}"}
     bind_args = [a for n, addr in binds.items() for a in ("--bind", f"{n}={addr}")]
-    cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "tokenrouter.cli", "serve",
+    cmd = ["ip", "netns", "exec", ns, *CLI, "serve",
            str(tmp_path / "demo.route"), "--subserver", "llm", "--model", f"slm={pair['slm']}",
            "--model", f"llm={pair['llm']}", "--num-blocks", "240", "--curve-keys", keys, *bind_args]
     procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)]

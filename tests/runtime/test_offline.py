@@ -3,6 +3,7 @@
 import pytest
 
 from tests.helpers import tiny
+from tests.helpers.ports import free_port
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.offline import LLM
@@ -52,7 +53,6 @@ def test_tcp_endpoints_with_a_separately_started_subserver(pair, tmp_path):
     """The multi-host layout on one host: explicit tcp addresses, the large model's
     subserver started on its own (as `serve --subserver` does), the rest marked remote;
     the deployment's keys on both sides (plain tcp is refused)."""
-    import socket
     import threading
 
     import zmq
@@ -61,13 +61,8 @@ def test_tcp_endpoints_with_a_separately_started_subserver(pair, tmp_path):
     from tokenrouter.runtime.subserver.subserver import Subserver
     from tokenrouter.runtime.transport.security import SecurityError, generate_keys, stop_authenticator
 
-    def port():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-
     program = tiny.coin(pair, 0.4)
-    addrs = {n: f"tcp://127.0.0.1:{port()}" for n in ("frontend", "slm", "llm")}
+    addrs = {n: f"tcp://127.0.0.1:{free_port()}" for n in ("frontend", "slm", "llm")}
     with pytest.raises(SecurityError, match="started elsewhere"):
         LLM(program, launch=LaunchOptions(mode="thread", addresses=addrs, remote=("llm",), num_blocks=64))
     generate_keys(str(tmp_path / "keys"))

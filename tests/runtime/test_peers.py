@@ -6,7 +6,6 @@ refused without test hooks, a stranger gets no frame through, a frame meant for 
 incarnation is dropped, and the subserver keeps serving throughout."""
 
 import json
-import socket
 import threading
 import time
 
@@ -14,6 +13,7 @@ import pytest
 import zmq
 
 from tests.helpers import tiny
+from tests.helpers.ports import free_port
 from tokenrouter.protocol.state import PeerMessage
 from tokenrouter.runtime.transport import wire
 from tokenrouter.runtime.frontend.launch import LaunchOptions, plan
@@ -21,17 +21,11 @@ from tokenrouter.runtime.subserver.subserver import Subserver
 from tokenrouter.runtime.transport.security import Security, secure_bind, secure_connect, stop_authenticator
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Peer:
     """One subserver (slm of the coin program, in a thread) and the test's sockets."""
 
     def __init__(self, program, test_hooks: bool):
-        self.addrs = {n: f"tcp://127.0.0.1:{_port()}" for n in ("frontend", "slm", "llm")}
+        self.addrs = {n: f"tcp://127.0.0.1:{free_port()}" for n in ("frontend", "slm", "llm")}
         self.sec = Security.for_launch(None, False, self.addrs)  # what a launch makes
         spec = plan(program, LaunchOptions(mode="thread", addresses=self.addrs, num_blocks=64), self.sec)["slm"]
         spec.test_hooks = test_hooks

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.helpers import tiny
+from tests.helpers.liveness import stream_tokens
 from tests.helpers.serving import ServerThread, metrics
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.frontend.launch import LaunchOptions
@@ -32,22 +33,8 @@ def _one(url, prompt, stream, started, results):
             r = c.post("/v1/completions", json=body)
             results[prompt] = (r.status_code, r.json()["choices"][0]["token_ids"] if r.status_code == 200 else r.text)
             return
-        ids, err, first = [], None, True
-        with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
-                    if first:
-                        started.release()
-                        first = False
-                    if '"error"' in line:
-                        err = line
-                    else:
-                        import json
-                        ch = json.loads(line[6:])["choices"]
-                        ids += ch[0].get("token_ids", []) if ch else []
-        if first:
-            started.release()
-        results[prompt] = (r.status_code if err is None else 500, ids if err is None else err)
+        status, err, ids = stream_tokens(c, body, started)
+        results[prompt] = (status if err is None else 500, ids if err is None else err)
 
 
 def _kill_under_load(srv, writer):

@@ -1,20 +1,14 @@
 """Real ZeroMQ sockets over inproc, ipc and tcp."""
 
 import queue
-import socket
 
 import pytest
 import zmq
 
+from tests.helpers.ports import free_port
 from tokenrouter.runtime.transport import wire
 from tokenrouter.runtime.transport.security import Security, SecurityError, generate_keys, stop_authenticator
 from tokenrouter.runtime.transport.sockets import AddressError, Receiver, Sender, cleanup_ipc, make_addresses
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("kind", ["inproc", "ipc", "tcp"])
@@ -22,7 +16,7 @@ def test_frames_arrive_in_order_per_sender(kind):
     ctx = zmq.Context()
     sec = None
     if kind == "tcp":
-        addrs = {"a": f"tcp://127.0.0.1:{_free_port()}"}
+        addrs = {"a": f"tcp://127.0.0.1:{free_port()}"}
         sec = Security.for_launch(None, False, addrs)  # keys made for this launch
         assert sec.curve and sec.launch_pair
     else:
@@ -77,7 +71,7 @@ def test_curve_tcp_admits_only_holders_of_the_keys_and_counts_the_others(tmp_pat
     generate_keys(str(tmp_path / "ours"))
     generate_keys(str(tmp_path / "theirs"))
     ours, theirs = Security.load(str(tmp_path / "ours")), Security.load(str(tmp_path / "theirs"))
-    addrs = {"a": f"tcp://127.0.0.1:{_free_port()}"}
+    addrs = {"a": f"tcp://127.0.0.1:{free_port()}"}
     rx_ctx, tx_ctx = zmq.Context(), zmq.Context()
     got: queue.Queue = queue.Queue()
     refused = []
@@ -101,7 +95,7 @@ def test_curve_tcp_admits_only_holders_of_the_keys_and_counts_the_others(tmp_pat
 
 def test_plain_tcp_is_refused_unless_told_even_on_loopback(tmp_path):
     ctx = zmq.Context()
-    port = _free_port()
+    port = free_port()
     for addr in (f"tcp://0.0.0.0:{port}", f"tcp://*:{port}", f"tcp://127.0.0.1:{port}"):
         with pytest.raises(SecurityError, match="--curve-keys"):
             Receiver(ctx, addr, lambda f: None)

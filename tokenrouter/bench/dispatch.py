@@ -9,11 +9,19 @@ token and the top-N log-probabilities, and asks the program's own IR interpreter
 the row is rebuilt from the top N with the remaining mass spread evenly over the other
 tokens, so coins are exact and entropy rules are approximated only in the tail. It never
 looks ahead: the decision for a position is made from that position's output alone.
+
+`run_dispatched` is such a run over HTTP: a keep-alive client per writer's server, each
+writer's calls and the seconds spent in them. `timed_all` times requests as every peer over
+HTTP does (the `*_large` peers too): each from when its turn comes (a free place under the
+concurrency, a free slot) to its answer, and the wall time of them all.
 """
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable
+import asyncio
+import sys
+import time
+from typing import Any, AsyncContextManager, Awaitable, Callable
 
 import numpy as np
 
@@ -52,6 +60,68 @@ def measurement(name: str, concurrency: int, wall: float, outs: list, threads: d
     m.steps = dict(calls)  # one HTTP call per request-step
     m.phase_s = {w: {"http_call": busy[w]} for w in busy}
     return m
+
+
+async def timed_all(prompts, turn: Callable[[], AsyncContextManager], one) -> tuple[list, float]:
+    """Every prompt's `await one(i, prompt, held)` at once, each timed from when `turn()` (an
+    async context manager: a semaphore, a free slot; `held` is what it yields) lets it in:
+    ([(result, seconds)], wall seconds)."""
+    async def timed(i, p):
+        async with turn() as held:
+            t0 = time.perf_counter()
+            out = await one(i, p, held)
+            return out, time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    outs = await asyncio.gather(*(timed(i, p) for i, p in enumerate(prompts)))
+    return outs, time.perf_counter() - t0
+
+
+RETRIES = 3
+
+
+async def resend(httpx, send, who: str, retries: int = RETRIES):
+    """`await send()` (an HTTP call: a pure function of its body, which the server's cache
+    makes cheap to repeat), sent again when the connection drops under it: a keep-alive
+    connection that the server closes just as the next call goes out is an ordinary event
+    over the thousands of calls a run makes (seen at N = 16 on llama.cpp's server, at N = 32
+    on vLLM's). Returns (the response, the times it was sent again); a server that keeps
+    failing is a RuntimeError naming it (`who`)."""
+    for attempt in range(retries + 1):
+        try:
+            return await send(), attempt
+        except httpx.TransportError as exc:
+            if attempt == retries:
+                raise RuntimeError(f"{who} failed {retries + 1} times in a row: {type(exc).__name__}: {exc}") from exc
+            print(f"{who}: connection dropped ({type(exc).__name__}), sending the call again", file=sys.stderr)
+
+
+async def run_dispatched(httpx, name: str, concurrency: int, prompts, servers: dict[str, Any],
+                         turn: Callable[[], AsyncContextManager], request) -> Measurement:
+    """A per-token dispatcher's run over HTTP: one keep-alive client (the `httpx` module's)
+    per writer's server (`servers`: writer -> a server with `url` and `threads`), every
+    prompt's `request(call, i, prompt, held)` at once through `timed_all` (`turn` and `held`
+    as there), where `await call(writer, send)` is `await send(the writer's client)` counted
+    as one call of the writer's, with its seconds (sent again where its connection dropped:
+    `resend`); the run's `measurement`."""
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    clients = {w: httpx.AsyncClient(base_url=s.url, limits=limits, timeout=600.0) for w, s in servers.items()}
+    calls = {w: 0 for w in servers}
+    busy = {w: 0.0 for w in servers}
+
+    async def call(writer: str, send):
+        t0 = time.perf_counter()
+        r, _ = await resend(httpx, lambda: send(clients[writer]), f"{name}: the server of {writer!r}")
+        busy[writer] += time.perf_counter() - t0
+        calls[writer] += 1
+        return r
+
+    try:
+        outs, wall = await timed_all(prompts, turn, lambda i, p, held: request(call, i, p, held))
+    finally:
+        for c in clients.values():
+            await c.aclose()
+    return measurement(name, concurrency, wall, outs, {w: s.threads for w, s in servers.items()}, calls, busy)
 
 
 def logits_row(top: list[dict], vocab: int):

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import asynccontextmanager
 from typing import Any
 
 from tokenrouter.compiler.backend.compiled import default_base_dir
@@ -34,7 +35,7 @@ from tokenrouter.extras import require
 from tokenrouter.protocol.sampling import SamplingParams
 
 from tokenrouter.bench.deploy import Measurement
-from tokenrouter.bench.dispatch import check_dispatchable, measurement, route_request
+from tokenrouter.bench.dispatch import check_dispatchable, route_request, run_dispatched, timed_all
 
 TOP_N = 20  # probabilities a dispatcher asks for (the full row costs ~0.6 s a token to serialise)
 
@@ -116,6 +117,15 @@ class _Slots:
         for i in range(n):
             self.free.put_nowait(i)
 
+    @asynccontextmanager
+    async def take(self):
+        """A free slot id for one request, back in the pool when the request ends."""
+        slot = await self.free.get()
+        try:
+            yield slot
+        finally:
+            self.free.put_nowait(slot)
+
 
 class LlamaCppLarge:
     """`llamacpp_large`: one server, each request a single `/completion` of max_tokens."""
@@ -133,20 +143,13 @@ class LlamaCppLarge:
         slots = _Slots(min(concurrency, self.server.parallel))
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         async with httpx.AsyncClient(base_url=self.server.url, limits=limits, timeout=600.0) as client:
-            async def one(p):
-                slot = await slots.free.get()
-                try:
-                    t0 = time.perf_counter()
-                    r = await client.post("/completion", json=dict(completion_body(
-                        list(p), slot, sampling.max_tokens, 0), ignore_eos=not sampling.stop_token_ids))
-                    r.raise_for_status()
-                    return r.json()["tokens"], time.perf_counter() - t0
-                finally:
-                    slots.free.put_nowait(slot)
+            async def one(_, p, slot):
+                r = await client.post("/completion", json=dict(completion_body(
+                    list(p), slot, sampling.max_tokens, 0), ignore_eos=not sampling.stop_token_ids))
+                r.raise_for_status()
+                return r.json()["tokens"]
 
-            t0 = time.perf_counter()
-            outs = await asyncio.gather(*(one(p) for p in prompts))
-            wall = time.perf_counter() - t0
+            outs, wall = await timed_all(prompts, slots.take, one)
         toks = [t for t, _ in outs]
         return Measurement(name, concurrency, wall, sum(map(len, toks)), [lat for _, lat in outs],
                            {self.name: sum(map(len, toks))}, toks, threads={self.name: self.server.threads})
@@ -174,7 +177,6 @@ class LlamaCppStandard:
             raise
         self._loop = LoopThread()
         self.blind_steps = 0  # steps whose distribution the server did not return (counted, see _request)
-        self.retries = 0  # calls sent again after their connection dropped (`_post`)
 
     def measure(self, name: str, prompts, sampling: SamplingParams, concurrency: int, batch=None) -> Measurement:
         return self._loop.call(self._run(name, prompts, sampling, concurrency))
@@ -182,34 +184,13 @@ class LlamaCppStandard:
     async def _run(self, name, prompts, sampling, concurrency):
         httpx = require("bench", "httpx", "the llama.cpp dispatcher")
         slots = _Slots(min(concurrency, min(s.parallel for s in self.servers.values())))
-        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        clients = {m: httpx.AsyncClient(base_url=s.url, limits=limits, timeout=600.0) for m, s in self.servers.items()}
-        calls = {m: 0 for m in self.servers}
-        busy = {m: 0.0 for m in self.servers}
-        try:
-            async def one(i, p):
-                slot = await slots.free.get()
-                try:
-                    t0 = time.perf_counter()
-                    out = await self._request(clients, calls, busy, list(p), sampling, slot, route_seed=i)
-                    return out, time.perf_counter() - t0
-                finally:
-                    slots.free.put_nowait(slot)
+        return await run_dispatched(httpx, name, concurrency, prompts, self.servers, slots.take,
+                                    lambda call, i, p, slot: self._request(call, list(p), sampling, slot, route_seed=i))
 
-            t0 = time.perf_counter()
-            outs = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
-            wall = time.perf_counter() - t0
-        finally:
-            for c in clients.values():
-                await c.aclose()
-        return measurement(name, concurrency, wall, outs, {w: s.threads for w, s in self.servers.items()}, calls, busy)
-
-    async def _request(self, clients, calls, busy, prompt, sampling, slot, route_seed):
+    async def _request(self, call, prompt, sampling, slot, route_seed):
+        """One request through `run_dispatched`'s `call`, on `slot` of every server."""
         async def next_token(writer: str, tokens: list[int]):
-            t0 = time.perf_counter()
-            r = await self._post(clients[writer], writer, completion_body(tokens, slot, 1, TOP_N))
-            busy[writer] += time.perf_counter() - t0
-            calls[writer] += 1
+            r = await call(writer, lambda client: client.post("/completion", json=completion_body(tokens, slot, 1, TOP_N)))
             r.raise_for_status()
             body = r.json()
             probs = body.get("completion_probabilities")  # held back for a token that ends mid-UTF-8
@@ -219,26 +200,6 @@ class LlamaCppStandard:
                                                   sampling, route_seed)
         self.blind_steps += blind
         return out, written
-
-    RETRIES = 3
-
-    async def _post(self, client, writer: str, body: dict):
-        """One `/completion` call, sent again (it is a pure function of the prompt, and the
-        slot's cache makes the repeat cheap) when the connection drops under it: a keep-alive
-        connection that the server closes just as the next call goes out is an ordinary
-        event over the thousands of calls a run makes (seen at N = 16). A server that keeps
-        failing is a RuntimeError naming it."""
-        httpx = require("bench", "httpx", "the llama.cpp dispatcher")
-        for attempt in range(self.RETRIES + 1):
-            try:
-                return await client.post("/completion", json=body)
-            except httpx.TransportError as exc:
-                if attempt == self.RETRIES:
-                    raise RuntimeError(f"llama.cpp server of {writer!r} failed {self.RETRIES + 1} times in a row: "
-                                       f"{type(exc).__name__}: {exc}") from exc
-                self.retries += 1
-                print(f"llama.cpp {writer}: connection dropped ({type(exc).__name__}), sending the call again",
-                      file=sys.stderr)
 
     def close(self):
         if hasattr(self, "_loop"):

@@ -305,7 +305,7 @@ def _measure_level(n: int, names: list[str], deployments: dict[str, Any], setup:
         out.load[n] = {"before": load_average()}
         out.raw[n] = _rounds(n, names, deps, out.requests[n], setup, opts, bar)
         out.load[n]["after"] = load_average()
-    except (RuntimeError, OSError, TimeoutError, ValueError, ConnectionError) as exc:
+    except Exception as exc:  # whatever a peer raised (an HTTP client's ReadError too): the other levels keep theirs
         out.failed[n] = f"{type(exc).__name__}: {exc}"
         _log(f"level N={n} failed, its figures are dropped: {out.failed[n]}")
         out.raw.pop(n, None)

@@ -33,7 +33,7 @@ from tokenrouter.compiler.backend.interpreter import Interpreter
 from tokenrouter.protocol.sampling import SamplingParams
 
 from tokenrouter.bench.deploy import Measurement
-from tokenrouter.bench.dispatch import check_dispatchable, measurement, route_request
+from tokenrouter.bench.dispatch import check_dispatchable, route_request, run_dispatched, timed_all
 from tokenrouter.bench.llamacpp import LoopThread
 
 TOP_N = 20
@@ -132,17 +132,13 @@ class VllmLarge:
         sem = asyncio.Semaphore(concurrency)
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         async with httpx.AsyncClient(base_url=self.server.url, limits=limits, timeout=1800.0) as client:
-            async def one(p):
-                async with sem:
-                    t0 = time.perf_counter()
-                    r = await client.post("/v1/completions", json=completion_body(
-                        "large", p, sampling.max_tokens, sampling, None))
-                    r.raise_for_status()
-                    return r.json()["choices"][0]["token_ids"], time.perf_counter() - t0
+            async def one(_, p, __):
+                r = await client.post("/v1/completions", json=completion_body(
+                    "large", p, sampling.max_tokens, sampling, None))
+                r.raise_for_status()
+                return r.json()["choices"][0]["token_ids"]
 
-            t0 = time.perf_counter()
-            outs = await asyncio.gather(*(one(p) for p in prompts))
-            wall = time.perf_counter() - t0
+            outs, wall = await timed_all(prompts, lambda: sem, one)
         toks = [t for t, _ in outs]
         return Measurement(name, concurrency, wall, sum(map(len, toks)), [lat for _, lat in outs],
                            {"large": sum(map(len, toks))}, toks, threads={"large": self.server.threads})
@@ -177,37 +173,22 @@ class VllmStandard:
     async def _run(self, name, prompts, sampling, concurrency):
         import httpx
         sem = asyncio.Semaphore(concurrency)
-        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        clients = {m: httpx.AsyncClient(base_url=s.url, limits=limits, timeout=600.0) for m, s in self.servers.items()}
-        calls = {m: 0 for m in self.servers}
-        busy = {m: 0.0 for m in self.servers}
 
-        async def next_token(writer: str, tokens: list[int]):
-            t0 = time.perf_counter()
-            r = await clients[writer].post("/v1/completions", json=completion_body(writer, tokens, 1, sampling, TOP_N))
-            busy[writer] += time.perf_counter() - t0
-            calls[writer] += 1
-            r.raise_for_status()
-            ch = r.json()["choices"][0]
-            top = ch["logprobs"]["top_logprobs"][0] if ch.get("logprobs") else None
-            return int(ch["token_ids"][0]), (None if not top else
-                                             [{"id": int(k.split(":", 1)[1]), "logprob": v} for k, v in top.items()])
+        async def request(call, i, p, _):
+            async def next_token(writer: str, tokens: list[int]):
+                r = await call(writer, lambda client: client.post(
+                    "/v1/completions", json=completion_body(writer, tokens, 1, sampling, TOP_N)))
+                r.raise_for_status()
+                ch = r.json()["choices"][0]
+                top = ch["logprobs"]["top_logprobs"][0] if ch.get("logprobs") else None
+                return int(ch["token_ids"][0]), (None if not top else [
+                    {"id": int(k.split(":", 1)[1]), "logprob": v} for k, v in top.items()])
 
-        try:
-            async def one(i, p):
-                async with sem:
-                    t0 = time.perf_counter()
-                    toks, written, _ = await route_request(self.interp, self.program.start, self.vocab, next_token,
-                                                           list(p), sampling, route_seed=i)
-                    return (toks, written), time.perf_counter() - t0
+            toks, written, _ = await route_request(self.interp, self.program.start, self.vocab, next_token,
+                                                   list(p), sampling, route_seed=i)
+            return toks, written
 
-            t0 = time.perf_counter()
-            outs = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
-            wall = time.perf_counter() - t0
-        finally:
-            for c in clients.values():
-                await c.aclose()
-        return measurement(name, concurrency, wall, outs, {w: s.threads for w, s in self.servers.items()}, calls, busy)
+        return await run_dispatched(httpx, name, concurrency, prompts, self.servers, lambda: sem, request)
 
     def close(self):
         if hasattr(self, "_loop"):
