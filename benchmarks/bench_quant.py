@@ -5,9 +5,9 @@ prompts and 128 new tokens per request (llama.cpp: `ignore_eos`, so both make ex
 many), batches 1, 4, 8 and 16. Configurations:
 
 - `none`: our engine on the file dequantised to float32 (the exact default);
-- `native`: the file's own Q4_1 blocks on torch's int4 kernel, bf16 activations, the LM head
-  (the file's Q8_0 embedding) as int4 (`--head-quant` to change), one row-invariant kernel per shape, chosen by
-  the plan measured on this host at first load;
+- `native`: the file's own Q4_1 blocks, one row-invariant kernel per shape (torch's int4
+  kernel or one of ours), chosen by the plan measured on this host at first load, the LM
+  head (the file's Q8_0 embedding) as int4 (`--head-quant` to change);
 - `int4`, `int8`: the float32 weights quantised on load (int4: min/max per group of 32);
 - `native-torch-attention`, `native-unfused`, `native-per-call`, `native-f32kv`,
   `native-torch-int4`, `native-int4dp`, `native-int4amx`, `native-int4avx2`,
