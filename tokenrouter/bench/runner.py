@@ -168,7 +168,6 @@ class _Setup:
             return _swept_batch(self.writers, self.large, int(c.split("@")[1]))
         return C.thresholds_for(c, self.program, self.tuned[n]) if c not in C.PER_LEVEL and c != "official" else None
 
-
     def start(self, c: str, opts: BenchOptions, n: int):
         return _start(c, self.program, opts, self.base, n, self.ctx, self.small, self.large)
 

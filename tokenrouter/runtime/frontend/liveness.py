@@ -173,17 +173,18 @@ class Watch:
         # its end is seen by `alive`
         drained = max(self.drained(), now - (BACKLOG_LIMIT - 1) * self.heartbeat_timeout_s)
         alive = self.processes_alive()
+        threads = self.restart is None  # thread mode: local subservers are threads of this process
         for w, lv in self.live.items():
             if lv.up:
                 if alive.get(w) is False:
                     await self.went_down(w, "its process exited")
-                elif drained - lv.last_seen > self.heartbeat_timeout_s and not (self.restart is None and w in alive):
+                elif drained - lv.last_seen > self.heartbeat_timeout_s and not (threads and w in alive):
                     await self.went_down(w, f"no heartbeat for {drained - lv.last_seen:.1f} s")
                 elif lv.failures and now - lv.since > STABLE_S:
                     lv.failures = 0
             elif self.restart is not None and w in alive and self.fatal is None:
                 await self.maybe_restart(w, lv, alive[w], now)
-            elif self.restart is None and w in alive and self.fatal is None:
+            elif threads and w in alive and self.fatal is None:
                 await self.give_up(f"subserver {w} is down ({lv.reason}) and cannot be restarted (thread mode)")
 
     async def maybe_restart(self, w: str, lv: Liveness, running: bool, now: float) -> None:
