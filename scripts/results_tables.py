@@ -154,21 +154,32 @@ def serving(run: str, command: str | None = None) -> Table:
             ratio = (lv.get("ratios") or {}).get(f"tokenrouter/{c}")
             cells.append("-" if ratio is None or c == "bound" else f"{ratio:.2f}x")
         body.append(cells)
+    body += predicted_row(d, levels)
     first = d["levels"][levels[0]]
     share = first["configs"].get("tokenrouter", {}).get("share", {}).get(d["large"])
     facts = [f"{d['workload']['max_tokens']} tokens a request, {d['workload']['rounds']} interleaved round(s), "
              f"the median reported"]
     if share is not None:
         facts.append(f"the large model wrote {pct(share)} of tokenrouter's tokens")
-    predicted = ((first.get("predicted") or {}).get("tokenrouter") or {}).get("tokens_per_s")
-    measured = (first["configs"].get("tokenrouter") or {}).get("tokens_per_s")
-    if predicted and measured and len(levels) == 1:
-        facts.append(f"the tuner's chain predicted {predicted:.1f} tok/s for tokenrouter (measured / predicted "
-                     f"{measured / predicted:.2f})")
     if first.get("identical_outputs") is not None:
         facts.append("our routed configurations gave identical outputs" if first["identical_outputs"]
                      else "our routed configurations' outputs differed")
     return Table([rel], caption(rel, d, command or d["command"], "; ".join(facts)) + "\n\n" + rows(header, body))
+
+
+def predicted_row(d: dict, levels: list[str]) -> list[list[str]]:
+    """The tuner chain's prediction for tokenrouter's schedule at each level, its share of the
+    bound, and measured / predicted in the ratio column; no row when no level has one."""
+    cells, any_pred = ["predicted (tuner chain)"], False
+    for n in levels:
+        lv = d["levels"][n]
+        pred = ((lv.get("predicted") or {}).get("tokenrouter") or {}).get("tokens_per_s")
+        measured = (lv["configs"].get("tokenrouter") or {}).get("tokens_per_s")
+        bound = (lv["configs"].get("bound") or {}).get("tokens_per_s")
+        any_pred |= bool(pred)
+        cells += ["-" if not pred else f"{pred:.1f}", "-" if not (pred and bound) else f"{pred / bound:.2f}",
+                  "-" if not (pred and measured) else f"{measured / pred:.2f}x"]
+    return [cells] if any_pred else []
 
 
 def long_run() -> Table:

@@ -81,6 +81,7 @@ from tokenrouter.runtime.engine.kv_cache import KV_DTYPES, KVCache, default_num_
 from tokenrouter.runtime.engine.model import Model
 from tokenrouter.runtime.engine.options import EngineOptions
 from tokenrouter.runtime.engine.stack import stack_problem
+from tokenrouter.runtime.engine.weights import release_load_temporaries
 from tokenrouter.runtime.host import cpu_flags
 from tokenrouter.runtime.kernels.build import NativeKernelError, available
 from tokenrouter.runtime.kernels.plan import choose
@@ -148,6 +149,7 @@ class Engine:
         if use_graphs:
             self.graphs = GraphRunner(self.model, self.kv, self.geometry, pad_block=num_blocks,
                                       max_len=self.max_model_len, capture=o.cuda_graphs is True)
+        release_load_temporaries()
 
     def _native_attention(self, attention: str) -> bool:
         """Whether decodes and short extends go to the C kernel (`bindings.paged_attention`):
