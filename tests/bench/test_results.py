@@ -87,14 +87,22 @@ def test_identical_outputs_compares_the_requests_both_ran():
     assert R.identical_outputs(by) is False
 
 
-def test_bound_prices_every_request_step_at_the_full_batch():
-    prof = Profile.affine({"small": (6.0, 0.5), "large": (20.0, 2.0)}, colocation=0.0)
-    # 100 tokens: 105 request-steps on small, 5 on large, at N = 8
+def test_bound_prices_every_request_step_at_its_cheapest_batch_with_the_models_side_by_side():
+    # 100 tokens: 105 request-steps on small, 5 on large, at N = 8; L(b) / b falls with b, so b = 8
     m = meas("tokenrouter", 1.0, 100, written_by={"small": 95, "large": 5}, batch_sum={"small": 105, "large": 5})
-    b = R.bound(8, prof, m)
-    cost = (105 * prof.models["small"].step_ms(8) + 5 * prof.models["large"].step_ms(8)) / 1000 / 8
-    assert b["tokens_per_s"] == pytest.approx(100 / cost)
+    apart = Profile.affine({"small": (6.0, 0.5), "large": (20.0, 2.0)}, colocation=0.0)
+    small_ms, large_ms = 105 * apart.models["small"].step_ms(8) / 8, 5 * apart.models["large"].step_ms(8) / 8
+    b = R.bound(8, apart, m)
+    # nothing slows a model while the other steps: the two overlap fully, the longer one is the time
+    assert b["tokens_per_s"] == pytest.approx(100 / (max(small_ms, large_ms) / 1000))
     assert b["models"]["small"]["request_steps_per_token"] == pytest.approx(1.05)
+    # each runs twice as slow beside the other: overlapping gains nothing, the times add up
+    shared = Profile.affine({"small": (6.0, 0.5), "large": (20.0, 2.0)}, colocation=1.0)
+    assert R.bound(8, shared, m)["tokens_per_s"] == pytest.approx(100 / ((small_ms + large_ms) / 1000))
+    # a step that gets dearer per request past b = 2 is priced at b = 2
+    steep = Profile({"large": ModelProfile("large", Curve((1, 2, 4, 8), (10.0, 12.0, 40.0, 100.0)))})
+    one = meas("tokenrouter", 1.0, 10, batch_sum={"large": 10})
+    assert R.bound(8, steep, one)["tokens_per_s"] == pytest.approx(10 / (10 * 6.0 / 1000))
     assert R.bound(8, None, m) is None
     assert not b["extends_counted"]  # no fed-token counters: every request-step a decode
     assert R.of_bound({"bound": 200.0, "tokenrouter": 150.0}) == {"tokenrouter": 0.75}
@@ -120,7 +128,7 @@ def test_bound_counts_the_tokens_each_request_step_fed():
     b0, b = R.bound(8, prof, decodes), R.bound(8, prof, fed)
     assert b["extends_counted"] and b["models"]["large"]["tokens_per_request_step"] == 20.0
     small, large = prof.models["small"], prof.models["large"]
-    cost = (105 * small.step_ms(8, tokens=1.2) + 5 * large.step_ms(8, tokens=20.0)) / 1000 / 8
+    cost = max(105 * small.step_ms(8, tokens=1.2), 5 * large.step_ms(8, tokens=20.0)) / 1000 / 8
     assert b["tokens_per_s"] == pytest.approx(100 / cost)
     assert b["tokens_per_s"] < b0["tokens_per_s"]
     g = R.gap(8, prof, dataclasses.replace(fed, steps={"small": 20, "large": 5},

@@ -1,4 +1,5 @@
-"""A serving process keeps glibc's mmap threshold fixed, so freed activations go back to the system."""
+"""A serving process keeps glibc's mmap threshold fixed (at 32 MB), so freed activations go back to
+the system and sweeps of changing activation sizes do not grow it."""
 
 import subprocess
 import sys
@@ -22,7 +23,8 @@ def sweep(step):  # oneDNN products of changing row counts: outputs of 6 KB to 7
             torch.ops.mkldnn._linear_pointwise(x[:m], packed, None, "none", [], "")
 sweep(1)
 before = rss()
-sweep(7)  # without the fixed threshold, measured: +274 MB here
+sweep(7)  # without the fixed threshold, measured: +143-274 MB here
+sweep(3)  # with it at 1 MB: +15 MB after this third sweep; at 32 MB: +0.2
 print(rss() - before)
 """
 
@@ -32,4 +34,4 @@ print(rss() - before)
 def test_a_second_sweep_of_changing_activation_sizes_does_not_grow_the_process():
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert float(out.stdout.split()[-1]) < 20  # MB
+    assert float(out.stdout.split()[-1]) < 5  # MB

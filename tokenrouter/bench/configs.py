@@ -20,8 +20,9 @@ Keys (also those of `summary.json`):
 - `vllm_large`: the large model alone on one stock vLLM server (`bench/vllm_peers.py`);
 - `vllm_std`: standard serving from stock vLLM: a vLLM server per model with prefix caching
   and the per-token dispatcher (`bench/vllm_peers.py`, `bench/dispatch.py`);
-- `bound`: not a deployment but the profile's upper bound, each model fully batched at N
-  with no waiting, for the steps `tokenrouter` took (`results.bound`).
+- `bound`: not a deployment but the profile's upper bound for the steps `tokenrouter` took:
+  each at its cheapest batch (<= N), nothing waiting, the models side by side as far as
+  co-location allows (`results.bound`, as `tuner.bounds`).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from tokenrouter.bench.configs import CONFIGS, PEERS_ROUTED, ROUTED
+from tokenrouter.tuner.bounds import cheapest_step, overlapped_ms
 from tokenrouter.tuner.profile import ProfileError
 
 SUMMARY_B_KEY = "B_i"
@@ -106,31 +107,34 @@ def peer_agreement(by_config: dict[str, list]) -> dict[str, Any]:
 
 
 def bound(concurrency: int, profile, m) -> dict[str, Any] | None:
-    """The profile's upper bound for the work a tokenrouter measurement did: every
-    request-step it took on model w (its batch sizes summed) run at the full batch N with
-    no waiting, each feeding the tokens it fed (`tokens_per_request_step`: a decode's one, a
-    returning request's extend of what the other model wrote, a first visit's prefill; from
-    the subservers' fed-token counters), costing L_w(N, k_w) / N each (the profile's step time
-    at batch N with k_w tokens a request, its extend curves interpolated):
-    tokens/s = tokens / sum_w (request-steps_w L_w(N, k_w) / N). Without the fed-token counts
-    every request-step is costed as a decode (`extends_counted` False), which leaves out the
-    extends and overstates the bound."""
+    """The profile's upper bound for the work a tokenrouter measurement did, as the tuner's
+    (`tuner.bounds`): every request-step it took on model w (its batch sizes summed) feeding
+    the tokens it fed (`tokens_per_request_step`: a decode's one, a returning request's
+    extend of what the other model wrote, a first visit's prefill; from the subservers'
+    fed-token counters) at its cheapest cost per request (L_w(b, k_w) / b at the best b <= N),
+    nothing waiting, and the models stepping side by side as far as the profile's co-location
+    slowdown allows (`overlapped_ms`). Without the fed-token counts every request-step is
+    costed as a decode (`extends_counted` False), which leaves out the extends and overstates
+    the bound."""
     if profile is None or m is None or not m.batch_sum:
         return None
-    cost_s, per = 0.0, {}
+    work, slow, per = {}, {}, {}
     counted = all(m.fed_tokens.get(w) for w in m.batch_sum)
     for w, req_steps in m.batch_sum.items():
         if w not in profile.models:
             return None
         k = tokens_per_request_step(m, w)
+        prof = profile.models[w]
         try:
-            ms = profile.models[w].step_ms(concurrency, tokens=k)
+            ms, slow[w] = cheapest_step(lambda b, co: prof.step_ms(b, co, tokens=k), concurrency)
         except ProfileError as exc:
             return {"tokens_per_s": None, "error": str(exc)}
+        work[w] = req_steps * ms
         per[w] = {"request_steps_per_token": req_steps / m.tokens, "tokens_per_request_step": k,
-                  "step_ms_at_N": ms, "decode_step_ms_at_N": profile.models[w].step_ms(concurrency)}
-        cost_s += req_steps * ms / 1000.0 / concurrency
-    return {"tokens_per_s": m.tokens / cost_s if cost_s > 0 else None, "extends_counted": counted, "models": per}
+                  "ms_per_request_step": ms, "co_located_slowdown": slow[w]}
+    total_ms = overlapped_ms(work, slow)
+    return {"tokens_per_s": 1000.0 * m.tokens / total_ms if total_ms > 0 else None, "extends_counted": counted,
+            "models": per}
 
 
 def tokens_per_request_step(m, w: str) -> float:

@@ -325,8 +325,10 @@ def _start_level(level_deps: dict[str, Any], n: int, names: list[str], setup: _S
 def _calibrate(requests: dict[str, int], n: int, names: list[str], deps: dict[str, Any], setup: _Setup,
                opts: BenchOptions) -> None:
     """Fill `requests` with each configuration's requests at level `n`: with steady_s, sized
-    by the faster of two waves of short requests (see calibrated_requests)."""
-    cal_tokens = max(8, opts.max_tokens // 4)
+    by the faster of two waves of requests as long as the measured ones, up to 128 tokens
+    (see calibrated_requests). Quarter-length waves ran slower than the measurement's
+    (their prefills weigh more), which sized 128-token measurements meant for 30 s at 23-27 s."""
+    cal_tokens = min(opts.max_tokens, 128)
     for c in names:
         tps = 0.0
         if opts.steady_s > 0:  # two waves: the first may pay one-time costs (a vLLM engine's first steps)

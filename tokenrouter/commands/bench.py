@@ -39,8 +39,8 @@ def configure(parser) -> None:
                              "(official: one wave of 8)")
     parser.add_argument("--steady-s", type=float, default=None,
                         help="size each configuration's measurement for at least this many seconds at its own "
-                             "speed, calibrated on the faster of two short waves, in whole waves of N (--quick: "
-                             "30; otherwise 0: --requests for every configuration)")
+                             "speed, calibrated on the faster of two waves of requests up to 128 tokens long, in "
+                             "whole waves of N (--quick: 30; otherwise 0: --requests for every configuration)")
     parser.add_argument("--out", default="bench-results/bench",
                         help="folder for summary.json, details.json and plots (default bench-results/bench, a "
                              "scratch folder git ignores)")
@@ -116,7 +116,7 @@ def print_report(details: dict) -> None:
             if not r:
                 continue
             if c == "bound":
-                print(f"  {c:<14} {r['tokens_per_s']:8.1f} tok/s   (the profile's steps at batch {n}, no waiting)")
+                print(f"  {c:<14} {r['tokens_per_s']:8.1f} tok/s   (the profile's steps at their cheapest batch <= {n}, side by side, no waiting)")
                 continue
             lat = r["latency_s"]
             lat_s = f"latency median {lat['median']:.2f} s, p99 {lat['p99']:.2f} s" if lat else "latency n/a"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Callable
 
 import numpy as np
 from scipy.optimize import linprog
@@ -40,19 +41,32 @@ def step_shares(system: System) -> tuple[dict[str, float], float]:
 
 def upper_bound(system: System) -> float:
     """Committed tokens per second no schedule can beat on this profile."""
-    M = list(system.models)
     N = system.concurrency
     share, commit = step_shares(system)
     work, slow = {}, {}
-    for m in M:
-        best_b = min(range(1, N + 1), key=lambda b: system.step_ms(m, b, False) / b)
-        work[m] = share[m] * system.step_ms(m, best_b, False) / best_b  # ms per request-step
-        slow[m] = system.step_ms(m, best_b, True) / system.step_ms(m, best_b, False)
-    active = [m for m in M if work[m] > 0]
+    for m in system.models:
+        per_step, slow[m] = cheapest_step(lambda b, co, m=m: system.step_ms(m, b, co), N)
+        work[m] = share[m] * per_step  # ms per request-step
+    return commit / overlapped_ms(work, slow) * 1000.0
+
+
+def cheapest_step(step_ms: Callable[[int, bool], float], concurrency: int) -> tuple[float, float]:
+    """(ms per request of a step at the batch b <= N that minimises L(b) / b, and how much
+    slower that step runs while another model steps: L_co(b) / L(b))."""
+    best_b = min(range(1, concurrency + 1), key=lambda b: step_ms(b, False) / b)
+    alone = step_ms(best_b, False)
+    return alone / best_b, step_ms(best_b, True) / alone
+
+
+def overlapped_ms(work: dict[str, float], slow: dict[str, float]) -> float:
+    """The least time in which every model gets its `work` (ms of steps alone) done, models
+    stepping together as co-location allows: a linear program over how long each set of
+    models steps together, a model's work running `slow` times slower while others step."""
+    active = [m for m in work if work[m] > 0]
     subsets = [s for k in range(1, len(active) + 1) for s in itertools.combinations(active, k)]
     # minimise total time sum_S t_S such that each model's work gets done
     A = np.array([[-(1.0 if len(s) == 1 else 1.0 / slow[m]) * (m in s) for s in subsets] for m in active])
     res = linprog(np.ones(len(subsets)), A_ub=A, b_ub=-np.array([work[m] for m in active]), bounds=(0, None))
     if not res.success:
         raise RuntimeError(f"bound LP failed: {res.message}")
-    return commit / res.fun * 1000.0
+    return float(res.fun)
