@@ -161,10 +161,20 @@ def serving(run: str, command: str | None = None) -> Table:
              f"the median reported"]
     if share is not None:
         facts.append(f"the large model wrote {pct(share)} of tokenrouter's tokens")
+    if not new_bound(first):
+        facts.append("its bound is the older one (every request-step a decode at batch N, the two models one "
+                     "after the other; `results.bound` now prices extends and overlaps the models)")
     if first.get("identical_outputs") is not None:
         facts.append("our routed configurations gave identical outputs" if first["identical_outputs"]
                      else "our routed configurations' outputs differed")
     return Table([rel], caption(rel, d, command or d["command"], "; ".join(facts)) + "\n\n" + rows(header, body))
+
+
+def new_bound(level: dict) -> bool:
+    """Whether a level's bound is `results.bound` as it is now (the models' fed tokens priced
+    at their cheapest batch, side by side: `ms_per_request_step`), or no bound was run."""
+    b = (level["configs"].get("bound") or {}).get("bound")
+    return b is None or all("ms_per_request_step" in m for m in b.get("models", {}).values())
 
 
 def predicted_row(d: dict, levels: list[str]) -> list[list[str]]:
