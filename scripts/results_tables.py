@@ -476,6 +476,7 @@ def eval_speed() -> Table:
 TABLES: dict[str, Callable[[], Table]] = {
     "serving-demo-xeon": lambda: serving("quick_demo_xeon"),
     "serving-bench-quick": lambda: serving("quick"),
+    "serving-bench-levels": lambda: serving("levels_epyc"),
     "serving-bench-256": lambda: serving("full_xeon"),
     "serving-long": long_run,
     "quant-int4-kernels": lambda: quant("bench_quant_xeon/int4_kernels",
