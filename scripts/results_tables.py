@@ -485,6 +485,10 @@ TABLES: dict[str, Callable[[], Table]] = {
     "quant-epyc-avx512": lambda: quant("bench_quant_epyc_avx512",
                                        "python benchmarks/bench_quant.py --configs none,native,native-torch-int4,"
                                        "llama.cpp --batches 1,8,16 --rounds 2"),
+    "quant-epyc-avx2-build": lambda: quant("bench_quant_epyc_avx512/avx2_build",
+                                          "CC=scripts/cc-avx2 TOKENROUTER_CACHE=/tmp/tr-avx2 .venv/bin/python "
+                                          "benchmarks/bench_quant.py --configs native,llama.cpp --batches 1,8,16 "
+                                          "--rounds 2"),
     "engine-vs-transformers": engine_vs_transformers,
     "route-overhead": route_overhead,
     "invariance-demo": invariance,
