@@ -116,7 +116,8 @@ def print_report(details: dict) -> None:
             if not r:
                 continue
             if c == "bound":
-                print(f"  {c:<14} {r['tokens_per_s']:8.1f} tok/s   (the profile's steps at their cheapest batch <= {n}, side by side, no waiting)")
+                print(f"  {c:<14} {r['tokens_per_s']:8.1f} tok/s   (the profile's steps at their cheapest batch "
+                      f"<= {n}, side by side, no waiting)")
                 continue
             lat = r["latency_s"]
             lat_s = f"latency median {lat['median']:.2f} s, p99 {lat['p99']:.2f} s" if lat else "latency n/a"
