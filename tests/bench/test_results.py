@@ -6,9 +6,11 @@ import json
 import pytest
 
 from tokenrouter.bench import results as R
+from tokenrouter.bench import tuning
 from tokenrouter.bench.configs import CONFIGS
 from tokenrouter.bench.deploy import Measurement
 from tokenrouter.bench.runner import calibrated_requests, official_requests
+from tokenrouter.tuner import api
 from tokenrouter.tuner.profile import Curve, ModelProfile, Profile
 
 
@@ -162,3 +164,24 @@ def test_gap_splits_the_time_per_model():
     assert g["measured_step_ms"] == 25.0 and g["profile_step_ms_at_mean_batch"] == pytest.approx(13.0)
     assert g["underfill"] == pytest.approx((13.0 / 4) / (17.0 / 8))
     assert g["step_over_profile"] == pytest.approx(25.0 / 13.0)
+
+
+def test_the_chain_feeds_a_finite_request_its_prompt_and_not_its_unseen_tail():
+    """with_prefills on the benchmark pair's shape (small hands off with p = 0.05 and its token
+    rewritten, large writes one): the steady state feeds the large model r_small = 20 tokens a
+    step; a 128-token request with a 16-token prompt adds the prompt once per request (16/128
+    of a cycle of 20 tokens a visit) and never feeds the large model the ~20 tokens after its
+    last visit (1 - 20/128)."""
+    prof = Profile.affine({"small": (6.0, 0.5), "large": (20.0, 2.0)})
+    system = api.build_system(prof, 8, {"small": 0.05, "large": 1.0}, models=["small", "large"], start="small",
+                              rewrite={("small", "large"): True})
+    assert system.tokens_per_step["large"] == pytest.approx(20.0)
+    k = tuning.with_prefills(system, 16.0, 128.0).tokens_per_step
+    cycle, tail = 20.0, 20.0 * 20.0 / 20.0
+    assert k["large"] == pytest.approx(20.0 * (1 - tail / 128) + 16 / 128 * cycle / 1.0)  # 19.375
+    assert k["small"] == pytest.approx(1.0 * (1 - (1 / cycle) / 128) + 16 / 128 * cycle / 20.0)
+    # an endless request is the steady state
+    assert tuning.with_prefills(system, 0.0, 1e12).tokens_per_step["large"] == pytest.approx(20.0)
+    # a request shorter than the other model's run: nothing it commits reaches the large model
+    # except its prompt
+    assert tuning.with_prefills(system, 16.0, 10.0).tokens_per_step["large"] == pytest.approx(16 / 10 * cycle)
