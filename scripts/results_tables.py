@@ -495,6 +495,7 @@ TABLES: dict[str, Callable[[], Table]] = {
     "small-model": small_model,
     "soak-hour": lambda: soak_run("hour"),
     "soak-kills": lambda: soak_run("kill30"),
+    "soak-mmap32": lambda: soak_run("mmap32"),
     "faults": faults_run,
     "eval-demo": lambda: eval_summary("demo"),
     "eval-lens16": lambda: eval_summary("lens16"),
