@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-
 
 SCRIPT = r"""
 import torch
-from tokenrouter.runtime.subserver.memory import bound_heap_growth
+from tokenrouter.runtime.memory import bound_heap_growth
 assert bound_heap_growth()
 def rss():
     return int(open('/proc/self/statm').read().split()[1]) * 4096 / 2**20

@@ -25,8 +25,8 @@ from tokenrouter.protocol.sampling import MAX_TOKENS, SamplingParams
 from tokenrouter.protocol.state import RouteState
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.loader import load_model, quant_options
+from tokenrouter.runtime.memory import bound_heap_growth
 from tokenrouter.runtime.subserver.request import Request
-from tokenrouter.runtime.subserver.memory import bound_heap_growth
 from tokenrouter.runtime.subserver.setup import SubserverSpec
 from tokenrouter.runtime.subserver.step import StepRunner
 from tokenrouter.runtime.vllm.writer import load_vllm_writer
@@ -118,7 +118,7 @@ class VllmSteps:
 def open_steps(program: ir.Program, model: ir.Model, threads: int, max_len: int, max_batch: int):
     """(steps, vocabulary size) of `model` on its engine, with `threads` torch threads (vLLM's
     CPU worker binds its own), in a process with a subserver's allocator setting (a step's
-    activations come and go as they do in serving: `subserver/memory.py`)."""
+    activations come and go as they do in serving: `runtime/memory.py`)."""
     bound_heap_growth()
     if model.engine != "vllm":
         return served_engine(model.path, model.dtype, threads, max_len, model.quant)

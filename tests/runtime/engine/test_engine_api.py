@@ -13,8 +13,8 @@ import torch
 from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.runtime.engine.engine import BadBatch, Engine, OutOfBlocks
 from tokenrouter.runtime.engine.options import EngineOptions
-from tokenrouter.runtime.engine.weights import release_load_temporaries
 from tokenrouter.runtime.kernels.quant import QuantError
+from tokenrouter.runtime.memory import release_load_temporaries
 
 
 @pytest.fixture

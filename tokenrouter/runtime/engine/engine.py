@@ -81,10 +81,10 @@ from tokenrouter.runtime.engine.kv_cache import KV_DTYPES, KVCache, default_num_
 from tokenrouter.runtime.engine.model import Model
 from tokenrouter.runtime.engine.options import EngineOptions
 from tokenrouter.runtime.engine.stack import stack_problem
-from tokenrouter.runtime.engine.weights import release_load_temporaries
 from tokenrouter.runtime.host import cpu_flags
 from tokenrouter.runtime.kernels.build import NativeKernelError, available
 from tokenrouter.runtime.kernels.plan import choose
+from tokenrouter.runtime.memory import release_load_temporaries
 
 __all__ = ["Engine", "StepOutput", "OutOfBlocks", "BadBatch"]
 

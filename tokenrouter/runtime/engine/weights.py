@@ -15,8 +15,6 @@ as for the decoder's matrices.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 from functools import partial
 from typing import Callable
 
@@ -32,22 +30,6 @@ HEAD_QUANTS = ("auto", "none", "int4", "int8")
 
 class WeightError(ValueError):
     """A weight is missing or has the wrong shape for the model's config."""
-
-
-def release_load_temporaries() -> bool:
-    """Hand the memory that loading freed back to the OS: glibc keeps the freed float copies,
-    decode buffers and plan-measuring tensors in its arenas, so a quantised engine's RSS after
-    load varied from 680 to 1,090 MB run to run on the embedded SmolLM2 Q4_1 file, and is
-    619 MB every time after `malloc_trim`. False where there is no glibc (nothing to do)."""
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):
-        trim = None
-    if trim is None:
-        return False
-    trim(0)
-    return True
 
 
 def check_formats(quant: str, head_quant: str, device: torch.device | str) -> None:

@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable
 
 from tokenrouter.runtime import logs
-from tokenrouter.runtime.subserver.memory import bound_heap_growth
+from tokenrouter.runtime.memory import bound_heap_growth
 from tokenrouter.runtime.subserver.setup import LoadedWriter, SubserverSpec, report_startup_failure
 from tokenrouter.runtime.subserver.subserver import Subserver
 
