@@ -159,6 +159,13 @@ def rss_child(quant: str, head_quant: str | None, threads: int) -> None:
 
 # ------------------------------------------------------------------ llama.cpp
 
+def llama_cpp_build() -> str:
+    """The instruction sets the llama.cpp library was built with (its own system info): the
+    wheel is one build for every x86 CPU, so it may use less of this host than our kernels do."""
+    import xllamacpp as x
+    return " ".join(x.get_system_info().split())
+
+
 def server_child(gguf: str, parallel: int, threads: int) -> None:
     """A llama.cpp server in this process; prints its address, serves until stdin closes."""
     import xllamacpp as x
@@ -254,7 +261,8 @@ def main() -> int:
         ap.error(f"unknown configs {sorted(bad)}")
     gguf = embedded_gguf()
     res = {"host": {**host_info(), "torch": torch.__version__, "read_gb_per_s_threads": threaded_read_gb_s(),
-                    "flags": [f for f in FLAGS if f in cpu_flags().split()], "int4avx2_isa": int4x_isa_or_none()},
+                    "flags": [f for f in FLAGS if f in cpu_flags().split()], "int4avx2_isa": int4x_isa_or_none(),
+                    "llama_cpp_build": llama_cpp_build() if "llama.cpp" in configs else None},
            "threads": a.threads, "gguf": os.path.basename(gguf), "prompt": PROMPT, "new_tokens": NEW,
            "head_quant": a.head_quant or "the engine's default", "rounds": a.rounds or (1 if a.quick else 3),
            "configs": configs, "runs": [], "rss_mb": {}, "plans": {}}

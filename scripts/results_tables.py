@@ -227,6 +227,10 @@ def quant(run: str, command: str) -> Table:
     rss = ", ".join(f"{k} {v:,.0f} MB" for k, v in d["rss_mb"].items())
     spread = (f"{d['threads']} threads, {d['prompt']}-token prompts, {d['new_tokens']} greedy tokens a request, "
               f"best of {d['rounds']} rounds (their range in brackets); RSS: {rss}")
+    built = (d["host"].get("llama_cpp_build") or "").replace("|", " ").split()
+    isa = [w for w, v in zip(built, built[2:]) if v == "1" and w.isupper() and w not in ("OPENMP", "REPACK")]
+    if isa:
+        spread += f"; llama.cpp's build: {' '.join(isa)}"
     return Table([rel], caption(rel, d, command, spread) + "\n\n" + rows(header, body))
 
 
