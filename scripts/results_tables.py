@@ -1,4 +1,5 @@
-"""Every results table in README.md and docs/*.md, made from the committed result JSON files.
+"""Every results table in README.md, benchmarks/README.md and docs/*.md, made from the committed
+result JSON files.
 
     .venv/bin/python scripts/results_tables.py           # rewrite the tables in place
     .venv/bin/python scripts/results_tables.py --check   # exit 1, with a diff, where a document differs
@@ -483,6 +484,14 @@ TABLES: dict[str, Callable[[], Table]] = {
     "serving-bench-levels": lambda: serving("levels_epyc"),
     "serving-bench-256": lambda: serving("full_xeon"),
     "serving-long": long_run,
+    "serving-bench-n8-xeon": lambda: serving("n8_256_xeon"),
+    "serving-bench-1024-xeon": lambda: serving("n8_1024_xeon"),
+    "serving-long-xeon-c": lambda: serving("long_xeon/c_attention"),
+    # the run set TOKENROUTER_ATTENTION=torch, which its recorded command does not show
+    "serving-long-xeon-torch": lambda: serving("long_xeon/torch_attention",
+                                               "TOKENROUTER_ATTENTION=torch .venv/bin/tokenrouter bench --long "
+                                               "--rounds 1 --configs tokenrouter --profile "
+                                               "benchmarks/results/bench/quick/profile.json"),
     "quant-int4-kernels": lambda: quant("bench_quant_xeon/int4_kernels",
                                         "python benchmarks/bench_quant.py --configs none,native,native-torch-int4,"
                                         "llama.cpp --batches 1,8,16 --rounds 2"),
@@ -513,7 +522,7 @@ TABLES: dict[str, Callable[[], Table]] = {
 
 
 def documents() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def remade(text: str, where: Path, made: dict[str, Table]) -> str:

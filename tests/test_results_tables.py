@@ -1,5 +1,6 @@
-"""The results tables in README.md and docs/ are what scripts/results_tables.py makes of the
-committed result JSON files: none is edited by hand, none drifts from its JSON."""
+"""The results tables in README.md, benchmarks/README.md and docs/ are what
+scripts/results_tables.py makes of the committed result JSON files: none is edited by hand,
+none drifts from its JSON."""
 
 from __future__ import annotations
 
