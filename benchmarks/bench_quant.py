@@ -19,6 +19,11 @@ many), batches 1, 4, 8 and 16. Configurations:
   opt-in, int8) instead of the measured plan, to measure what each gives;
 - `llama.cpp`: upstream llama.cpp's server (the `xllamacpp` wheel, in its own process) with
   as many slots as concurrent requests, continuous batching, requests over loopback HTTP.
+  The wheel is one build for every x86 CPU (AVX2; the JSON records its `system_info`);
+- `llama.cpp-native` (with `--llama-server PATH`): the same server as a `llama-server` binary
+  built on this host with `-DGGML_NATIVE=ON`, so it uses every instruction set the CPU has,
+  as a user who builds llama.cpp from source would run it (the wheel's sdist holds the
+  source: `thirdparty/llama.cpp`; see docs/models.md).
 
 Configurations alternate within each round, batch by batch, so the shared machine's load
 hits all alike; the best round counts, and the load average is recorded with every figure.
@@ -40,6 +45,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 import time
@@ -53,6 +60,7 @@ from tokenrouter.runtime.host import cpu_flags, host_info, load_average
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROMPT, NEW = 32, 128
 OURS = ("none", "native", "int4", "int8")
+LLAMAS = ("llama.cpp", "llama.cpp-native")  # the wheel's server, and one built on this host
 # `native` with one of the engine's C paths turned off, to measure what it gives
 VARIANTS = {"native-torch-attention": {"attention": "torch"}, "native-unfused": {"fused_ops": False},
             "native-per-call": {"decode_stack": False},
@@ -186,7 +194,14 @@ def server_child(gguf: str, parallel: int, threads: int) -> None:
 
 
 class LlamaCpp:
-    def __init__(self, gguf: str, parallel: int, threads: int):
+    """A llama.cpp server with `parallel` slots: the wheel's (`server_child`, in a process of its
+    own), or, given `binary`, a llama-server built on this host, on a free loopback port."""
+
+    def __init__(self, gguf: str, parallel: int, threads: int, binary: str | None = None):
+        self.build = None
+        if binary:
+            self._start_binary(binary, gguf, parallel, threads)
+            return
         self.proc = subprocess.Popen([sys.executable, __file__, "--server", gguf, str(parallel), str(threads)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = ""
@@ -200,6 +215,35 @@ class LlamaCpp:
             raise RuntimeError(f"llama.cpp server did not start: {line!r}")
         addr = line.split()[1]
         self.url = addr if addr.startswith("http") else f"http://{addr}"
+
+    def _start_binary(self, binary: str, gguf: str, parallel: int, threads: int) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"llama-server-{os.getpid()}-{parallel}.log"),
+                        "w+")
+        self.proc = subprocess.Popen([binary, "-m", gguf, "--parallel", str(parallel),
+                                      "-c", str(parallel * (PROMPT + NEW + 16)), "-t", str(threads), "-tb", str(threads),
+                                      "--host", "127.0.0.1", "--port", str(port), "--cont-batching"],
+                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 120
+        while time.time() < deadline and self.proc.poll() is None:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        else:
+            self.log.seek(0)
+            tail = self.log.read()[-2000:]
+            self.close()
+            raise RuntimeError(f"{binary} did not start serving:\n{tail}")
+        self.log.seek(0)
+        info = re.search(r"system_info:.*", self.log.read())
+        self.build = " ".join(info.group(0).split()) if info else None
 
     def _one(self, ids: list[int]) -> dict:
         body = json.dumps({"prompt": ids, "n_predict": NEW, "temperature": 0.0, "ignore_eos": True,
@@ -223,10 +267,15 @@ class LlamaCpp:
 
     def close(self) -> None:
         try:
-            self.proc.stdin.close()
+            if self.proc.stdin:
+                self.proc.stdin.close()
+            else:
+                self.proc.terminate()
             self.proc.wait(timeout=30)
         except Exception:
             self.proc.kill()
+        if getattr(self, "log", None):
+            self.log.close()
 
 
 # ------------------------------------------------------------------ the run
@@ -238,8 +287,10 @@ def main() -> int:
     ap.add_argument("--batches", default=None, help="comma-separated (default 1,4,8,16)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--configs", default=",".join((*OURS, "llama.cpp")),
-                    help="comma-separated subset of none,native,int4,int8,llama.cpp (default: these) and the "
-                         f"variants of native: {', '.join(VARIANTS)}")
+                    help="comma-separated subset of none,native,int4,int8,llama.cpp (default: these), "
+                         f"llama.cpp-native (needs --llama-server) and the variants of native: {', '.join(VARIANTS)}")
+    ap.add_argument("--llama-server", metavar="PATH",
+                    help="a llama-server binary built on this host (-DGGML_NATIVE=ON), run as llama.cpp-native")
     ap.add_argument("--head-quant", choices=("int4", "int8", "none"), default=None,
                     help="the LM head's format in the quantised configurations (default: the engine's)")
     ap.add_argument("--out", default="bench-results")
@@ -256,13 +307,17 @@ def main() -> int:
     torch.set_num_threads(a.threads)  # (before the host line: its threaded bandwidth runs at this count)
     batches = [int(b) for b in (a.batches or ("1,8" if a.quick else "1,4,8,16")).split(",")]
     configs = [c for c in a.configs.split(",") if c]
-    bad = set(configs) - {*OURS, *VARIANTS, "llama.cpp"}
+    bad = set(configs) - {*OURS, *VARIANTS, *LLAMAS}
     if bad:
         ap.error(f"unknown configs {sorted(bad)}")
+    if "llama.cpp-native" in configs and not (a.llama_server and os.access(a.llama_server, os.X_OK)):
+        ap.error("llama.cpp-native needs --llama-server PATH, an executable llama-server built on this host "
+                 "(cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF && cmake --build build --target llama-server)")
     gguf = embedded_gguf()
     res = {"host": {**host_info(), "torch": torch.__version__, "read_gb_per_s_threads": threaded_read_gb_s(),
                     "flags": [f for f in FLAGS if f in cpu_flags().split()], "int4avx2_isa": int4x_isa_or_none(),
-                    "llama_cpp_build": llama_cpp_build() if "llama.cpp" in configs else None},
+                    "llama_cpp_build": llama_cpp_build() if "llama.cpp" in configs else None,
+                    "llama_cpp_native_build": None},
            "threads": a.threads, "gguf": os.path.basename(gguf), "prompt": PROMPT, "new_tokens": NEW,
            "head_quant": a.head_quant or "the engine's default", "rounds": a.rounds or (1 if a.quick else 3),
            "configs": configs, "runs": [], "rss_mb": {}, "plans": {}}
@@ -290,19 +345,22 @@ def run_rounds(res: dict, gguf: str, batches: list[int], a) -> None:
         res.setdefault("engine_build_s", {})[q] = time.perf_counter() - t0
         print(f"built {q} in {res['engine_build_s'][q]:.1f} s", flush=True)
     vocab = 49152 if m is None else m.config.vocab_size
-    servers = {b: LlamaCpp(gguf, b, a.threads) for b in batches} if "llama.cpp" in configs else {}
+    servers = {(name, b): LlamaCpp(gguf, b, a.threads, a.llama_server if name == "llama.cpp-native" else None)
+               for name in LLAMAS if name in configs for b in batches}
+    if "llama.cpp-native" in configs:
+        res["host"]["llama_cpp_native_build"] = servers[("llama.cpp-native", batches[0])].build
     try:
         for r in range(res["rounds"]):
             for b in batches:
                 for name in configs:
-                    run = servers[b].run(b, vocab) if name == "llama.cpp" else ours_run(engines[name], b)
+                    run = servers[(name, b)].run(b, vocab) if name in LLAMAS else ours_run(engines[name], b)
                     res["runs"].append({"config": name, "batch": b, "round": r, **run})
                     floor = (f" ({run['ms_matrices']:.1f} in the matrices, {run['matrices_gb_s']:.1f} GB/s)"
                              if run.get("ms_matrices") else "")
                     print(f"round {r} B={b:2d} {name:22s} {run['tok_s']:7.1f} tok/s {run['ms_step']:7.1f} ms/step{floor} "
                           f"(load {run['load']:.1f})", flush=True)
-        for b, s in servers.items():
-            res["rss_mb"][f"llama.cpp (B={b} slots)"] = s.rss()
+        for (name, b), s in servers.items():
+            res["rss_mb"][f"{name} (B={b} slots)"] = s.rss()
     finally:
         for s in servers.values():
             s.close()
@@ -333,9 +391,10 @@ def summarise(res: dict, batches: list[int]) -> None:
     res["best"] = [{"config": c, "batch": b, "tok_s": v["tok_s"], "ms_step": v["ms_step"],
                     "ms_matrices": v.get("ms_matrices"), "matrices_gb_s": v.get("matrices_gb_s"), "load": v["load"]}
                    for (c, b), v in sorted(best.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
-    if "llama.cpp" in configs:  # each of ours against llama.cpp, batch by batch (best rounds)
-        res["over_llama_cpp"] = {str(b): {c: best[(c, b)]["tok_s"] / best[("llama.cpp", b)]["tok_s"]
-                                          for c in configs if c != "llama.cpp"} for b in batches}
+    for peer in (p for p in LLAMAS if p in configs):  # each of ours against llama.cpp, batch by batch (best rounds)
+        key = "over_" + peer.replace(".", "_").replace("-", "_")
+        res[key] = {str(b): {c: best[(c, b)]["tok_s"] / best[(peer, b)]["tok_s"]
+                             for c in configs if c not in LLAMAS} for b in batches}
     res["host"]["load_average_at_end"] = load_average()
     print("\nbest of rounds (tok/s, ms/step):")
     for b in batches:

@@ -213,26 +213,31 @@ def quant(run: str, command: str) -> Table:
     per_round: dict = {}
     for r in d["runs"]:
         per_round.setdefault((r["config"], r["batch"]), []).append(r["tok_s"])
-    header = ["batch", *[f"{c}: tok/s (rounds)" for c in configs]]
-    if "native" in configs and "llama.cpp" in configs:
-        header.append("native / llama.cpp")
+    peers = [p for p in ("llama.cpp", "llama.cpp-native") if p in configs and "native" in configs]
+    header = ["batch", *[f"{c}: tok/s (rounds)" for c in configs], *[f"native / {p}" for p in peers]]
     body = []
     for b in batches:
         cells = [str(b)]
         for c in configs:
             rounds = per_round.get((c, b), [])
             cells.append(f"{best[(c, b)]['tok_s']:.1f} ({span(rounds)})" if (c, b) in best else "-")
-        if "native / llama.cpp" in header:
-            cells.append(f"{best[('native', b)]['tok_s'] / best[('llama.cpp', b)]['tok_s']:.2f}x")
+        cells += [f"{best[('native', b)]['tok_s'] / best[(p, b)]['tok_s']:.2f}x" for p in peers]
         body.append(cells)
     rss = ", ".join(f"{k} {v:,.0f} MB" for k, v in d["rss_mb"].items())
     spread = (f"{d['threads']} threads, {d['prompt']}-token prompts, {d['new_tokens']} greedy tokens a request, "
               f"best of {d['rounds']} rounds (their range in brackets); RSS: {rss}")
-    built = (d["host"].get("llama_cpp_build") or "").replace("|", " ").split()
-    isa = [w for w, v in zip(built, built[2:]) if v == "1" and w.isupper() and w not in ("OPENMP", "REPACK")]
-    if isa:
-        spread += f"; llama.cpp's build: {' '.join(isa)}"
+    for peer, key in (("llama.cpp", "llama_cpp_build"), ("llama.cpp-native", "llama_cpp_native_build")):
+        isa = built_with(d["host"].get(key))
+        if isa:
+            spread += f"; {peer}'s build: {' '.join(isa)}"
     return Table([rel], caption(rel, d, command, spread) + "\n\n" + rows(header, body))
+
+
+def built_with(system_info: str | None) -> list[str]:
+    """The instruction sets (and llamafile's kernels) a llama.cpp `system_info` line says are on."""
+    words = (system_info or "").replace("|", " ").split()
+    return list(dict.fromkeys(w for w, eq, v in zip(words, words[1:], words[2:])
+                              if eq == "=" and v == "1" and w.isupper() and w not in ("OPENMP", "REPACK")))
 
 
 def engine_vs_transformers() -> Table:

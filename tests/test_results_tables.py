@@ -59,3 +59,14 @@ def test_a_rerun_command_uses_the_venv_and_the_scratch_folder():
     assert rt.rerun("tokenrouter bench --quick --out benchmarks/results/bench/quick --no-progress") == \
         ".venv/bin/tokenrouter bench --quick"
     assert rt.rerun("python benchmarks/bench_quant.py --rounds 2") == ".venv/bin/python benchmarks/bench_quant.py --rounds 2"
+
+
+def test_a_llama_cpp_build_is_named_by_the_instruction_sets_its_system_info_turns_on():
+    rt = _script()
+    wheel = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | " \
+            "OPENMP = 1 | REPACK = 1 | "
+    assert rt.built_with(wheel) == ["SSE3", "SSSE3", "AVX", "AVX2", "F16C", "FMA", "BMI2", "LLAMAFILE"]
+    native = "system_info: n_threads = 2 (n_threads_batch = 2) / 2 | CPU : AVX2 = 1 | AVX512 = 1 | " \
+             "AVX512_VNNI = 1 | AVX512_BF16 = 0 | AMX_INT8 = 0 | OPENMP = 1 |"
+    assert rt.built_with(native) == ["AVX2", "AVX512", "AVX512_VNNI"]
+    assert rt.built_with(None) == []
