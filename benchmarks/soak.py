@@ -14,7 +14,8 @@ stops sending, waits for the requests in flight, and reports:
   sent / completed / failed / lost (lost: sent and never answered by the end of the grace
   period), latency p50 / p99 of completed requests, KV blocks at the start and the end
   (after the last release), RSS per process over time and its growth after the warm-up
-  (the first 10 minutes, or the first sixth of a shorter run).
+  (the first 10 minutes, or the first sixth of a shorter run; for a subserver killed during
+  the run, its last process's growth after that process's own warm-up).
 
 The clients are polite: a 503 (the server at capacity, or a subserver restarting) is
 counted as refused and the same request is sent again after its `Retry-After`.
@@ -182,21 +183,29 @@ async def _killer(url: str, every: float, kills: list, stats: dict, t0: float, d
             print(f"killed {w} (pid {pid}): {kills[-1]}", flush=True)
 
 
-def _growth(series: list, warmup_s: float) -> dict[str, dict]:
-    """RSS per process at the end of the warm-up and at the end, and the growth in %."""
+def _growth(series: list, warmup_s: float, kills: list | None = None) -> dict[str, dict]:
+    """RSS per process at the end of the warm-up and at the end, and the growth in %. A writer
+    killed during the run is measured over its last process's life: from that process's own
+    warm-up (`warmup_s`, or half of what it lived if less) to the end, since a new process
+    starts small and warms up again."""
     out = {}
     names = {n for row in series for n in row["rss_mb"]}
     for n in sorted(names):
-        pts = [(r["t"], r["rss_mb"].get(n)) for r in series if r["rss_mb"].get(n)]
+        born = max([0.0, *(k["t"] for k in kills or () if k["writer"] == n)])
+        pts = [(r["t"], r["rss_mb"].get(n)) for r in series if r["rss_mb"].get(n) and r["t"] >= born]
         if len(pts) < 2:
             continue
-        after = [p for p in pts if p[0] >= warmup_s] or pts[-1:]
+        warm = min(warmup_s, (pts[-1][0] - born) / 2) if born else warmup_s
+        after = [p for p in pts if p[0] >= born + warm] or pts[-1:]
         a, b = after[0][1], pts[-1][1]
         last = pts[-max(2, len(pts) // 6):]  # slope over the last sixth: still rising?
-        slope = (last[-1][1] - last[0][1]) / max(1e-9, last[-1][0] - last[0][0])
-        out[n] = {"start_mb": pts[0][1], "after_warmup_mb": a, "end_mb": b,
+        slope = (last[-1][0] - last[0][0]) and (last[-1][1] - last[0][1]) / (last[-1][0] - last[0][0])
+        start = next(r["rss_mb"][n] for r in series if r["rss_mb"].get(n))
+        out[n] = {"start_mb": start, "after_warmup_mb": a, "end_mb": b,
                   "growth_after_warmup_pct": round(100 * (b - a) / a, 2),
                   "slope_last_sixth_mb_per_s": round(slope, 4)}
+        if born:
+            out[n].update(process_started_s=born, after_warmup_t=after[0][0])
     return out
 
 
@@ -290,7 +299,7 @@ def main(argv=None) -> int:
                                "lost": lost, "refused_503_then_sent_again": stats["refused"]},
                   "latency_s": {"p50": pct(lat, 0.5), "p99": pct(lat, 0.99), "n": len(lat)},
                   "kv_blocks_used": {"start": kv_start, "end": kv_end},
-                  "warmup_s": warmup, "rss": _growth(series, warmup),
+                  "warmup_s": warmup, "rss": _growth(series, warmup, kills),
                   "kills": kills, "errors_sample": stats["errors"][:20], "series": series}
         with open(os.path.join(args.out, "soak.json"), "w") as f:
             json.dump(result, f, indent=1)

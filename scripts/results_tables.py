@@ -317,8 +317,13 @@ def soak_run(run: str) -> Table:
                           [[f"`{k['writer']}` at {k['t']:.0f} s", f"{k['in_flight']:.0f}", f"**{k['failed_in_flight']}**",
                             str(k["failed_new"]), f"{k['resumed_s']:.1f} s"] for k in d["kills"]]))
     warm = f"{d['warmup_s'] / 60:.0f} min"
+    def warmed(r: dict) -> str:  # a killed subserver: its last process, after its own warm-up
+        if not r.get("process_started_s"):
+            return f"{r['after_warmup_mb']:,.0f} MB"
+        return (f"{r['after_warmup_mb']:,.0f} MB (its process since {r['process_started_s']:.0f} s, "
+                f"at {r['after_warmup_t']:.0f} s)")
     parts.append(rows(["process", "RSS at start", f"after the first {warm}", "at the end", f"growth after the first {warm}"],
-                      [[f"`{w}`", f"{r['start_mb']:,.0f} MB", f"{r['after_warmup_mb']:,.0f} MB", f"{r['end_mb']:,.0f} MB",
+                      [[f"`{w}`", f"{r['start_mb']:,.0f} MB", warmed(r), f"{r['end_mb']:,.0f} MB",
                         f"{r['growth_after_warmup_pct']:+.2f}%"] for w, r in sorted(d["rss"].items())]))
     kill_every = ""
     if d.get("kills"):  # runs before kill_every_s was recorded: the first kill comes after S seconds
