@@ -5,6 +5,7 @@ tokens are ours; the per-token dispatcher routes as the program says."""
 import asyncio
 import dataclasses
 import functools
+import os
 
 import numpy as np
 import pytest
@@ -125,16 +126,25 @@ def test_logits_row_spreads_the_rest_evenly():
     assert p[[0, 2, 4, 5]] == pytest.approx([0.05] * 4)
 
 
+# a llama-server built on this host (`tokenrouter bench --llama-server`); CI has none, so the
+# peers run on it only where this names one
+NATIVE = os.environ.get("TOKENROUTER_LLAMA_SERVER")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_dispatcher_routes_as_the_program_says(models):
+@pytest.mark.parametrize("binary", [None, pytest.param(NATIVE, marks=pytest.mark.skipif(
+    not NATIVE, reason="TOKENROUTER_LLAMA_SERVER names no llama-server built on this host"))], ids=["wheel", "native"])
+def test_dispatcher_routes_as_the_program_says(models, binary):
     """llamacpp_std against the single-request reference (float32) on a coin program: the
-    same tokens and the same writer counts; llamacpp_large writes what our engine writes."""
+    same tokens and the same writer counts; llamacpp_large writes what our engine writes.
+    On the wheel's server and on one built on this host."""
     paths, ggufs = models
     prog = tiny.coin({"slm": paths["slm"], "llm": paths["llm"]}, 0.3, dtype="float32")
     sampling = workload.sampling(10)
     std = LlamaCppStandard(prog, {"slm": ggufs["slm"], "llm": ggufs["llm"]}, parallel=2,
-                           threads={"slm": 1, "llm": 1}, ctx_per_slot=64, vocab=259)
+                           threads={"slm": 1, "llm": 1}, ctx_per_slot=64, vocab=259, binary=binary)
+    assert "CPU :" in std.build  # the server's own system_info line
     try:
         m = std.measure("llamacpp_std", PROMPTS, sampling, 2)
     finally:
@@ -147,11 +157,12 @@ def test_dispatcher_routes_as_the_program_says(models):
     assert m.written_by["llm"] > 0 and m.tokens == 10 * len(PROMPTS)
     # one call per step: the small model's rewritten tokens cost it a call each
     assert m.steps["llm"] == m.written_by["llm"] and m.steps["slm"] > m.written_by["slm"]
-    large = LlamaCppLarge(ggufs["llm"], parallel=2, threads=1, ctx_per_slot=64)
+    large = LlamaCppLarge(ggufs["llm"], parallel=2, threads=1, ctx_per_slot=64, binary=binary)
     try:
         ml = large.measure("llamacpp_large", PROMPTS, sampling, 2)
     finally:
         large.close()
+    assert large.server.proc.poll() is not None  # the server process is gone
     assert ml.outputs == [greedy_ours(paths["llm"], p, 10) for p in PROMPTS]
     assert dataclasses.asdict(ml)["written_by"] == {"large": 40}
 

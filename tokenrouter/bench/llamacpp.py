@@ -2,7 +2,10 @@
 
 `LlamaCppServer` runs upstream llama.cpp's HTTP server (the `xllamacpp` wheel, the `bench`
 extra) in a child process on a loopback port, one GGUF model, `--parallel` slots with
-continuous batching. Two peers are built on it:
+continuous batching. The wheel is one build for every x86 CPU (AVX2); given a `llama-server`
+binary built on the host (`tokenrouter bench --llama-server PATH`) it runs that instead, the
+same server with every instruction set the CPU has. Either way `build` is the server's
+`system_info` line. Two peers are built on it:
 
 - `LlamaCppLarge` (`llamacpp_large`): the large model alone on one server, each request one
   `/completion` call at the same concurrency: what a user runs who does not route at all.
@@ -21,11 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import selectors
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import urllib.request
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -41,11 +48,16 @@ TOP_N = 20  # probabilities a dispatcher asks for (the full row costs ~0.6 s a t
 
 
 class LlamaCppServer:
-    """One llama.cpp server process (xllamacpp) on 127.0.0.1, stopped by `close`."""
+    """One llama.cpp server process on 127.0.0.1 (the wheel's, or `binary`), stopped by `close`."""
 
-    def __init__(self, gguf: str, parallel: int, threads: int, ctx_per_slot: int, timeout: float = 120.0):
-        require("bench", "xllamacpp", "the llama.cpp peers")
+    def __init__(self, gguf: str, parallel: int, threads: int, ctx_per_slot: int, timeout: float = 120.0,
+                 binary: str | None = None):
         self.gguf, self.parallel, self.threads = gguf, parallel, threads
+        self.log = None
+        if binary:
+            self._start_binary(binary, parallel * ctx_per_slot, timeout)
+            return
+        require("bench", "xllamacpp", "the llama.cpp peers")
         cmd = [sys.executable, "-m", "tokenrouter.bench.llamacpp_server", gguf, "--parallel", str(parallel),
                "--threads", str(threads), "--ctx", str(parallel * ctx_per_slot)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -55,6 +67,40 @@ class LlamaCppServer:
         except BaseException:  # an interrupt (Ctrl-C, a test's timeout) too: no server outlives the bench
             self.close()
             raise
+        import xllamacpp
+        self.build = " ".join(xllamacpp.get_system_info().split())
+
+    def _start_binary(self, binary: str, ctx: int, timeout: float) -> None:
+        """`binary` (a llama-server) on a free loopback port, its log in a temporary file."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.log = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen([binary, "-m", self.gguf, "--parallel", str(self.parallel), "-c", str(ctx),
+                                      "-t", str(self.threads), "-tb", str(self.threads), "--host", "127.0.0.1",
+                                      "--port", str(port), "--cont-batching", "--metrics", "--slots"],
+                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.log.seek(0)
+                    raise RuntimeError(f"{binary} for {self.gguf} did not start serving "
+                                       f"(exit code {self.proc.poll()}): {self.log.read()[-1500:]}")
+                try:
+                    with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:  # not listening yet, or 503 while loading
+                    pass
+                time.sleep(0.2)
+        except BaseException:
+            self.close()
+            raise
+        self.log.seek(0)
+        info = re.search(r"system_info:.*", self.log.read())
+        self.build = " ".join(info.group(0).split()) if info else f"{binary} (no system_info line)"
 
     def _wait_ready(self, timeout: float) -> str:
         sel = selectors.DefaultSelector()
@@ -79,11 +125,17 @@ class LlamaCppServer:
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
-                self.proc.stdin.close()  # the child exits when its stdin closes
+                if self.proc.stdin:
+                    self.proc.stdin.close()  # the wheel's child exits when its stdin closes
+                else:
+                    self.proc.terminate()
                 self.proc.wait(timeout=10)
             except (subprocess.TimeoutExpired, OSError):
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+        if self.log is not None:
+            self.log.close()
+            self.log = None
 
 
 def completion_body(tokens: list[int], slot: int, n_predict: int, n_probs: int) -> dict[str, Any]:
@@ -130,8 +182,9 @@ class _Slots:
 class LlamaCppLarge:
     """`llamacpp_large`: one server, each request a single `/completion` of max_tokens."""
 
-    def __init__(self, gguf: str, parallel: int, threads: int, ctx_per_slot: int):
-        self.server = LlamaCppServer(gguf, parallel, threads, ctx_per_slot)
+    def __init__(self, gguf: str, parallel: int, threads: int, ctx_per_slot: int, binary: str | None = None):
+        self.server = LlamaCppServer(gguf, parallel, threads, ctx_per_slot, binary=binary)
+        self.build = self.server.build
         self.name = "large"
         self._loop = LoopThread()
 
@@ -163,7 +216,7 @@ class LlamaCppStandard:
     """`llamacpp_std`: one server per model and a per-token dispatcher running the program."""
 
     def __init__(self, program, ggufs: dict[str, str], parallel: int, threads: dict[str, int], ctx_per_slot: int,
-                 vocab: int):
+                 vocab: int, binary: str | None = None):
         check_dispatchable(program, "llamacpp_std")
         self.program = program
         self.vocab = vocab
@@ -171,10 +224,12 @@ class LlamaCppStandard:
         self.servers: dict[str, LlamaCppServer] = {}
         try:
             for m in program.models:
-                self.servers[m.name] = LlamaCppServer(ggufs[m.name], parallel, threads[m.name], ctx_per_slot)
+                self.servers[m.name] = LlamaCppServer(ggufs[m.name], parallel, threads[m.name], ctx_per_slot,
+                                                      binary=binary)
         except BaseException:
             self.close()
             raise
+        self.build = next(iter(self.servers.values())).build
         self._loop = LoopThread()
         self.blind_steps = 0  # steps whose distribution the server did not return (counted, see _request)
 

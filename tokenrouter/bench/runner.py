@@ -65,6 +65,7 @@ class BenchOptions:
     # waves of N requests for `official`, whose large model recomputes every prefix, so its cost
     # grows with the square of the output length (--long: 1; None: as many as the others)
     official_waves: int | None = None
+    llama_server: str | None = None  # a llama-server built on this host for the llama.cpp peers (None: the wheel's)
 
 
 def _log(msg: str) -> None:
@@ -122,11 +123,12 @@ def _start(c: str, program, opts: BenchOptions, base, n: int, ctx: int, small: s
     if c in C.PER_LEVEL:
         if c == "llamacpp_large":
             m = program.model(large)
-            return LlamaCppLarge(exported_gguf(m.path), parallel=n, threads=opts.threads, ctx_per_slot=ctx)
+            return LlamaCppLarge(exported_gguf(m.path), parallel=n, threads=opts.threads, ctx_per_slot=ctx,
+                                 binary=opts.llama_server)
         ggufs = {m.name: exported_gguf(m.path) for m in program.models}
         per = max(1, cores // len(program.models))
         return LlamaCppStandard(program, ggufs, parallel=n, threads={m.name: per for m in program.models},
-                                ctx_per_slot=ctx, vocab=_vocab(program))
+                                ctx_per_slot=ctx, vocab=_vocab(program), binary=opts.llama_server)
     return RuntimeDeployment(program, C.launch_options(c, program, base))
 
 
@@ -180,6 +182,7 @@ class _Measured:
     requests: dict[int, dict[str, int]] = field(default_factory=dict)  # level -> configuration -> requests
     load: dict[int, dict[str, Any]] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
+    builds: dict[str, str] = field(default_factory=dict)  # llama.cpp peer -> its server's system_info
 
 
 def _swept_batch(writers: list[str], large: str, b: int) -> dict[str, int]:
@@ -298,6 +301,7 @@ def _measure_level(n: int, names: list[str], deployments: dict[str, Any], setup:
     level_deps: dict[str, Any] = {}
     try:
         _start_level(level_deps, n, names, setup, opts)
+        out.builds.update({c: d.build for c, d in level_deps.items() if getattr(d, "build", None)})
         deps = {c: level_deps[c] if c in level_deps else deployments[_deployment_key(c)] for c in names}
         out.requests[n] = {}
         _calibrate(out.requests[n], n, names, deps, setup, opts)
@@ -371,7 +375,8 @@ def _details(opts: BenchOptions, setup: _Setup, measured: _Measured, cores: int)
                            "threads": {"routed": "cores / local subservers (1 each on 2 cores)",
                                        "lockstep_and_single_model": opts.threads,
                                        "llamacpp_std": f"{max(1, cores // 2)} per server",
-                                       "llamacpp_large_and_official": opts.threads}},
+                                       "llamacpp_large_and_official": opts.threads},
+                           "llama_server": opts.llama_server or "the xllamacpp wheel", "llamacpp_build": measured.builds},
             "profile": tuning.slowdown_summary(setup.profile) if setup.profile is not None else None,
             "elapsed_s": None, "levels": {}, "failed_levels": {str(n): why for n, why in measured.failed.items()}}
 

@@ -61,6 +61,9 @@ def configure(parser) -> None:
                         help="threads of lockstep, the single-model servers, llamacpp_large and official "
                              "(default 1; the routed servers, ours and llamacpp_std's, split the cores among "
                              "themselves)")
+    parser.add_argument("--llama-server", metavar="PATH",
+                        help="a llama-server binary built on this host (cmake -DGGML_NATIVE=ON) for the llama.cpp "
+                             "peers, instead of the xllamacpp wheel's build (AVX2 on every x86 CPU)")
     add_binding_args(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--quant", action="append", metavar="Q|NAME=Q",
@@ -97,11 +100,14 @@ def _options(args):
         raise ValueError("--threads must be >= 1")
     if args.profile and not os.path.isfile(args.profile):
         raise ValueError(f"no such profile: {args.profile}")
+    if args.llama_server and not (os.path.isfile(args.llama_server) and os.access(args.llama_server, os.X_OK)):
+        raise ValueError(f"--llama-server {args.llama_server}: not an executable file (a llama-server built with "
+                         "cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF && cmake --build build --target llama-server)")
     return BenchOptions(file=file, concurrency=levels, requests=requests, max_tokens=max_tokens, rounds=rounds,
                         configs=parse_configs(args.configs or q["configs"]), sweep=sweep, steady_s=steady, profile=args.profile,
                         progress=not args.no_progress, model_paths=models or None, params=params,
                         threads=args.threads, out_dir=args.out, quant=args.quant,
-                        official_waves=q.get("official_waves"))
+                        official_waves=q.get("official_waves"), llama_server=args.llama_server)
 
 
 def print_report(details: dict) -> None:
