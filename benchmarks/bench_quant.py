@@ -26,8 +26,10 @@ many), batches 1, 4, 8 and 16. Configurations:
   source: `thirdparty/llama.cpp`; see docs/models.md).
 
 Configurations alternate within each round, batch by batch, so the shared machine's load
-hits all alike; the best round counts, and the load average is recorded with every figure.
-Tokens/s is end to end (prefill included) over all requests of a batch; ms/step is the mean
+hits all alike; each runs whole waves of `batch` requests back to back for at least
+`--min-s` seconds (30 by default) at each batch in each round; the best round counts, and
+the load average is recorded with every figure. Tokens/s is end to end (prefill included)
+over all requests of those waves; ms/step is the mean
 decode step (ours: timed per step; llama.cpp: its own `predicted_per_token_ms`); ours also
 time their matrix products alone at the batch's rows (`ms_matrices`, `matrices_ms`) and what
 that streams (`matrices_gb_s`: the held matrices' bytes over that time, against the host's
@@ -35,8 +37,8 @@ read bandwidth: `read_gb_per_s` single-threaded as every figure's host line, and
 `read_gb_per_s_threads` at the run's threads). RSS is measured per configuration in a fresh
 process after loading and one step.
 
-    python benchmarks/bench_quant.py            # ~15-30 min on 2 busy cores
-    python benchmarks/bench_quant.py --quick    # 1 round, batches 1 and 8
+    python benchmarks/bench_quant.py            # 5 configurations x 4 batches x 3 rounds x 30 s: ~35 min
+    python benchmarks/bench_quant.py --quick    # 1 round, batches 1 and 8, 3 s each
 Writes bench_quant.{json,png} into --out (default bench-results/, a scratch folder git ignores).
 """
 
@@ -45,8 +47,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import socket
 import subprocess
 import sys
 import time
@@ -55,6 +55,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from tokenrouter.bench.llamacpp import LlamaCppServer
 from tokenrouter.runtime.host import cpu_flags, host_info, load_average
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -98,7 +99,18 @@ def build_engine(quant: str, head_quant: str | None = None):
     return m, eng
 
 
-def ours_run(eng, batch: int) -> dict:
+def steady(wave, min_s: float) -> dict:
+    """Waves of requests (`wave()`: {tokens, wall_s, ms_step}) back to back until `min_s`
+    seconds have passed: tokens/s over all of them, the mean decode step, how many ran."""
+    waves, t0 = [], time.perf_counter()
+    while not waves or time.perf_counter() - t0 < min_s:
+        waves.append(wave())
+    tokens, wall = sum(w["tokens"] for w in waves), sum(w["wall_s"] for w in waves)
+    return {"tok_s": tokens / wall, "ms_step": sum(w["ms_step"] for w in waves) / len(waves), "tokens": tokens,
+            "wall_s": wall, "waves": len(waves), "load": os.getloadavg()[0]}
+
+
+def ours_wave(eng, batch: int) -> dict:
     ps = prompts(batch, eng.config.vocab_size)
     t0 = time.perf_counter()
     out = eng.step([(i, p) for i, p in enumerate(ps)])
@@ -109,10 +121,14 @@ def ours_run(eng, batch: int) -> dict:
     t2 = time.perf_counter()
     for i in range(batch):
         eng.free(i)
+    return {"tokens": batch * NEW, "wall_s": t2 - t0, "ms_step": (t2 - t1) / (NEW - 1) * 1e3}
+
+
+def ours_run(eng, batch: int, min_s: float) -> dict:
+    run = steady(lambda: ours_wave(eng, batch), min_s)
     ms = matrices_ms(eng, batch)
     nbytes = sum(lin.nbytes() for lin in eng.model.linears())
-    return {"tok_s": batch * NEW / (t2 - t0), "ms_step": (t2 - t1) / (NEW - 1) * 1e3, "ms_matrices": ms,
-            "matrices_gb_s": nbytes / ms / 1e6 if ms else None, "load": os.getloadavg()[0]}
+    return {**run, "ms_matrices": ms, "matrices_gb_s": nbytes / ms / 1e6 if ms else None}
 
 
 def matrices_ms(eng, rows: int, passes: int = 5) -> float | None:
@@ -168,82 +184,19 @@ def rss_child(quant: str, head_quant: str | None, threads: int) -> None:
 # ------------------------------------------------------------------ llama.cpp
 
 def llama_cpp_build() -> str:
-    """The instruction sets the llama.cpp library was built with (its own system info): the
-    wheel is one build for every x86 CPU, so it may use less of this host than our kernels do."""
+    """The instruction sets the wheel's llama.cpp library was built with (its own system info):
+    the wheel is one build for every x86 CPU, so it may use less of this host than our kernels do."""
     import xllamacpp as x
     return " ".join(x.get_system_info().split())
 
 
-def server_child(gguf: str, parallel: int, threads: int) -> None:
-    """A llama.cpp server in this process; prints its address, serves until stdin closes."""
-    import xllamacpp as x
-    p = x.CommonParams()
-    p.model.path = gguf
-    p.n_parallel = parallel
-    p.n_ctx = parallel * (PROMPT + NEW + 16)
-    p.cpuparams.n_threads = threads
-    p.cpuparams_batch.n_threads = threads
-    p.port = 0
-    p.verbosity = 0
-    p.warmup = True
-    p.cont_batching = True
-    server = x.Server(p)
-    print(f"READY {server.listening_address}", flush=True)
-    sys.stdin.read()
-    del server
-
-
 class LlamaCpp:
-    """A llama.cpp server with `parallel` slots: the wheel's (`server_child`, in a process of its
-    own), or, given `binary`, a llama-server built on this host, on a free loopback port."""
+    """A llama.cpp server with `parallel` slots (`bench.llamacpp.LlamaCppServer`: the wheel's,
+    or, given `binary`, a llama-server built on this host), and this benchmark's requests."""
 
     def __init__(self, gguf: str, parallel: int, threads: int, binary: str | None = None):
-        self.build = None
-        if binary:
-            self._start_binary(binary, gguf, parallel, threads)
-            return
-        self.proc = subprocess.Popen([sys.executable, __file__, "--server", gguf, str(parallel), str(threads)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = ""
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            line = self.proc.stdout.readline()
-            if line.startswith("READY") or not line:
-                break
-        if not line.startswith("READY"):
-            self.close()
-            raise RuntimeError(f"llama.cpp server did not start: {line!r}")
-        addr = line.split()[1]
-        self.url = addr if addr.startswith("http") else f"http://{addr}"
-
-    def _start_binary(self, binary: str, gguf: str, parallel: int, threads: int) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"llama-server-{os.getpid()}-{parallel}.log"),
-                        "w+")
-        self.proc = subprocess.Popen([binary, "-m", gguf, "--parallel", str(parallel),
-                                      "-c", str(parallel * (PROMPT + NEW + 16)), "-t", str(threads), "-tb", str(threads),
-                                      "--host", "127.0.0.1", "--port", str(port), "--cont-batching"],
-                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
-        self.url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 120
-        while time.time() < deadline and self.proc.poll() is None:
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            time.sleep(0.2)
-        else:
-            self.log.seek(0)
-            tail = self.log.read()[-2000:]
-            self.close()
-            raise RuntimeError(f"{binary} did not start serving:\n{tail}")
-        self.log.seek(0)
-        info = re.search(r"system_info:.*", self.log.read())
-        self.build = " ".join(info.group(0).split()) if info else None
+        self.server = LlamaCppServer(gguf, parallel, threads, PROMPT + NEW + 16, binary=binary)
+        self.url, self.build = self.server.url, self.server.build
 
     def _one(self, ids: list[int]) -> dict:
         body = json.dumps({"prompt": ids, "n_predict": NEW, "temperature": 0.0, "ignore_eos": True,
@@ -252,7 +205,7 @@ class LlamaCpp:
         with urllib.request.urlopen(req, timeout=600) as r:
             return json.loads(r.read())
 
-    def run(self, batch: int, vocab: int) -> dict:
+    def wave(self, batch: int, vocab: int) -> dict:
         ps = prompts(batch, vocab)
         t0 = time.perf_counter()
         with ThreadPoolExecutor(batch) as ex:
@@ -260,22 +213,16 @@ class LlamaCpp:
         dt = time.perf_counter() - t0
         n = sum(o["timings"]["predicted_n"] for o in outs)
         ms = sum(o["timings"]["predicted_per_token_ms"] for o in outs) / len(outs)
-        return {"tok_s": n / dt, "ms_step": ms, "tokens": n, "load": os.getloadavg()[0]}
+        return {"tokens": n, "wall_s": dt, "ms_step": ms}
+
+    def run(self, batch: int, vocab: int, min_s: float) -> dict:
+        return steady(lambda: self.wave(batch, vocab), min_s)
 
     def rss(self) -> float:
-        return rss_mb(self.proc.pid)
+        return rss_mb(self.server.proc.pid)
 
     def close(self) -> None:
-        try:
-            if self.proc.stdin:
-                self.proc.stdin.close()
-            else:
-                self.proc.terminate()
-            self.proc.wait(timeout=30)
-        except Exception:
-            self.proc.kill()
-        if getattr(self, "log", None):
-            self.log.close()
+        self.server.close()
 
 
 # ------------------------------------------------------------------ the run
@@ -289,17 +236,19 @@ def main() -> int:
     ap.add_argument("--configs", default=",".join((*OURS, "llama.cpp")),
                     help="comma-separated subset of none,native,int4,int8,llama.cpp (default: these), "
                          f"llama.cpp-native (needs --llama-server) and the variants of native: {', '.join(VARIANTS)}")
+    ap.add_argument("--min-s", type=float, default=None,
+                    help="seconds each configuration runs at each batch in a round, in whole waves of requests "
+                         "(default 30; --quick 3)")
     ap.add_argument("--llama-server", metavar="PATH",
                     help="a llama-server binary built on this host (-DGGML_NATIVE=ON), run as llama.cpp-native")
     ap.add_argument("--head-quant", choices=("int4", "int8", "none"), default=None,
                     help="the LM head's format in the quantised configurations (default: the engine's)")
     ap.add_argument("--out", default="bench-results")
-    ap.add_argument("--server", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--rss-child", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.server:
-        server_child(a.server[0], int(a.server[1]), int(a.server[2]))
-        return 0
+    a.min_s = a.min_s if a.min_s is not None else 3.0 if a.quick else 30.0
+    if a.min_s < 0:
+        ap.error("--min-s must be >= 0")
     if a.rss_child:
         rss_child(a.rss_child, a.head_quant, a.threads)
         return 0
@@ -318,7 +267,7 @@ def main() -> int:
                     "flags": [f for f in FLAGS if f in cpu_flags().split()], "int4avx2_isa": int4x_isa_or_none(),
                     "llama_cpp_build": llama_cpp_build() if "llama.cpp" in configs else None,
                     "llama_cpp_native_build": None},
-           "threads": a.threads, "gguf": os.path.basename(gguf), "prompt": PROMPT, "new_tokens": NEW,
+           "threads": a.threads, "min_s": a.min_s, "gguf": os.path.basename(gguf), "prompt": PROMPT, "new_tokens": NEW,
            "head_quant": a.head_quant or "the engine's default", "rounds": a.rounds or (1 if a.quick else 3),
            "configs": configs, "runs": [], "rss_mb": {}, "plans": {}}
     print(f"host: {res['host']}", flush=True)
@@ -353,7 +302,8 @@ def run_rounds(res: dict, gguf: str, batches: list[int], a) -> None:
         for r in range(res["rounds"]):
             for b in batches:
                 for name in configs:
-                    run = servers[(name, b)].run(b, vocab) if name in LLAMAS else ours_run(engines[name], b)
+                    run = servers[(name, b)].run(b, vocab, a.min_s) if name in LLAMAS else \
+                        ours_run(engines[name], b, a.min_s)
                     res["runs"].append({"config": name, "batch": b, "round": r, **run})
                     floor = (f" ({run['ms_matrices']:.1f} in the matrices, {run['matrices_gb_s']:.1f} GB/s)"
                              if run.get("ms_matrices") else "")

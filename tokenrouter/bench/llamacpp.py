@@ -98,9 +98,7 @@ class LlamaCppServer:
         except BaseException:
             self.close()
             raise
-        self.log.seek(0)
-        info = re.search(r"system_info:.*", self.log.read())
-        self.build = " ".join(info.group(0).split()) if info else f"{binary} (no system_info line)"
+        self.build = server_build(binary)
 
     def _wait_ready(self, timeout: float) -> str:
         sel = selectors.DefaultSelector()
@@ -136,6 +134,16 @@ class LlamaCppServer:
         if self.log is not None:
             self.log.close()
             self.log = None
+
+
+def server_build(binary: str) -> str:
+    """The `system_info` line of a llama-server binary (the instruction sets it was built
+    with): it logs it at trace level before loading a model, so a run on no model says it
+    and exits."""
+    out = subprocess.run([binary, "-lv", "4", "-m", os.devnull, "--port", "1"], capture_output=True, text=True,
+                         timeout=60)
+    info = re.search(r"system_info:.*", out.stdout + out.stderr)
+    return " ".join(info.group(0).split()) if info else f"{binary} (logged no system_info line)"
 
 
 def completion_body(tokens: list[int], slot: int, n_predict: int, n_probs: int) -> dict[str, Any]:
