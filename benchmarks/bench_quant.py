@@ -55,7 +55,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from tokenrouter.bench.llamacpp import LlamaCppServer
 from tokenrouter.runtime.host import cpu_flags, host_info, load_average
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -195,6 +194,8 @@ class LlamaCpp:
     or, given `binary`, a llama-server built on this host), and this benchmark's requests."""
 
     def __init__(self, gguf: str, parallel: int, threads: int, binary: str | None = None):
+        # imported here, not at the top: the RSS children (`rss_child`) measure our engine alone
+        from tokenrouter.bench.llamacpp import LlamaCppServer
         self.server = LlamaCppServer(gguf, parallel, threads, PROMPT + NEW + 16, binary=binary)
         self.url, self.build = self.server.url, self.server.build
 

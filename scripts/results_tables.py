@@ -165,6 +165,12 @@ def serving(run: str, command: str | None = None) -> Table:
     if not new_bound(first):
         facts.append("its bound is the older one (every request-step a decode at batch N, the two models one "
                      "after the other; `results.bound` now prices extends and overlaps the models)")
+    dep = d.get("deployment") or {}
+    builds = sorted({" ".join(built_with(b)) for b in (dep.get("llamacpp_build") or {}).values()})
+    if builds:
+        where = "the xllamacpp wheel" if dep.get("llama_server") in (None, "the xllamacpp wheel") else \
+            "a llama-server built on this host"
+        facts.append(f"the llama.cpp peers ran {where} ({'; '.join(builds)})")
     if first.get("identical_outputs") is not None:
         facts.append("our routed configurations gave identical outputs" if first["identical_outputs"]
                      else "our routed configurations' outputs differed")
@@ -224,8 +230,11 @@ def quant(run: str, command: str) -> Table:
         cells += [f"{best[('native', b)]['tok_s'] / best[(p, b)]['tok_s']:.2f}x" for p in peers]
         body.append(cells)
     rss = ", ".join(f"{k} {v:,.0f} MB" for k, v in d["rss_mb"].items())
+    waves = (f"whole waves of requests for at least {d['min_s']:.0f} s a configuration and batch in each round"
+             if d.get("min_s") else "one wave of requests a configuration and batch in each round")
     spread = (f"{d['threads']} threads, {d['prompt']}-token prompts, {d['new_tokens']} greedy tokens a request, "
-              f"best of {d['rounds']} rounds (their range in brackets); RSS: {rss}")
+              f"{waves}, best of {d['rounds']} rounds (their range in brackets); RSS: {rss}"
+              + (f" ({d['rss_note']})" if d.get("rss_note") else ""))
     for peer, key in (("llama.cpp", "llama_cpp_build"), ("llama.cpp-native", "llama_cpp_native_build")):
         isa = built_with(d["host"].get(key))
         if isa:
@@ -506,8 +515,9 @@ TABLES: dict[str, Callable[[], Table]] = {
                                         "python benchmarks/bench_quant.py --configs none,native,native-torch-int4,"
                                         "llama.cpp --batches 1,8,16 --rounds 2"),
     "quant-epyc-avx512": lambda: quant("bench_quant_epyc_avx512",
-                                       "python benchmarks/bench_quant.py --configs none,native,native-torch-int4,"
-                                       "llama.cpp --batches 1,8,16 --rounds 2"),
+                                       "python benchmarks/bench_quant.py --configs none,native,llama.cpp,"
+                                       "llama.cpp-native --llama-server .cache/llama-server/llama-server "
+                                       "--batches 1,8,16 --rounds 2"),
     "quant-epyc-avx2-build": lambda: quant("bench_quant_epyc_avx512/avx2_build",
                                           "CC=scripts/cc-avx2 TOKENROUTER_CACHE=/tmp/tr-avx2 .venv/bin/python "
                                           "benchmarks/bench_quant.py --configs native,llama.cpp --batches 1,8,16 "
