@@ -23,6 +23,7 @@ The GGUF files come from `runtime.loader.gguf_export` (float32, the weights our 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import re
 import selectors
@@ -136,6 +137,7 @@ class LlamaCppServer:
             self.log = None
 
 
+@functools.lru_cache(maxsize=None)
 def server_build(binary: str) -> str:
     """The `system_info` line of a llama-server binary (the instruction sets it was built
     with): it logs it at trace level before loading a model, so a run on no model says it
