@@ -19,11 +19,12 @@ many), batches 1, 4, 8 and 16. Configurations:
   opt-in, int8) instead of the measured plan, to measure what each gives;
 - `llama.cpp`: upstream llama.cpp's server (the `xllamacpp` wheel, in its own process) with
   as many slots as concurrent requests, continuous batching, requests over loopback HTTP.
-  The wheel is one build for every x86 CPU (AVX2; the JSON records its `system_info`);
+  The wheel is one build for every x86 CPU (AVX2); the JSON records each server's
+  `system_info`;
 - `llama.cpp-native` (with `--llama-server PATH`): the same server as a `llama-server` binary
   built on this host with `-DGGML_NATIVE=ON`, so it uses every instruction set the CPU has,
-  as a user who builds llama.cpp from source would run it (the wheel's sdist holds the
-  source: `thirdparty/llama.cpp`; see docs/models.md).
+  as a user who builds llama.cpp from source would run it (`scripts/build-llama-server`
+  builds it from the wheel's own source).
 
 Configurations alternate within each round, batch by batch, so the shared machine's load
 hits all alike; each runs whole waves of `batch` requests back to back for at least
@@ -182,13 +183,6 @@ def rss_child(quant: str, head_quant: str | None, threads: int) -> None:
 
 # ------------------------------------------------------------------ llama.cpp
 
-def llama_cpp_build() -> str:
-    """The instruction sets the wheel's llama.cpp library was built with (its own system info):
-    the wheel is one build for every x86 CPU, so it may use less of this host than our kernels do."""
-    import xllamacpp as x
-    return " ".join(x.get_system_info().split())
-
-
 class LlamaCpp:
     """A llama.cpp server with `parallel` slots (`bench.llamacpp.LlamaCppServer`: the wheel's,
     or, given `binary`, a llama-server built on this host), and this benchmark's requests."""
@@ -260,14 +254,15 @@ def main() -> int:
     bad = set(configs) - {*OURS, *VARIANTS, *LLAMAS}
     if bad:
         ap.error(f"unknown configs {sorted(bad)}")
-    if "llama.cpp-native" in configs and not (a.llama_server and os.access(a.llama_server, os.X_OK)):
-        ap.error("llama.cpp-native needs --llama-server PATH, an executable llama-server built on this host "
-                 "(cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF && cmake --build build --target llama-server)")
+    if "llama.cpp-native" in configs:
+        from tokenrouter.bench.llamacpp import llama_server_problem
+        why = llama_server_problem(a.llama_server)
+        if why:
+            ap.error(f"llama.cpp-native: {why}")
     gguf = embedded_gguf()
     res = {"host": {**host_info(), "torch": torch.__version__, "read_gb_per_s_threads": threaded_read_gb_s(),
                     "flags": [f for f in FLAGS if f in cpu_flags().split()], "int4avx2_isa": int4x_isa_or_none(),
-                    "llama_cpp_build": llama_cpp_build() if "llama.cpp" in configs else None,
-                    "llama_cpp_native_build": None},
+                    "llama_cpp_build": None, "llama_cpp_native_build": None},  # each server's system_info
            "threads": a.threads, "min_s": a.min_s, "gguf": os.path.basename(gguf), "prompt": PROMPT, "new_tokens": NEW,
            "head_quant": a.head_quant or "the engine's default", "rounds": a.rounds or (1 if a.quick else 3),
            "configs": configs, "runs": [], "rss_mb": {}, "plans": {}}
@@ -297,8 +292,9 @@ def run_rounds(res: dict, gguf: str, batches: list[int], a) -> None:
     vocab = 49152 if m is None else m.config.vocab_size
     servers = {(name, b): LlamaCpp(gguf, b, a.threads, a.llama_server if name == "llama.cpp-native" else None)
                for name in LLAMAS if name in configs for b in batches}
-    if "llama.cpp-native" in configs:
-        res["host"]["llama_cpp_native_build"] = servers[("llama.cpp-native", batches[0])].build
+    for name, key in (("llama.cpp", "llama_cpp_build"), ("llama.cpp-native", "llama_cpp_native_build")):
+        if name in configs:
+            res["host"][key] = servers[(name, batches[0])].build
     try:
         for r in range(res["rounds"]):
             for b in batches:

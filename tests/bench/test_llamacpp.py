@@ -218,3 +218,13 @@ def test_a_call_whose_connection_drops_is_sent_again_and_a_dead_server_is_named(
     assert asyncio.run(main(2)) == ({"tokens": [7]}, 2)
     with pytest.raises(RuntimeError, match="'large' failed 4 times"):
         asyncio.run(main(10))
+
+
+def test_a_llama_server_that_is_not_an_executable_is_named_with_how_to_build_one(tmp_path):
+    from tokenrouter.bench.llamacpp import llama_server_problem
+    text = tmp_path / "llama-server"
+    text.write_text("not a binary")
+    for path in (None, str(tmp_path / "missing"), str(text)):
+        assert "scripts/build-llama-server" in llama_server_problem(path)
+    text.chmod(0o755)
+    assert llama_server_problem(str(text)) is None

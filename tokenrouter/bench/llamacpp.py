@@ -55,6 +55,7 @@ class LlamaCppServer:
                  binary: str | None = None):
         self.gguf, self.parallel, self.threads = gguf, parallel, threads
         self.log = None
+        self.build = None  # the server's system_info line
         if binary:
             self._start_binary(binary, parallel * ctx_per_slot, timeout)
             return
@@ -68,8 +69,6 @@ class LlamaCppServer:
         except BaseException:  # an interrupt (Ctrl-C, a test's timeout) too: no server outlives the bench
             self.close()
             raise
-        import xllamacpp
-        self.build = " ".join(xllamacpp.get_system_info().split())
 
     def _start_binary(self, binary: str, ctx: int, timeout: float) -> None:
         """`binary` (a llama-server) on a free loopback port, its log in a temporary file."""
@@ -113,6 +112,8 @@ class LlamaCppServer:
             line = self.proc.stdout.readline()
             if not line:
                 break
+            if line.startswith("BUILD "):
+                self.build = line[6:].strip()
             if line.startswith("READY "):
                 return line.split(" ", 1)[1].strip()
             if line.startswith("ERROR "):
@@ -135,6 +136,14 @@ class LlamaCppServer:
         if self.log is not None:
             self.log.close()
             self.log = None
+
+
+def llama_server_problem(path: str | None) -> str | None:
+    """Why `path` cannot be a `--llama-server` binary, or None."""
+    if path and os.path.isfile(path) and os.access(path, os.X_OK):
+        return None
+    return (f"--llama-server {path}: not an executable file" if path else "no --llama-server given") + \
+        " (scripts/build-llama-server builds one for this host)"
 
 
 @functools.lru_cache(maxsize=None)

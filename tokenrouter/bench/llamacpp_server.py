@@ -1,8 +1,9 @@
 """`python -m tokenrouter.bench.llamacpp_server MODEL.gguf --parallel N --threads T --ctx C`:
 a stock llama.cpp HTTP server (xllamacpp) on a free loopback port.
 
-Prints `READY <url>` once the model is loaded (or `ERROR <why>`), then serves until its
-stdin closes, so it never outlives the benchmark that started it.
+Prints `BUILD <system_info>` (the instruction sets the wheel's llama.cpp was built with), then
+`READY <url>` once the model is loaded (or `ERROR <why>`), and serves until its stdin closes,
+so it never outlives the benchmark that started it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx", type=int, required=True, help="KV cache tokens in all (split over the slots)")
     args = ap.parse_args(argv)
     import xllamacpp as x
+    print("BUILD " + " ".join(x.get_system_info().split()), flush=True)
     p = x.CommonParams()
     p.model.path = args.gguf
     p.n_parallel = args.parallel

@@ -100,9 +100,11 @@ def _options(args):
         raise ValueError("--threads must be >= 1")
     if args.profile and not os.path.isfile(args.profile):
         raise ValueError(f"no such profile: {args.profile}")
-    if args.llama_server and not (os.path.isfile(args.llama_server) and os.access(args.llama_server, os.X_OK)):
-        raise ValueError(f"--llama-server {args.llama_server}: not an executable file (a llama-server built with "
-                         "cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF && cmake --build build --target llama-server)")
+    if args.llama_server:
+        from tokenrouter.bench.llamacpp import llama_server_problem
+        why = llama_server_problem(args.llama_server)
+        if why:
+            raise ValueError(why)
     return BenchOptions(file=file, concurrency=levels, requests=requests, max_tokens=max_tokens, rounds=rounds,
                         configs=parse_configs(args.configs or q["configs"]), sweep=sweep, steady_s=steady, profile=args.profile,
                         progress=not args.no_progress, model_paths=models or None, params=params,
