@@ -30,6 +30,7 @@ from tokenrouter.runtime.transport import wire
 log = logging.getLogger(__name__)
 
 GEOMETRY = ("block_size", "blocks_total", "max_model_len", "vocab_size")  # what a restart may not change
+EXIT_REPORT_S = 1.0  # how long an exit seen during start-up waits for the failure report sent before it
 
 
 class RuntimeUnavailable(RuntimeError):
@@ -65,7 +66,13 @@ class ControlPlane:
         while not self._all_ready.is_set():
             exited = [w for w, ok in self.watch.processes_alive().items() if not ok and w not in self.ready]
             if exited:
-                raise RuntimeUnavailable(f"subserver {', '.join(exited)} exited during start-up")
+                # a subserver whose start-up failed reports why, then exits: its report may still
+                # be on its way when the exit is seen, and it says more than the exit does
+                try:
+                    await asyncio.wait_for(self._all_ready.wait(), EXIT_REPORT_S)
+                except asyncio.TimeoutError:
+                    pass
+                raise RuntimeUnavailable(self.start_failure or f"subserver {', '.join(exited)} exited during start-up")
             if time.monotonic() > deadline:
                 missing = sorted(set(self.writers) - set(self.ready))
                 raise RuntimeUnavailable(f"subservers did not start within {timeout:.0f} s: {', '.join(missing)}")
