@@ -243,15 +243,15 @@ def test_the_checks_see_what_they_are_for(tmp_path):
 
 # The runtime's parts (its sub-packages and top-level modules) in the order they import each
 # other, read from the code: a part imports only the parts of lower rank, at the top of a
-# module or inside a function, so no two of them form a cycle. host, cache, metrics, logs and memory import
+# module or inside a function, so no two of them form a cycle. host, cache, metrics, logs, memory and cores import
 # nothing of the runtime; the kernels (C library, bindings, weight formats, measured plans)
 # only those; the engine runs the kernels; the loader builds engines' inputs (and derives
 # models with an engine); the transport moves messages and knows no model; subservers load
 # writers and step engines; vllm is a subserver's engine served by vLLM (it implements the
 # subserver's engine interface); the frontend launches subservers; http serves the frontend; the
 # offline API, the single-request reference and the baselines sit on top, side by side.
-RUNTIME_ORDER = (("host", "cache", "metrics", "logs", "memory"), ("kernels",), ("engine",), ("loader",), ("transport",),
-                 ("subserver",), ("vllm",), ("frontend",), ("http",), ("offline", "reference", "baselines"))
+RUNTIME_ORDER = (("host", "cache", "metrics", "logs", "memory", "cores"), ("kernels",), ("engine",), ("loader",),
+                 ("transport",), ("subserver",), ("vllm",), ("frontend",), ("http",), ("offline", "reference", "baselines"))
 RUNTIME_RANK = {part: rank for rank, parts in enumerate(RUNTIME_ORDER) for part in parts}
 
 

@@ -1,11 +1,10 @@
 """What each subserver is given: writers served, B_i, waits, threads."""
 
-import os
-
 import pytest
 
 from tests.helpers import tiny
 from tokenrouter.compiler import ir
+from tokenrouter.runtime.cores import host_cores
 from tokenrouter.runtime.frontend.launch import LaunchOptions, batch_thresholds, plan, served_writers
 
 
@@ -20,7 +19,8 @@ def test_auto_defaults_and_schedule_values(pair):
     assert batch_thresholds(fixed, ["slm", "llm"], 8)["llm"] == 6
     specs = plan(p, LaunchOptions(mode="process"))
     assert specs["llm"].max_wait_ms == 7.0 and specs["slm"].max_wait_ms == 20.0
-    assert specs["slm"].threads == max(1, (os.cpu_count() or 1) // 2)
+    assert specs["slm"].threads == host_cores()  # shared by need: all of them while the other is idle
+    assert plan(p, LaunchOptions(mode="process", cores="split"))["slm"].threads == max(1, host_cores() // 2)
     threaded = plan(p, LaunchOptions(mode="process", threads={"llm": 3}))
     assert threaded["llm"].threads == 3
 

@@ -72,6 +72,7 @@ class SubserverStats:
     batch_size: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
     queue_wait_s: Histogram = field(default_factory=lambda: Histogram(WAIT_BUCKETS))
     launch_reasons: dict[str, int] = field(default_factory=dict)
+    step_threads: dict[str, int] = field(default_factory=dict)  # threads a step launched with -> steps
     frames_dropped: dict[str, int] = field(default_factory=dict)  # invalid | stale | unauthenticated | test_only | error
 
     def snapshot(self, **gauges: Any) -> dict[str, Any]:
@@ -149,7 +150,8 @@ SIMPLE = (  # (snapshot key, name, kind, help)
     ("ready", "tokenrouter_ready_requests", "gauge", "Requests ready to step here."),
     ("blocks_used", "tokenrouter_kv_blocks_used", "gauge", "KV cache blocks in use."),
     ("blocks_free", "tokenrouter_kv_blocks_free", "gauge", "KV cache blocks free."),
-    ("threads", "tokenrouter_threads", "gauge", "CPU threads of this subserver (torch.get_num_threads)."),
+    ("threads", "tokenrouter_threads", "gauge",
+     "CPU threads of this subserver's last step (torch.get_num_threads; by need where writers share the cores)."),
     ("batch_threshold", "tokenrouter_batch_threshold", "gauge", "Delayed-batching threshold B_i."),
     ("max_wait_s", "tokenrouter_max_wait_seconds", "gauge", "Longest a ready request waits for a batch to fill."),
 )
@@ -193,10 +195,12 @@ def _subserver_families(subservers: dict[str, dict[str, Any]]) -> Iterable:
     for key, name, label, help_ in (
             ("phase_s", "tokenrouter_step_phase_seconds_total", "phase",
              "Time spent in each part of a step (schedule, forward, sample, route, bookkeeping, messaging)."),
-            ("launch_reasons", "tokenrouter_step_launches_total", "reason", "Why each step was launched (delayed batching).")):
+            ("launch_reasons", "tokenrouter_step_launches_total", "reason", "Why each step was launched (delayed batching)."),
+            ("step_threads", "tokenrouter_step_threads_total", "threads",
+             "Steps by the CPU threads they launched with (writers sharing the cores take them by need).")):
         fam = CounterMetricFamily(name, help_, labels=["model", label])
         for w, s in snaps.items():
-            items = s[key].items() if key == "phase_s" else sorted(s[key].items())
+            items = s[key].items() if key == "phase_s" else sorted(s.get(key, {}).items())
             for what, v in items:
                 fam.add_metric([w, what], v)
         yield fam

@@ -14,6 +14,12 @@ one implementation of its step/free/seq_len per engine): tokenrouter's `Engine`,
 returning chunks). A vLLM model is timed in a process of its own (`_measure_apart`), and
 the other process of a co-located measurement may be either engine.
 
+Models that share the host's cores in serving (`runtime/cores.py`: every local writer on
+tokenrouter's engine without fixed `threads`) are timed sharing them the same way: each
+model is measured in a process of its own started with the subservers' OpenMP setting
+(`cores.SPIN_ENV`), both processes hold a byte of one cores' ledger, so a step alone runs
+on every core and a step beside the other model's on its share, as in serving.
+
 The slowdown is measured in pairs: for each batch size, timed steps alternate between
 the other process paused and running, and the profile keeps alone x the median ratio.
 This machine's speed drifts by tens of percent over minutes (other tenants); timing the
@@ -26,15 +32,16 @@ served requests do), restarting its sequence every `BG_CONTEXT` tokens.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import random
 import statistics
 import time
+from dataclasses import asdict
 
 import torch
 from tqdm import tqdm
 
 from tokenrouter.compiler import ir
+from tokenrouter.runtime.cores import SPIN_ENV, CoreShare, Ledger, LedgerSpec, environment, host_cores
 from tokenrouter.tuner.profile import Curve, ModelProfile, Profile, machine_info, timestamp
 from tokenrouter.tuner.steps import open_steps
 
@@ -57,10 +64,32 @@ def _time_steps(steps, vocab: int, batch: int, tokens: int, warmup: int, repeats
     return statistics.median(times)
 
 
-def _background(program_json: str, name: str, threads: int, ready, run, stop) -> None:
+class SharedSteps:
+    """A model's steps holding its share of the cores while each runs (`runtime/cores.py`)."""
+
+    def __init__(self, steps, share: CoreShare):
+        self.steps, self.share = steps, share
+
+    def step(self, batch) -> None:
+        with self.share.stepping():
+            self.steps.step(batch)
+
+    def free(self, seq) -> None:
+        self.steps.free(seq)
+
+    def seq_len(self, seq) -> int:
+        return self.steps.seq_len(seq)
+
+
+def _open(program: ir.Program, name: str, threads: int, max_len: int, max_batch: int, ledger: dict | None):
+    steps, vocab = open_steps(program, program.model(name), threads, max_len, max_batch)
+    return (SharedSteps(steps, CoreShare(LedgerSpec(**ledger))) if ledger else steps), vocab
+
+
+def _background(program_json: str, name: str, threads: int, ready, run, stop, ledger: dict | None = None) -> None:
     """Another model stepping back to back (batch 1 decode) while `run` is set, until `stop`."""
     program = ir.Program.from_json(program_json)
-    steps, vocab = open_steps(program, program.model(name), threads, BG_CONTEXT + PROMPT + 8, 1)
+    steps, vocab = _open(program, name, threads, BG_CONTEXT + PROMPT + 8, 1, ledger)
     n = 0
     steps.step([("bg", [1] * PROMPT)])
     ready.set()
@@ -94,15 +123,18 @@ DEFAULT_EXTEND_TOKENS = (4, 16)
 
 
 def _measure_model(program: ir.Program, name: str, other: str | None, batch_sizes, extend_tokens, repeats: int,
-                   warmup: int, threads: dict[str, int], progress: bool) -> ModelProfile:
+                   warmup: int, threads: dict[str, int], progress: bool,
+                   ledger: dict[str, dict] | None = None) -> ModelProfile:
     """Model `name`'s curves: decodes and extends alone, then decodes paired with `other`
-    stepping in another process (None: not co-located)."""
+    stepping in another process (None: not co-located). `ledger`: the cores' ledger
+    (`cores.LedgerSpec` as a dict, per model) when the two share the cores."""
+    ledger = ledger or {}
     m = program.model(name)
     max_len = PROMPT + warmup + repeats + max([1, *extend_tokens]) * (warmup + repeats) + 8
     total = len(batch_sizes) * (1 + (other is not None) + len(extend_tokens))
     bar = tqdm(total=total, desc=f"profiling {name}", unit="point", disable=not progress)
     try:
-        steps, vocab = open_steps(program, m, threads[name], max_len, max(batch_sizes))
+        steps, vocab = _open(program, name, threads[name], max_len, max(batch_sizes), ledger.get(name))
         alone, co, ext = [], [], {}
         for b in batch_sizes:
             bar.set_postfix_str(f"b={b} alone")
@@ -119,8 +151,10 @@ def _measure_model(program: ir.Program, name: str, other: str | None, batch_size
             ctx = mp.get_context("spawn")
             ready, run, stop = ctx.Event(), ctx.Event(), ctx.Event()
             proc = ctx.Process(target=_background, daemon=True,
-                               args=(program.to_json(indent=None), other, threads[other], ready, run, stop))
-            proc.start()
+                               args=(program.to_json(indent=None), other, threads[other], ready, run, stop,
+                                     ledger.get(other)))
+            with environment(SPIN_ENV if ledger else {}):
+                proc.start()
             try:
                 deadline = time.monotonic() + 900
                 while not ready.wait(0.2):
@@ -149,14 +183,17 @@ def _measure_child(send, program_json: str, name: str, kwargs: dict) -> None:
         send.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
-def _measure_apart(program: ir.Program, name: str, **kwargs) -> ModelProfile:
-    """`_measure_model` in a process of its own, for a model served by vLLM: vLLM's engine
-    whose worker runs in its caller's process (as in a subserver) is one per process, for
-    the process's life, and its CPU worker binds that process's threads to its cores."""
+def _measure_apart(program: ir.Program, name: str, env: dict[str, str] | None = None, **kwargs) -> ModelProfile:
+    """`_measure_model` in a process of its own, started with `env` in its environment: for
+    a model served by vLLM (vLLM's engine whose worker runs in its caller's process, as in a
+    subserver, is one per process, for the process's life, and its CPU worker binds that
+    process's threads to its cores), and for models sharing the cores (OpenMP reads its
+    wait policy when the process starts)."""
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_measure_child, args=(send, program.to_json(indent=None), name, kwargs))
-    proc.start()
+    with environment(env or {}):
+        proc.start()
     send.close()
     try:
         kind, value = recv.recv()
@@ -168,31 +205,41 @@ def _measure_apart(program: ir.Program, name: str, **kwargs) -> ModelProfile:
             proc.terminate()
             proc.join()
     if kind == "error":
-        raise RuntimeError(f"profiling {name} on vLLM failed: {value}")
+        raise RuntimeError(f"profiling {name} failed: {value}")
     return value
 
 
 def measure_profile(program, batch_sizes, *, extend_tokens=DEFAULT_EXTEND_TOKENS, colocate: bool = True,
                     repeats: int = 5, warmup: int = 2, threads: dict[str, int] | None = None, progress: bool = True,
-                    source: str = "") -> Profile:
-    """A `Profile` of `program`'s models on this machine, each timed on the engine that serves it."""
+                    source: str = "", share: bool = True) -> Profile:
+    """A `Profile` of `program`'s models on this machine, each timed on the engine that serves
+    it, with the cores shared as serving shares them (`share`; `threads` fixes a model's)."""
     models = list(program.models)
-    threads = dict(threads or {})
-    default_threads = max(1, (os.cpu_count() or 1) // max(1, len(models)))
-    sched_threads = dict(program.schedule.threads)
-    for m in models:
-        threads.setdefault(m.name, sched_threads.get(m.name) or default_threads)
+    fixed = {**dict(program.schedule.threads), **dict(threads or {})}
+    sharing = [m.name for m in models if not fixed.get(m.name) and m.engine != "vllm"] if share else []
+    cores = host_cores()
+    threads = {m.name: fixed.get(m.name) or (cores if m.name in sharing or not share
+                                             else max(1, cores // max(1, len(models)))) for m in models}
+    ledger = Ledger(sharing, cores) if len(sharing) > 1 else None
     others = len(models) > 1 and colocate
     out = {}
-    for m in models:
-        kwargs = dict(other=next(o.name for o in models if o.name != m.name) if others else None,
-                      batch_sizes=list(batch_sizes), extend_tokens=list(extend_tokens), repeats=repeats,
-                      warmup=warmup, threads=threads, progress=progress)
-        measure = _measure_apart if m.engine == "vllm" else _measure_model
-        out[m.name] = measure(program, m.name, **kwargs)
+    try:
+        for m in models:
+            kwargs = dict(other=next(o.name for o in models if o.name != m.name) if others else None,
+                          batch_sizes=list(batch_sizes), extend_tokens=list(extend_tokens), repeats=repeats,
+                          warmup=warmup, threads=threads, progress=progress,
+                          ledger={w: asdict(ledger.spec(w)) for w in sharing} if ledger else None)
+            if m.engine == "vllm" or m.name in sharing:
+                out[m.name] = _measure_apart(program, m.name, env=SPIN_ENV if m.name in sharing else None, **kwargs)
+            else:
+                out[m.name] = _measure_model(program, m.name, **kwargs)
+    finally:
+        if ledger is not None:
+            ledger.close()
     info = machine_info()
     info.update({"torch": torch.__version__, "device": "cpu", "torch_threads_default": torch.get_num_threads(),
                  "co_located_with": (f"another process decoding batch 1 back to back (contexts up to {BG_CONTEXT}); "
                                      "slowdown timed in pairs, paused/running") if others else None,
+                 "cores": ("shared by need (runtime/cores.py) among " + ", ".join(sharing)) if sharing else "fixed",
                  "repeats": repeats, "prompt_tokens": PROMPT})
     return Profile(out, info, timestamp(), source)

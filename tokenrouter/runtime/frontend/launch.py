@@ -8,8 +8,11 @@ What each subserver gets comes from the program's serving schedule:
   `tuner.program.auto_thresholds`), else B = 1 for the start writer and
   min(4, concurrency // 2 or 1) for the others;
 * max wait: the schedule's, else 20 ms;
-* CPU threads: the schedule's, else the machine's cores divided among the local
-  subservers (each subserver process calls torch.set_num_threads; shown in /metrics);
+* CPU threads: the schedule's (or `--threads`) for a writer that names them, fixed for its
+  life; every other local writer on tokenrouter's engine shares the host's cores by need
+  (`runtime/cores.py`: a ledger of who is stepping now, created here, one byte per
+  writer; `LaunchOptions.cores` = "split" gives the old fixed even split and "all" every
+  writer every core, for the benchmarks that compare them); shown in /metrics;
 * its engine: tokenrouter's, or vLLM for a model declared `engine = vllm`, whose
   subserver loads its writer with `runtime/vllm/writer.py: load_vllm_writer`
   (`writer_loader`); vLLM must be installed where such a writer runs (checked here, one
@@ -36,12 +39,13 @@ import multiprocessing
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import zmq
 
 from tokenrouter.compiler import ir
+from tokenrouter.runtime.cores import SPIN_ENV, Ledger, environment, host_cores
 from tokenrouter.runtime.frontend.frontend import Frontend
 from tokenrouter.runtime.subserver.setup import SubserverSpec
 from tokenrouter.runtime.subserver.process import run_process, run_thread
@@ -76,6 +80,7 @@ class LaunchOptions:
     test_hooks: bool = False  # subservers accept test-only messages (tests only)
     curve_keys: str | None = None  # CURVE key folder (`tokenrouter keygen`) for tcp
     insecure_tcp: bool = False  # allow plain tcp on non-loopback addresses
+    cores: str = "share"  # writers without fixed threads: "share" by need | "split" evenly | "all" each
 
 
 def served_writers(program: ir.Program) -> list[str]:
@@ -131,9 +136,25 @@ def require_engines(program: ir.Program, remote: tuple[str, ...] = ()) -> None:
         require_vllm()
 
 
-def plan(program: ir.Program, opts: LaunchOptions, security=None) -> dict[str, SubserverSpec]:
+CORE_MODES = ("share", "split", "all")
+
+
+def sharing_writers(program: ir.Program, opts: LaunchOptions) -> list[str]:
+    """The local writers whose threads are not fixed and which run on tokenrouter's engine on
+    the CPU: those that share the cores (`runtime/cores.py`)."""
+    fixed = {**dict(program.schedule.threads), **opts.threads}
+    placement = dict(program.schedule.placement)
+    return [w for w in served_writers(program) if w not in opts.remote and not fixed.get(w)
+            and not uses_vllm(program, w) and placement.get(w, "cpu").split(":")[0] not in ("cuda", "mps", "xpu")]
+
+
+def plan(program: ir.Program, opts: LaunchOptions, security=None, ledger: Ledger | None = None
+         ) -> dict[str, SubserverSpec]:
     """Each writer's `SubserverSpec`. `security`: the launch's (`Security.for_launch`), whose
-    key pair, when made for this launch, the subservers get."""
+    key pair, when made for this launch, the subservers get; `ledger`: the cores' ledger of
+    the writers that share them (`sharing_writers`), None when they do not."""
+    if opts.cores not in CORE_MODES:
+        raise ValueError(f"cores mode {opts.cores!r} is not one of {', '.join(CORE_MODES)}")
     writers = served_writers(program)
     if opts.addresses is not None:
         missing = [n for n in [FRONTEND, *writers] if n not in opts.addresses]
@@ -148,7 +169,7 @@ def plan(program: ir.Program, opts: LaunchOptions, security=None) -> dict[str, S
     placement = dict(program.schedule.placement)
     local = [w for w in writers if w not in opts.remote]
     require_engines(program, opts.remote)
-    cores = os.cpu_count() or 1
+    cores = host_cores()
     specs = {}
     for w in writers:
         device = placement.get(w, "cpu")
@@ -158,7 +179,9 @@ def plan(program: ir.Program, opts: LaunchOptions, security=None) -> dict[str, S
             program_json=program.to_json(indent=None), writer=w, addresses=addresses,
             base_dir=opts.base_dir, batch_threshold=thresholds[w],
             max_wait_ms=float(opts.max_wait_ms.get(w, waits.get(w, DEFAULT_MAX_WAIT_MS))),
-            threads=int(opts.threads.get(w, threads.get(w, 0)) or max(1, cores // max(1, len(local)))),
+            threads=int(opts.threads.get(w, threads.get(w, 0)) or (cores if opts.cores != "split"
+                                                                    else max(1, cores // max(1, len(local))))),
+            cores=asdict(ledger.spec(w)) if ledger is not None and w in ledger.writers else None,
             device=device, block_size=opts.block_size, num_blocks=opts.num_blocks,
             max_model_len=opts.max_model_len, retention=opts.retention, transport=opts.transport,
             set_threads=opts.mode != "thread", test_hooks=opts.test_hooks,
@@ -176,7 +199,9 @@ class Launcher:
         addresses = self.opts.addresses or {}
         self.security = Security.for_launch(self.opts.curve_keys, self.opts.insecure_tcp, addresses,
                                             tuple(w for w in self.opts.remote if w in addresses))
-        self.specs = plan(program, self.opts, self.security)
+        sharing = sharing_writers(program, self.opts) if self.opts.mode == "process" else []
+        self.ledger = Ledger(sharing) if self.opts.cores == "share" and len(sharing) > 1 else None
+        self.specs = plan(program, self.opts, self.security, self.ledger)
         self.addresses = next(iter(self.specs.values())).addresses
         self.ctx = None
         self._procs: dict[str, Any] = {}
@@ -208,7 +233,8 @@ class Launcher:
         daemon = not (uses_vllm(self.program, w) and self.program.model(w).tensor_parallel > 1)
         p = mp.Process(target=run_process, args=(self.specs[w].to_dict(), writer_loader(self.program, w)),
                        name=f"tokenrouter-{w}", daemon=daemon)
-        p.start()
+        with environment(SPIN_ENV if self.ledger is not None else {}):
+            p.start()
         self._procs[w] = p
         if not daemon:  # ended at exit as a daemon would be, before multiprocessing joins it
             atexit.register(_kill, p)
@@ -249,6 +275,8 @@ class Launcher:
             t.join(max(0.1, deadline - time.monotonic()))
         if self.opts.addresses is None:
             cleanup_ipc(self.addresses)
+        if self.ledger is not None:
+            self.ledger.close()
         if self.ctx is not None and not any(t.is_alive() for t in self._threads.values()):
             stop_authenticator(self.ctx)
             self.ctx.term()

@@ -44,7 +44,8 @@ class SubserverSpec:
     base_dir: str | None = None  # where relative router files are found
     batch_threshold: int = 1
     max_wait_ms: float = 20.0
-    threads: int = 0  # 0: leave torch's default
+    threads: int = 0  # 0: leave torch's default; with `cores`, the most it takes
+    cores: dict[str, Any] | None = None  # its byte of the cores' ledger (`runtime/cores.LedgerSpec`), if it shares
     device: str = "cpu"
     block_size: int = 16
     num_blocks: int | None = None

@@ -35,6 +35,7 @@ from typing import Any, Callable
 import torch
 
 from tokenrouter.protocol.state import PeerMessage, RouteState
+from tokenrouter.runtime.cores import CoreShare, LedgerSpec
 from tokenrouter.runtime.engine.grammar import Grammars
 from tokenrouter.runtime.loader import program_tokenizer
 from tokenrouter.runtime.transport import wire
@@ -66,6 +67,8 @@ class Subserver:
         self.writer = spec.writer
         if spec.set_threads and spec.threads > 0:
             torch.set_num_threads(spec.threads)
+        # the host's cores, shared by need with the other writers here (`runtime/cores.py`)
+        self.cores = CoreShare(LedgerSpec(**spec.cores)) if spec.cores and spec.set_threads else None
         phase_s = {p: 0.0 for p in PHASES}
         w = (load or load_writer)(spec, phase_s, models)
         self.program, self.members, self.router, self.engine = w.program, w.members, w.router, w.engine
@@ -309,7 +312,12 @@ class Subserver:
     def _step(self, rids: list[str]) -> None:
         t_start = time.perf_counter()
         now = time.monotonic_ns()
-        res = self.runner.run([self.reqs[rid] for rid in rids])
+        if self.cores is None:
+            res = self.runner.run([self.reqs[rid] for rid in rids])
+        else:
+            with self.cores.stepping() as threads:
+                res = self.runner.run([self.reqs[rid] for rid in rids])
+            self.stats.threads = threads
         for r in res.looped:  # a rewrite came straight back: the program would loop forever
             self._fail(r.rid, f"{self.writer}: {LOOP_ERROR}")
         for r, why in res.failed:
@@ -334,6 +342,8 @@ class Subserver:
                     if r.rid in self.reqs and not r.state.finished:
                         self._fail_safely(r.rid, f"{type(exc).__name__}: {exc}")
         self.stats.steps += 1
+        key = str(self.stats.threads)
+        self.stats.step_threads[key] = self.stats.step_threads.get(key, 0) + 1
         self.stats.batch_size.observe(len(res.stepped))
         self.stats.step_s.observe(time.perf_counter() - t_start)
 
