@@ -68,6 +68,9 @@ class Model:
         self.stack_steps = 0  # forwards run as stack calls
         self.act_dtype = act_dtype
         self._fused_dtype: torch.dtype | None = None  # `fused_input_dtype`, once known
+        # called before each layer (before each run of `HOOK_LAYERS` on the stacked path): a
+        # subserver that shares the host's cores re-reads its share there (`runtime/cores.py`)
+        self.between_layers = None
 
     def _init_head(self, get, matrix, head_quant: str, act_dtype: torch.dtype) -> None:
         """The embedding, the final norm and the LM head: in a float model as the checkpoint
@@ -160,6 +163,8 @@ class Model:
             return self.embed_q.dequantize(token_ids, self.dtype)
         return self.embed_tokens[token_ids]
 
+    HOOK_LAYERS = 4  # layers of one stack call between two `between_layers` calls
+
     RESCORE = 16  # top candidates of a requantised head recomputed exactly
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -221,7 +226,10 @@ class Model:
         cis = self.rotary.tables(positions)
         t = h.shape[0]
         nqk = self.nh + self.kvh
+        hook = self.between_layers
         for i, ly in enumerate(self.layers):
+            if hook is not None:
+                hook()
             x = rms_norm(h, ly.ln1, eps)
             qkv = linear(x, ly.qkv, ly.qkv_bias).view(t, nqk + self.kvh, self.hd)
             qk = qkv[:, :nqk]
@@ -260,7 +268,10 @@ class Model:
         q = h.new_empty(t, self.nh, self.hd)
         act = None
         bindings.add_rmsnorm(h, None, self.layers[0].ln1, eps, x)
+        hook = self.between_layers
         for i, ly in enumerate(self.layers):
+            if hook is not None:
+                hook()
             first = i == 0  # every layer's tensors have the first's shapes: check those once
             qkv = ly.qkv(x, ly.qkv_bias)  # in act_dtype (float32 with a bias added)
             bindings.rope_write(qkv, self.nh, self.kvh, cis, positions, ly.qk_norm, eps, kv.layers[i], meta.slot_mapping,
@@ -285,7 +296,11 @@ class Model:
             self._stack = (kv, build_stack(self, kv))
         n = meta.native
         self.stack_steps += 1
-        for l0, l1 in segments(len(self.layers), want):
+        hook = self.between_layers
+        cut = set(range(self.HOOK_LAYERS, len(self.layers), self.HOOK_LAYERS)) if hook is not None else set()
+        for l0, l1 in segments(len(self.layers), want | cut):
+            if hook is not None:
+                hook()
             self._stack[1].run(h, l0, l1, cis, positions, meta.slot_mapping, n.tables, n.rows, n.reqs, n.lens)
             if l1 in want:
                 hidden[l1] = h[last_rows]

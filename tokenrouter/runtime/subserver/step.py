@@ -148,6 +148,11 @@ class WriterEngine(Protocol):
     def release(self, r: Request) -> None:
         """`r` ended everywhere: free its KV."""
 
+    def between_layers(self, hook) -> None:
+        """Call `hook()` between the layers of each forward (a subserver sharing the host's
+        cores re-reads its share there: `runtime/cores.py`); an engine that manages its own
+        threads ignores it."""
+
 
 class NativeWriter:
     """`WriterEngine` on tokenrouter's engine: a model, or an ensemble's members stepped on
@@ -204,6 +209,10 @@ class NativeWriter:
 
     def release(self, r: Request) -> None:
         self.free(r.seq)
+
+    def between_layers(self, hook) -> None:
+        for e in self.engines.values():
+            e.model.between_layers = hook
 
     def free(self, seq) -> None:
         """Free one engine sequence in every member (also for the `rematch` baselines' cache)."""

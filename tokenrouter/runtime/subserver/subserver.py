@@ -72,6 +72,8 @@ class Subserver:
         phase_s = {p: 0.0 for p in PHASES}
         w = (load or load_writer)(spec, phase_s, models)
         self.program, self.members, self.router, self.engine = w.program, w.members, w.router, w.engine
+        if self.cores is not None:
+            self.engine.between_layers(self.cores.threads_now)  # a share that changes mid-step
         self.writers = self.program.writers()
         self.index = self.writers.index(self.writer)
         self.vocab_size = self.engine.vocab_size

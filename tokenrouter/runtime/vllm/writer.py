@@ -77,6 +77,9 @@ class VllmWriter:
         self.computed_tokens = 0  # vLLM's count of the tokens its steps computed
         self.used = 0
 
+    def between_layers(self, hook) -> None:
+        """vLLM's CPU worker binds its own threads: nothing to re-read."""
+
     def kv_usage(self) -> tuple[int, int]:
         return self.used, self.blocks_total
 
