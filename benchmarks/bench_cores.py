@@ -120,6 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--prompts", default=None,
+                    help="a .jsonl of {\"prompt\": ...} asked through the chat template (default: the bench's workload)")
     ap.add_argument("--min-s", type=float, default=30.0, help="seconds per configuration per round (whole waves)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=None)
@@ -133,7 +135,12 @@ def main(argv=None) -> int:
     small, large = C.small_and_large(program)
     tok = program_tokenizer(program)
     n, cores = args.concurrency, host_cores()
-    texts = workload.prompts(max(64, 8 * n))
+    if args.prompts:
+        with open(args.prompts, encoding="utf-8") as f:
+            asks = [json.loads(line)["prompt"] for line in f if line.strip()]
+        texts = [tok.apply_chat_template([{"role": "user", "content": a}], add_generation_prompt=True) for a in asks]
+    else:
+        texts = workload.prompts(max(64, 8 * n))
     ids = [tok.encode(t) for t in texts]
     params = workload.sampling(args.max_tokens)
     deps = {}
@@ -143,6 +150,8 @@ def main(argv=None) -> int:
     host = host_info()
     rounds: dict[str, list[dict]] = {c: [] for c in names}
     outputs: dict[str, list] = {}
+    print(f"measuring {', '.join(names)}: {args.rounds} round(s) of at least {args.min_s:g} s each",
+          file=sys.stderr, flush=True)
     try:
         for d in deps.values():  # warm-up: one wave each
             d.run(ids[:n] if d.name == "lockstep" else texts[:n], params, n)
@@ -178,7 +187,7 @@ def main(argv=None) -> int:
     routed = [c for c in names if c not in ("small_alone", "large_alone") and c in outputs]
     agree = all(outputs[c] == outputs[routed[0]] for c in routed) if routed else None
     summary = {c: statistics.median(x["tokens_per_s"] for x in rounds[c]) for c in names}
-    doc = {"program": args.file, "set": params_set, "concurrency": n, "max_tokens": args.max_tokens,
+    doc = {"program": args.file, "set": params_set, "prompts": args.prompts or "bench workload", "concurrency": n, "max_tokens": args.max_tokens,
            "min_s": args.min_s, "rounds": args.rounds, "cores": cores, "host": host,
            "command": " ".join([".venv/bin/python", "benchmarks/bench_cores.py", *(argv or sys.argv[1:])]),
            "outputs_agree": agree, "median_tokens_per_s": summary, "per_round": rounds}
