@@ -13,7 +13,7 @@ BUILTIN_MODELS: tuple[str, ...] = ("smollm2-135m", "smollm2-135m-small", "bench-
 
 ROLES = ("small", "large", "member")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
-QUANTS = ("none", "native", "int4", "int8")  # weight formats (runtime/engine/quant.py)
+QUANTS = ("none", "native", "int4", "int8")  # weight formats (runtime/kernels/quant.py)
 # a model's serving engine: ours (runtime/engine/), or vLLM (runtime/vllm/, docs/engines.md)
 ENGINES = ("native", "vllm")
 VLLM_DTYPES = ("float32", "bfloat16", "float16")  # the dtypes a vLLM writer runs in

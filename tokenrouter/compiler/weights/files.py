@@ -208,7 +208,7 @@ def _r2r_problems(router: ir.RouterNet, shapes) -> list[str]:
     for key in shapes:
         m = _R2R_KEY.fullmatch(key)
         if not m or (m.group(1) is not None and int(m.group(1)) >= n_in):
-            return [f"unexpected tensor '{key}' (see router_nets.py for the r2r layout)"]
+            return [f"unexpected tensor '{key}' (see compiler/weights/nets.py for the r2r layout)"]
         if m.group(4) is not None:
             blocks.add(int(m.group(4)))
     if blocks and blocks != set(range(len(blocks))):
