@@ -34,6 +34,21 @@ def _sorted_probs(d) -> list[float]:
 # ------------------------------------------------------------ scalars of the logits
 
 
+@dataclass(frozen=True)
+class OfModel:
+    """The fields of a feature that takes no argument but the model whose step it reads."""
+
+    model: str
+    span: Span | None = None
+
+
+def probability_of_logits(words: str, helper: str, reference):
+    """The declaration of a feature of the model's distribution alone, without arguments,
+    whose values lie in [0, 1]; `helper(p, bad)` computes it on a batch."""
+    return step_feature(value=Scalar(range=lambda e: (0.0, 1.0), words=words), reads=(LOGITS,),
+                        batched=Call(helper, ("p", "bad")), reference=reference)
+
+
 def _entropy(e: "Entropy", view) -> float:
     d = view.dist()
     if not d.valid:
@@ -72,14 +87,11 @@ def _top_prob(e: "TopProb", view) -> float:
     return _sorted_probs(d)[0] if d.valid else NAN
 
 
-@step_feature(value=Scalar(range=lambda e: (0.0, 1.0), words="top-1 probability"),
-              reads=(LOGITS,), batched=Call("top_prob", ("p", "bad")), reference=_top_prob)
+@probability_of_logits("top-1 probability", "top_prob", _top_prob)
 @dataclass(frozen=True)
-class TopProb:
+class TopProb(OfModel):
     """Probability of the most likely token."""
 
-    model: str
-    span: Span | None = None
     kind: Literal["top_prob"] = "top_prob"
 
 
@@ -93,14 +105,11 @@ def _margin(e: "Margin", view) -> float:
     return p[0] - p[1]
 
 
-@step_feature(value=Scalar(range=lambda e: (0.0, 1.0), words="margin"),
-              reads=(LOGITS,), batched=Call("margin", ("p", "bad")), reference=_margin)
+@probability_of_logits("margin", "margin", _margin)
 @dataclass(frozen=True)
-class Margin:
+class Margin(OfModel):
     """p(top-1) - p(top-2)."""
 
-    model: str
-    span: Span | None = None
     kind: Literal["margin"] = "margin"
 
 
