@@ -272,3 +272,24 @@ def test_a_feature_is_its_declaration(tmp_path):
     out = subprocess.run([sys.executable, "-c", TOY, str(tmp_path)], capture_output=True, text=True, timeout=240,
                          cwd=REPO)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_an_argument_outside_its_declaration_is_one_error_where_it_stands(tmp_path):
+    from tokenrouter.compiler.pipeline import check_source
+
+    source = textwrap.dedent("""\
+        tokenrouter 1
+        model slm = "smollm2-135m-small"
+        model llm = "smollm2-135m"
+        router r on slm = "w.safetensors" { inputs = [entropy(nats), topk_logits(0)] }
+        route {
+          start slm
+          slm -> llm when entropy(slm, nats) > 0.3 or r > 0.5 rewrite
+        }
+        """)
+    _, diags = check_source(source, str(tmp_path / "p.route"))
+    got = [(d.code, d.message, d.span.line, d.span.col, d.hint) for d in diags]
+    hint = "normalized divides by log(vocabulary size), so it lies in [0, 1]; raw is in nats"
+    assert got == [("E306", "entropy(normalized|raw) takes `normalized` or `raw`", 4, 55, hint),
+                   ("E306", "topk_logits(K) takes a whole number K >= 1", 4, 74, None),
+                   ("E303", "the second argument of entropy is `normalized` or `raw`", 7, 32, hint)], got
