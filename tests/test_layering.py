@@ -16,7 +16,8 @@
   names, not types (a def, a class, an assignment, a parameter or a keyword argument
   anywhere in the module), so it cannot tell two classes of one module apart, and it
   leaves alone attributes of objects imported from outside the package (`os._exit`);
-- no module in tokenrouter/runtime/ is over 400 lines (read as text, not with `ast`).
+- no module of the package is over 400 lines (read as text, not with `ast`), but the one
+  stated, temporary exception (OVER_MAX_FOR_NOW).
 """
 
 from __future__ import annotations
@@ -329,15 +330,33 @@ def test_the_runtime_check_sees_what_it_is_for(tmp_path):
     assert len(found) == 6, found
 
 
-# ------------------------------------------------------------ the runtime's module size
+# ------------------------------------------------------------ module size
 
-MAX_RUNTIME_LINES = 400  # a longer module holds more than one concept: split it along a seam
+MAX_LINES = 400  # a longer module holds more than one concept: split it along a seam
+# Temporary: bench/runner.py (425 lines) is split by the lead after the runtime's seams
+# land (issue 37); remove this entry then. No other module is exempt.
+OVER_MAX_FOR_NOW = {"tokenrouter/bench/runner.py"}
 
 
-def test_no_runtime_module_is_over_400_lines():
-    long = {str(p.relative_to(PACKAGE.parent)): n for p in sorted((PACKAGE / "runtime").rglob("*.py"))
-            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_RUNTIME_LINES}
-    assert not long, f"over {MAX_RUNTIME_LINES} lines: {long}"
+def long_modules(root: Path = PACKAGE) -> dict[str, int]:
+    """{path: lines} of every module under `root` over MAX_LINES (read as text, not with `ast`)."""
+    return {str(p.relative_to(root.parent)): n for p in sorted(root.rglob("*.py"))
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+
+
+def test_no_module_is_over_400_lines():
+    long = {p: n for p, n in long_modules().items() if p not in OVER_MAX_FOR_NOW}
+    assert not long, f"over {MAX_LINES} lines: {long}"
+    stale = sorted(p for p in OVER_MAX_FOR_NOW if p not in long_modules())
+    assert not stale, f"{stale} no longer over {MAX_LINES} lines (or gone): remove it from OVER_MAX_FOR_NOW"
+
+
+def test_the_size_check_sees_what_it_is_for(tmp_path):
+    files = {"__init__.py": "", "fit/big.py": "x = 1\n" * (MAX_LINES + 1), "fit/ok.py": "x = 1\n" * MAX_LINES,
+             "runtime/deep/big.py": "\n" * (MAX_LINES + 5)}
+    throwaway_package(tmp_path, files)
+    assert long_modules(tmp_path / "tokenrouter") == {"tokenrouter/fit/big.py": MAX_LINES + 1,
+                                                      "tokenrouter/runtime/deep/big.py": MAX_LINES + 5}
 
 
 # ------------------------------------------------------------ where imports stand

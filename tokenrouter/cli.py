@@ -9,6 +9,7 @@ import argparse
 import importlib
 import sys
 
+from tokenrouter.commands._args import UsageError
 from tokenrouter.runtime import logs
 
 # Building the parser imports every command module, so each imports the layers it drives
@@ -41,36 +42,39 @@ SUBCOMMANDS = {
 }
 
 
-def _available():
-    """Yield (name, module) for each command whose module is importable."""
-    for name, module_name in COMMANDS.items():
-        try:
-            module = importlib.import_module(f"tokenrouter.commands.{module_name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"tokenrouter.commands.{module_name}":
-                continue
-            raise
-        yield name, module
+def command_module(module_name: str):
+    """The module of a command or subcommand (`tokenrouter.commands.<module_name>`). An entry
+    of COMMANDS or SUBCOMMANDS whose module does not exist is a bug of this file, not a
+    missing extra: it fails here, naming the entry, rather than dropping a command from
+    `--help`."""
+    try:
+        return importlib.import_module(f"tokenrouter.commands.{module_name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"tokenrouter.commands.{module_name}":
+            raise  # a module the command imports is missing: its own error says which
+        raise ImportError(f"tokenrouter/cli.py names the command module {module_name!r}, but "
+                          f"tokenrouter/commands/{module_name}.py does not exist") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenrouter", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module in _available():
+    for name, module_name in COMMANDS.items():
+        module = command_module(module_name)
         more = SUBCOMMANDS.get(name, {})
         epilog = "also: " + "; ".join(f"tokenrouter {name} {word} --help" for word in more) if more else None
         cmd = sub.add_parser(name, help=module.HELP, description=module.HELP, epilog=epilog)
         module.configure(cmd)
-        cmd.set_defaults(_run=module.run)
+        cmd.set_defaults(_run=module.run, _prog=cmd.prog)
     return parser
 
 
 def build_subcommand_parser(command: str, word: str) -> argparse.ArgumentParser:
     """The parser of `tokenrouter COMMAND WORD` (see SUBCOMMANDS)."""
-    module = importlib.import_module(f"tokenrouter.commands.{SUBCOMMANDS[command][word]}")
+    module = command_module(SUBCOMMANDS[command][word])
     parser = argparse.ArgumentParser(prog=f"tokenrouter {command} {word}", description=module.HELP)
     module.configure(parser)
-    parser.set_defaults(_run=module.run)
+    parser.set_defaults(_run=module.run, _prog=parser.prog)
     return parser
 
 
@@ -88,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure("tokenrouter")  # progress lines of long steps, warnings: one line each on stderr
     try:
         return int(args._run(args) or 0)
+    except UsageError as exc:  # what a command lets out of `run` (commands/_args.py)
+        print(f"{args._prog}: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -184,7 +184,7 @@ def example_program(name: str, root: str, paths: dict[str, str], dtype: str = "f
         path = os.path.join(root, r.file) if not os.path.isabs(r.file) else r.file
         if r.arch == "mlp":
             _random_mlp(path, width, 16, 10 + i, 2.0)
-        else:  # the papers' network kinds (router_nets.py), with the metadata naming them
+        else:  # the papers' network kinds (compiler/weights/nets.py), with the metadata naming them
             t = router_nets.random_tensors(r, torch.Generator().manual_seed(10 + i), width=16)
             for k in [k for k in t if k.startswith("inputs.")]:
                 t[k] = t[k] * 0.05  # the tiny models' top-k logits are large and alike: damp them

@@ -6,6 +6,11 @@ import os
 import sys
 
 
+class UsageError(ValueError):
+    """A mistake on the command line. A command may let it out of `run`: `cli.main` prints
+    it as `tokenrouter COMMAND: error: ...` and exits with status 2."""
+
+
 def positive_ints(text: str, what: str) -> list[int]:
     """'1,8,16' -> [1, 8, 16] (sorted, unique, each >= 1); ValueError names the flag."""
     try:
@@ -40,31 +45,31 @@ def add_binding_args(parser, model_help: str | None = None) -> None:
 
 
 def pairs(values, flag: str, form: str = "NAME=VALUE") -> dict[str, str]:
-    """['a=1', 'b=x=y'] -> {'a': '1', 'b': 'x=y'}; ValueError names the flag and the bad item
-    (no '=', an empty name, a name given twice)."""
+    """['a=1', 'b=x=y'] -> {'a': '1', 'b': 'x=y'}; a UsageError names the flag and the bad
+    item (no '=', an empty name, a name given twice)."""
     out: dict[str, str] = {}
     for item in values or ():
         name, sep, value = item.partition("=")
         name = name.strip()
         if not sep or not name:
-            raise ValueError(f"{flag} takes {form}, got {item!r}")
+            raise UsageError(f"{flag} takes {form}, got {item!r}")
         if not name.isidentifier():
-            raise ValueError(f"{flag} {item!r}: {name!r} is not a name")
+            raise UsageError(f"{flag} {item!r}: {name!r} is not a name")
         if name in out:
-            raise ValueError(f"{flag} {name} is given twice ({name}={out[name]} and {item})")
+            raise UsageError(f"{flag} {name} is given twice ({name}={out[name]} and {item})")
         out[name] = value
     return out
 
 
 def bindings(args) -> tuple[dict[str, str] | None, dict[str, str] | None]:
     """(params, model_paths) from `add_binding_args`' flags, each None when not given, ready
-    for `compiler.pipeline.check_file` / `load_program`. ValueError on a malformed item (a usage
-    error: exit 2); the values themselves are checked against the program by the checker."""
+    for `compiler.pipeline.check_file` / `load_program`. A malformed item is a UsageError
+    (exit 2); the values themselves are checked against the program by the checker."""
     params = pairs(getattr(args, "set_params", None), "--set")
     models = pairs(getattr(args, "model_bindings", None), "--model", "NAME=PATH")
     for name, path in models.items():
         if not path.strip():
-            raise ValueError(f"--model {name}= needs a path")
+            raise UsageError(f"--model {name}= needs a path")
     return params or None, models or None
 
 

@@ -32,11 +32,7 @@ def run(args) -> int:
     from tokenrouter.runtime.loader import model_facts
     from tokenrouter.dsl.diagnostics import render, to_json
 
-    try:
-        params, model_paths = bindings(args)
-    except ValueError as exc:
-        print(f"tokenrouter check: error: {exc}", file=sys.stderr)
-        return 2
+    params, model_paths = bindings(args)  # a malformed --set or --model: a UsageError, exit 2
     if args.format == "json" and args.emit:
         print("tokenrouter check: error: --format json and --emit ir both write to stdout; pick one",
               file=sys.stderr)

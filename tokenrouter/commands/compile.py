@@ -45,11 +45,7 @@ def run(args) -> int:
     if not args.output and not args.emit:
         print("tokenrouter compile: error: give -o DIR or --emit python|ir|plan", file=sys.stderr)
         return 2
-    try:
-        params, model_paths = bindings(args)
-    except ValueError as exc:
-        print(f"tokenrouter compile: error: {exc}", file=sys.stderr)
-        return 2
+    params, model_paths = bindings(args)  # a malformed --set or --model: a UsageError, exit 2
     if args.file.endswith(".json") and (params or model_paths):
         print("tokenrouter compile: error: an IR file is already bound; --set and --model apply to a .route file",
               file=sys.stderr)

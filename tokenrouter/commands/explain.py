@@ -40,11 +40,7 @@ def run(args) -> int:
         print(f"tokenrouter explain: error: -o takes a file ending in .svg or .png, got '{args.output}'",
               file=sys.stderr)
         return 2
-    try:
-        params, model_paths = bindings(args)
-    except ValueError as exc:
-        print(f"tokenrouter explain: error: {exc}", file=sys.stderr)
-        return 2
+    params, model_paths = bindings(args)  # a malformed --set or --model: a UsageError, exit 2
     program, diags = check_file(args.file, model_paths=model_paths, params=params, model_facts=model_facts)
     if diags:
         with open(args.file, encoding="utf-8", errors="replace") as f:

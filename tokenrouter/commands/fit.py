@@ -62,11 +62,7 @@ def run(args) -> int:
     from tokenrouter.fit.prompts import FitError
     from tokenrouter.fit.train import Hyper
 
-    try:
-        params, model_paths = bindings(args)
-    except ValueError as exc:
-        print(f"tokenrouter fit: error: {exc}", file=sys.stderr)
-        return 2
+    params, model_paths = bindings(args)  # a malformed --set or --model: a UsageError, exit 2
     opts = FitOptions(route=args.route, params=params, model_paths=model_paths, router=args.router, prompts=args.prompts, out=args.out,
                       epochs=args.epochs, seed=args.seed, min_recall=args.min_recall,
                       target_share=args.target_share, holdout=args.holdout, max_tokens=args.max_tokens,

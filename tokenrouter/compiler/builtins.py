@@ -7,13 +7,15 @@ look like a path.
 
 from __future__ import annotations
 
+from tokenrouter.compiler.features import called
+
 LANGUAGE_VERSION = 1
 
 BUILTIN_MODELS: tuple[str, ...] = ("smollm2-135m", "smollm2-135m-small", "bench-small", "bench-large")
 
 ROLES = ("small", "large", "member")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
-QUANTS = ("none", "native", "int4", "int8")  # weight formats (runtime/engine/quant.py)
+QUANTS = ("none", "native", "int4", "int8")  # weight formats (runtime/kernels/quant.py)
 # a model's serving engine: ours (runtime/engine/), or vLLM (runtime/vllm/, docs/engines.md)
 ENGINES = ("native", "vllm")
 VLLM_DTYPES = ("float32", "bfloat16", "float16")  # the dtypes a vLLM writer runs in
@@ -21,30 +23,15 @@ ACTIVATIONS = ("relu", "gelu", "silu", "tanh")
 ROUTER_ARCHS = ("mlp", "citer", "r2r")  # router networks' tensor layouts: compiler/weights/nets.py
 ENSEMBLE_MODES = ("average", "mixture")
 
-# Features usable in a condition, with their signature as users write it.
-SCALAR_FEATURES = {
-    "entropy": "entropy(MODEL, normalized|raw)",
-    "top_prob": "top_prob(MODEL)",
-    "margin": "margin(MODEL)",
-    "bernoulli": "bernoulli(P, SEED)",
-}
-# Features that are vectors: they can only be a router network's inputs.
-VECTOR_FEATURES = {
-    "hidden": "hidden(MODEL, LAYER)",
-    "token_embedding": "token_embedding(MODEL)",
-    "topk_logits": "topk_logits(MODEL, K)",
-}
-FUNCTIONS = {**SCALAR_FEATURES, **VECTOR_FEATURES}
+# The step features a file writes as functions (declared in features/catalog.py), with
+# their signatures as users write them. Scalars are usable in a condition, vectors only as
+# a router network's inputs; `bernoulli` is a function of the request, not of a step.
+SCALAR_FEATURES = {f.name: f.signature() for f in called() if f.scalar}
+VECTOR_FEATURES = {f.name: f.signature() for f in called() if not f.scalar}
+FUNCTIONS = {**SCALAR_FEATURES, "bernoulli": "bernoulli(P, SEED)", **VECTOR_FEATURES}
 
-# Router inputs, written inside `router NAME on MODEL = "file" { inputs = [...] }`.
-ROUTER_INPUTS = {
-    "hidden": "hidden(LAYER)",
-    "token_embedding": "token_embedding",
-    "topk_logits": "topk_logits(K)",
-    "entropy": "entropy(normalized|raw)",
-    "top_prob": "top_prob",
-    "margin": "margin",
-}
+# Router inputs, written inside `router NAME on MODEL = "file" { inputs = [...] }`: vectors, then scalars.
+ROUTER_INPUTS = {f.name: f.input_signature() for f in sorted(called(), key=lambda f: f.scalar)}
 
 VISIT_TOKENS = "visit_tokens"
 

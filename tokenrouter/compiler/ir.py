@@ -12,6 +12,11 @@ writes that position instead). When none holds the request stays.
 Every node carries the `Span` of the `.route` text it came from, so generated code and
 diagnostics point back at the source line. `walk(expr)` is the traversal of an expression
 every pass over the IR uses.
+
+The step features' nodes (`Entropy`, `Margin`, `HeadLogit`, `InputHidden`, ...) are
+declared with their semantics in `features/catalog.py`; the IR takes them from the
+registry (scalars are expressions, vectors router inputs) and names them too:
+`ir.Margin` is `features.catalog.Margin`.
 """
 
 from __future__ import annotations
@@ -23,9 +28,20 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Literal, Union
 
+from tokenrouter.compiler.features import FEATURES
 from tokenrouter.dsl.span import Span
 
 IR_VERSION = 1
+
+# the step features' nodes, by class name (see the module docstring)
+FEATURE_NODES: dict[str, type] = {f.node.__name__: f.node for f in FEATURES.values()}
+
+
+def __getattr__(name: str) -> type:
+    """`ir.Entropy`, `ir.InputHidden`, ...: the step features' nodes."""
+    if name in FEATURE_NODES:
+        return FEATURE_NODES[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------- expressions
@@ -45,53 +61,12 @@ class Const:
 
 
 @dataclass(frozen=True)
-class Entropy:
-    """Shannon entropy of softmax(logits) in nats; normalized divides by log(vocab)."""
-
-    model: str
-    normalized: bool
-    span: Span | None = None
-    kind: Literal["entropy"] = "entropy"
-
-
-@dataclass(frozen=True)
-class TopProb:
-    """Probability of the most likely token."""
-
-    model: str
-    span: Span | None = None
-    kind: Literal["top_prob"] = "top_prob"
-
-
-@dataclass(frozen=True)
-class Margin:
-    """p(top-1) - p(top-2)."""
-
-    model: str
-    span: Span | None = None
-    kind: Literal["margin"] = "margin"
-
-
-@dataclass(frozen=True)
 class RouterProb:
     """Output of a trained router network (see `RouterNet`), a probability in [0, 1]."""
 
     router: str
     span: Span | None = None
     kind: Literal["router_prob"] = "router_prob"
-
-
-@dataclass(frozen=True)
-class HeadLogit:
-    """An extra LM-head row (Co-LLM's defer head): sigmoid(h_final . w + b) when
-    `sigmoid`, else the raw logit. Weights come from `file` (tensors `weight` [H] or
-    [1, H], optional `bias` [1])."""
-
-    model: str
-    file: str
-    sigmoid: bool
-    span: Span | None = None
-    kind: Literal["head_logit"] = "head_logit"
 
 
 @dataclass(frozen=True)
@@ -141,8 +116,8 @@ class Arith:
     kind: Literal["arith"] = "arith"
 
 
-Expr = Union[Const, Entropy, TopProb, Margin, RouterProb, HeadLogit, Bernoulli, VisitTokens,
-             Compare, Logic, Arith]
+Expr = Union[(Const, *(f.node for f in FEATURES.values() if f.scalar), RouterProb, Bernoulli, VisitTokens,
+              Compare, Logic, Arith)]
 
 
 def walk(e: Expr) -> Iterator[Expr]:
@@ -158,34 +133,8 @@ def walk(e: Expr) -> Iterator[Expr]:
 
 
 # ------------------------------------------------------------- router inputs
-# Vector features, concatenated in declared order to form a router network's input.
-
-
-@dataclass(frozen=True)
-class InputHidden:
-    """Hidden state at the last position after decoder layer `layer` (0 = embeddings
-    output, n_layers = last layer before the final norm, -1 = after the final norm,
-    i.e. the LM head's input)."""
-
-    layer: int
-    dim: int
-    kind: Literal["hidden"] = "hidden"
-
-
-@dataclass(frozen=True)
-class InputTokenEmbedding:
-    """Input embedding of the token the model just sampled."""
-
-    dim: int
-    kind: Literal["token_embedding"] = "token_embedding"
-
-
-@dataclass(frozen=True)
-class InputTopkLogits:
-    """The k largest logits, sorted in descending order."""
-
-    k: int
-    kind: Literal["topk_logits"] = "topk_logits"
+# Vector features and scalar ones, concatenated in declared order to form a router
+# network's input.
 
 
 @dataclass(frozen=True)
@@ -196,7 +145,7 @@ class InputScalar:
     kind: Literal["scalar"] = "scalar"
 
 
-RouterInput = Union[InputHidden, InputTokenEmbedding, InputTopkLogits, InputScalar]
+RouterInput = Union[(*(f.node for f in FEATURES.values() if not f.scalar), InputScalar)]
 
 
 @dataclass(frozen=True)
@@ -358,11 +307,8 @@ class Program:
 
 # ------------------------------------------------------------ serialisation
 
-_EXPR_KINDS = {c.__dataclass_fields__["kind"].default: c for c in
-               (Const, Entropy, TopProb, Margin, RouterProb, HeadLogit, Bernoulli,
-                VisitTokens, Compare, Logic, Arith)}
-_INPUT_KINDS = {c.__dataclass_fields__["kind"].default: c for c in
-                (InputHidden, InputTokenEmbedding, InputTopkLogits, InputScalar)}
+_EXPR_KINDS = {c.__dataclass_fields__["kind"].default: c for c in typing.get_args(Expr)}
+_INPUT_KINDS = {c.__dataclass_fields__["kind"].default: c for c in typing.get_args(RouterInput)}
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -389,7 +335,7 @@ def _build(tp: Any, data: Any) -> Any:
             return _build(next(a for a in choices if typing.get_origin(a) is tuple), data)
         return data
     if isinstance(data, dict) and dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp, globalns=globals())
+        hints = typing.get_type_hints(tp)
         return tp(**{k: _build(hints[k], v) for k, v in data.items()})
     if isinstance(data, list) and origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:

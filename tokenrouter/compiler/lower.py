@@ -19,7 +19,9 @@ import os
 
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.check import Checked
+from tokenrouter.compiler.features import Int, feature_of
 from tokenrouter.compiler.model_facts import ModelFacts, ModelFactsFn, folders_only
+from tokenrouter.compiler.text import input_text
 from tokenrouter.compiler.weights.check import weight_diagnostics
 from tokenrouter.dsl.diagnostics import Diagnostic, Note
 
@@ -109,7 +111,7 @@ def _with_widths(router: ir.RouterNet, model: ir.Model, known: _Models, full: bo
     """The router with the widths of its hidden-state and embedding inputs (the model's
     hidden size, where its config is known), and an E306 for a layer the model lacks."""
     shape = None
-    if any(isinstance(i, (ir.InputHidden, ir.InputTokenEmbedding)) for i in router.inputs):
+    if any(_layer_args(i) or _model_width(i) for i in router.inputs):
         folder = known.folder(model)
         shape = _read_config(folder) if folder else None
         if shape is None and full and folder:
@@ -117,17 +119,29 @@ def _with_widths(router: ir.RouterNet, model: ir.Model, known: _Models, full: bo
                                     f"{folder}/config.json", router.span))
     inputs = []
     for inp in router.inputs:
-        if isinstance(inp, ir.InputHidden) and shape is not None:
-            if inp.layer > shape.num_layers:
-                diags.append(Diagnostic(
-                    "E306", f"router '{router.name}' reads hidden({inp.layer}), but model '{router.model}' "
-                    f"has {shape.num_layers} layers", router.span,
-                    hint=f"layers run from 0 (the embeddings) to {shape.num_layers}; -1 is after the final norm"))
-            inp = dataclasses.replace(inp, dim=shape.hidden_size)
-        elif isinstance(inp, ir.InputTokenEmbedding) and shape is not None:
-            inp = dataclasses.replace(inp, dim=shape.hidden_size)
+        if shape is not None:
+            for arg in _layer_args(inp):
+                if getattr(inp, arg.field) > shape.num_layers:
+                    diags.append(Diagnostic(
+                        "E306", f"router '{router.name}' reads {input_text(inp)}, but model '{router.model}' "
+                        f"has {shape.num_layers} layers", router.span,
+                        hint=f"layers run from 0 (the embeddings) to {shape.num_layers}; -1 is after the final norm"))
+            if _model_width(inp):
+                inp = dataclasses.replace(inp, **{feature_of(inp).value.width: shape.hidden_size})
         inputs.append(inp)
     return dataclasses.replace(router, inputs=tuple(inputs))
+
+
+def _model_width(inp: ir.RouterInput) -> bool:
+    """A vector input whose width is the model's hidden size (`features.Vector`)."""
+    decl = feature_of(inp)
+    return decl is not None and not decl.scalar and decl.value.model_width
+
+
+def _layer_args(inp: ir.RouterInput) -> list[Int]:
+    """An input's arguments that number a decoder layer of the model."""
+    decl = feature_of(inp)
+    return [a for a in decl.args if isinstance(a, Int) and a.layer] if decl is not None else []
 
 
 def _check_tokenizers(models, facts_of, diags):

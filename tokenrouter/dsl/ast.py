@@ -3,7 +3,7 @@
 Nodes are frozen dataclasses. Spans (and the literal text of numbers) are excluded from
 equality, so two trees compare equal when they say the same thing however they were laid
 out: that is what `parse(fmt(x)) == parse(x)` means. No meaning is attached here; names
-are resolved and checked by the compiler (`compiler/check.py`), the layer above.
+are resolved and checked by the compiler (`compiler/check/`), the layer above.
 """
 
 from __future__ import annotations

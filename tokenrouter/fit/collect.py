@@ -27,7 +27,11 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from tokenrouter.compiler import ir
+from tokenrouter.compiler.features import STEP_NAMES, feature_of
 from tokenrouter.compiler.needs import input_needs
+from tokenrouter.compiler.text import input_text
+from tokenrouter.protocol import features
+from tokenrouter.protocol.step import StepTensors
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.loader import load_model
 from tokenrouter.runtime.cache import cache_root
@@ -68,24 +72,22 @@ def entropy(logp: torch.Tensor) -> torch.Tensor:
 
 
 def assemble(inputs: tuple, logits: torch.Tensor, hidden: dict, emb: torch.Tensor | None) -> torch.Tensor:
-    """The router input [B, width] in declared order, computed as the compiled route does."""
-    logp = torch.log_softmax(logits, -1)
+    """The router input [B, width] in declared order, computed as the compiled route does:
+    each input with the helper its declaration names (`compiler/features/catalog.py`), in
+    float32."""
+    x, p, bad = features.dist(logits, torch.float32)
+    step = StepTensors(logits=logits, sampled=None, visit_tokens=None, position=None, request_seed=None,
+                       hidden=hidden, token_embedding=emb)
+    given = {"x": x, "p": p, "bad": bad, "step": step, "dtype": torch.float32}
     cols = []
     for inp in inputs:
-        if isinstance(inp, ir.InputHidden):
-            cols.append(hidden[inp.layer])
-        elif isinstance(inp, ir.InputTokenEmbedding):
-            cols.append(emb)
-        elif isinstance(inp, ir.InputTopkLogits):
-            cols.append(logits.topk(inp.k, -1).values)
-        else:
-            e = inp.expr
-            if isinstance(e, ir.Entropy):
-                h = torch.special.entr(logp.exp()).sum(-1)
-                cols.append((h / math.log(logits.shape[-1]) if e.normalized else h)[:, None])
-            else:
-                top2 = logp.exp().topk(2, -1).values
-                cols.append((top2[:, :1] if isinstance(e, ir.TopProb) else top2[:, :1] - top2[:, 1:]))
+        node = inp.expr if isinstance(inp, ir.InputScalar) else inp
+        decl = feature_of(node)
+        if decl is None or any(a not in given and a in STEP_NAMES for a in decl.batched.args):
+            raise ValueError(f"fit cannot compute the router input {input_text(inp)}")
+        value = getattr(features, decl.batched.fn)(*(given[a] if a in given else getattr(node, a)
+                                                     for a in decl.batched.args))
+        cols.append(value[:, None] if decl.scalar else value)
     return torch.cat([c.float() for c in cols], -1)
 
 

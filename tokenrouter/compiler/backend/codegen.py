@@ -2,26 +2,25 @@
 
 `generate_module(program)` returns the Python source of one module with, per writer, a
 class whose `route(step)` is a single tensor program over the whole batch (no loop over
-requests): the log-softmax of each distribution the rules read is computed once, and
-entropy, top-1 probability, margin and top-k derive from it; router networks are
-`torch.nn.Module`s handed in at load time (see `weights/nets.py`, `compiled.py`); the
-decisions leave the device in one copy. Each class declares what its `route` reads of
-the step (`compiler/needs.py`). What is the same for every program (the feature helpers,
-the seeded hash, `send`/`receive`, which move only the unseen suffix) is not emitted: the
-module imports it from `tokenrouter.protocol`. The semantics are the reference
-interpreter's (`interpreter.py`), which is the oracle.
+requests): the distribution of each model the rules read is computed once, and each step
+feature is one call of the helper its declaration names (`features/catalog.py`, helpers in
+`protocol/features.py`); router networks are `torch.nn.Module`s handed in at load time
+(see `weights/nets.py`, `compiled.py`); the decisions leave the device in one copy. Each
+class declares what its `route` reads of the step (`compiler/needs.py`). What is the same
+for every program (the feature helpers, the seeded hash, `send`/`receive`, which move only
+the unseen suffix) is not emitted: the module imports it from `tokenrouter.protocol`. The
+semantics are the reference interpreter's (`interpreter.py`), which is the oracle.
 
-`_check_program` first checks what generation relies on; `_WriterLowering` then lowers
-one writer's rules (its transitions, then its max bound) into the statements of its
+`validate.check_program` first checks what generation relies on; `_WriterLowering` then
+lowers one writer's rules (its transitions, then its max bound) into the statements of its
 `route`, and the template (`templates/module.py.j2`) lays the classes out.
 
-Safety: nothing a `.route` file says reaches the module as code. User names appear only
-as Python string literals made by `repr`; class and variable names are generated from
-indices; numbers are checked to be numbers and printed by `repr(float)`/`int`; comments
-are reduced to printable ASCII on one line, docstrings to letters, digits and " _.,:-".
-The module is passed through `compile()` before it is returned, and the output is
-deterministic (no dict-order, time or path dependence: comments name a span's file by its
-base name).
+Safety: nothing a `.route` file says reaches the module as code; every value passes
+through `literals.py` (names as `repr` strings, numbers checked, comments and docstrings
+reduced to harmless characters). Comments quote each rule with the one printer
+(`compiler/text.py`). The module is passed through `compile()` before it is returned, and
+the output is deterministic (no dict-order, time or path dependence: comments name a span's
+file by its base name).
 """
 
 from __future__ import annotations
@@ -29,197 +28,27 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import textwrap
 from dataclasses import dataclass, field
 
 import jinja2
 
 from tokenrouter.compiler import ir
+from tokenrouter.compiler.backend.literals import (CodegenError, comment_text, doc_text, py_float, py_int, py_str,
+                                                   span_text, to_int64)
+from tokenrouter.compiler.backend.validate import check_program, feature_fields
+from tokenrouter.compiler.features import FEATURES, HEAD_ROW, LOGITS, StepFeature, feature_of
 from tokenrouter.compiler.needs import writer_needs
+from tokenrouter.compiler.text import expr_text
+
+__all__ = ["CodegenError", "generate_module", "head_keys"]
 
 _TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
 _MASK64 = (1 << 64) - 1
 _CMP = {"<", "<=", ">", ">=", "==", "!="}
 _ARITH = {"+", "-", "*", "/"}
-_ACTIVATIONS = {"relu", "gelu", "silu", "tanh"}
-
-
-class CodegenError(ValueError):
-    """The IR cannot be compiled (it names something that does not exist, a feature its
-    writer's step does not have, or a value of the wrong type)."""
-
-
-# ------------------------------------------------------------------ safe literals
-
-
-def py_str(value: object) -> str:
-    if not isinstance(value, str):
-        raise CodegenError(f"expected a string, got {type(value).__name__} {value!r}")
-    return repr(value)
-
-
-def py_int(value: object) -> str:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise CodegenError(f"expected an integer, got {type(value).__name__} {value!r}")
-    return str(int(value))
-
-
-def py_float(value: object) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise CodegenError(f"expected a number, got {type(value).__name__} {value!r}")
-    x = float(value)
-    if math.isnan(x):
-        return "NAN"
-    if math.isinf(x):
-        return "INF" if x > 0 else "(-INF)"
-    return repr(x)
-
-
-def to_int64(value: int) -> int:
-    """An unsigned 64-bit pattern as the signed int64 torch holds."""
-    value &= _MASK64
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def comment_text(text: str, limit: int = 150) -> str:
-    """`text` as one line of printable ASCII, safe after a '#'."""
-    out = []
-    for ch in text:
-        o = ord(ch)
-        if 0x20 <= o < 0x7F:
-            out.append(ch)
-        elif ch in "\t\n\r":
-            out.append(" ")
-        else:
-            out.append(f"\\u{o:04x}" if o <= 0xFFFF else f"\\U{o:08x}")
-    s = " ".join("".join(out).split())
-    return s if len(s) <= limit else s[: limit - 3] + "..."
-
-
-def doc_text(text: str, limit: int = 80) -> str:
-    """`text` reduced to characters that mean nothing inside a docstring ('?' for the rest)."""
-    s = "".join(ch if ch.isascii() and (ch.isalnum() or ch in " _.,:-") else "?" for ch in text)
-    return s if len(s) <= limit else s[: limit - 3] + "..."
-
-
-def span_text(span: ir.Span | None) -> str:
-    if span is None:
-        return "<no span>"
-    return comment_text(f"{os.path.basename(str(span.file))}:{int(span.line)}")
-
-
-def render(e: object) -> str:
-    """An expression as `.route`-like text, for comments only."""
-    if isinstance(e, ir.Const):
-        return repr(e.value)
-    if isinstance(e, ir.Entropy):
-        return f"entropy({e.model}{', normalized' if e.normalized else ''})"
-    if isinstance(e, ir.TopProb):
-        return f"top_prob({e.model})"
-    if isinstance(e, ir.Margin):
-        return f"margin({e.model})"
-    if isinstance(e, ir.RouterProb):
-        return e.router
-    if isinstance(e, ir.HeadLogit):
-        return f"head({e.model}, {os.path.basename(e.file)!r}{', sigmoid' if e.sigmoid else ''})"
-    if isinstance(e, ir.Bernoulli):
-        return f"bernoulli({e.p!r}, seed={e.seed!r})"
-    if isinstance(e, ir.VisitTokens):
-        return "visit_tokens"
-    if isinstance(e, ir.Compare):
-        return f"{render(e.left)} {e.op} {render(e.right)}"
-    if isinstance(e, ir.Arith):
-        return f"({render(e.left)} {e.op} {render(e.right)})"
-    if isinstance(e, ir.Logic):
-        if e.op == "not":
-            return f"not ({render(e.args[0])})"
-        return "(" + f" {e.op} ".join(render(a) for a in e.args) + ")"
-    return type(e).__name__
-
-
-# ------------------------------------------------------------------ validation
-
-
-def _check_program(p: ir.Program) -> None:
-    """What code generation relies on; the front end's checker reports these first."""
-    names = [m.name for m in p.models] + [e.name for e in p.ensembles]
-    for n in names:
-        py_str(n)
-    if len(set(names)) != len(names):
-        raise CodegenError(f"writer names are not unique: {names}")
-    writers, models = set(names), {m.name for m in p.models}
-    if p.start not in writers:
-        raise CodegenError(f"start writer {p.start!r} is not declared")
-    _check_rules(p, writers)
-    for e in p.ensembles:
-        _check_ensemble(e, models)
-    seen = set()
-    for r in p.routers:
-        _check_router(r, models, seen)
-
-
-def _check_rules(p: ir.Program, writers: set[str]) -> None:
-    """Transitions and visit bounds name declared writers; actions and counts are valid."""
-    for t in p.transitions:
-        where = span_text(t.span)
-        if t.source not in writers or t.dest not in writers:
-            raise CodegenError(f"{where}: transition {t.source!r} -> {t.dest!r} names an undeclared writer")
-        if t.action not in ("keep", "rewrite"):
-            raise CodegenError(f"{where}: action must be keep or rewrite, not {t.action!r}")
-    for b in p.bounds:
-        where = span_text(b.span)
-        if b.writer not in writers:
-            raise CodegenError(f"{where}: visit bound on undeclared writer {b.writer!r}")
-        py_int(b.min_tokens)
-        if b.max_tokens is not None:
-            py_int(b.max_tokens)
-            if b.then is None:
-                raise CodegenError(f"{where}: the bound on {b.writer!r} sets max but no 'then'")
-        if b.then is not None and b.then not in writers:
-            raise CodegenError(f"{where}: 'then' names undeclared writer {b.then!r}")
-
-
-def _check_ensemble(e: ir.Ensemble, models: set[str]) -> None:
-    where = span_text(e.span)
-    if not e.members or any(m not in models for m in e.members):
-        raise CodegenError(f"{where}: ensemble {e.name!r} members must be declared models")
-    if len(e.weights) != len(e.members):
-        raise CodegenError(f"{where}: ensemble {e.name!r} needs one weight per member")
-    for w in e.weights:
-        py_float(w)
-    if any(not (math.isfinite(w) and w >= 0) for w in e.weights) or sum(e.weights) <= 0:
-        raise CodegenError(f"{where}: ensemble {e.name!r} weights must be finite, >= 0, not all 0")
-    if e.mode not in ("average", "mixture"):
-        raise CodegenError(f"{where}: ensemble mode must be average or mixture")
-    if e.topk_union is not None and int(py_int(e.topk_union)) < 1:
-        raise CodegenError(f"{where}: topk_union must be at least 1")
-    py_int(e.seed)
-
-
-def _check_router(r: ir.RouterNet, models: set[str], seen: set[str]) -> None:
-    """One router network (`seen`: the names of those before it)."""
-    where = span_text(r.span)
-    py_str(r.name)
-    if r.name in seen:
-        raise CodegenError(f"{where}: router {r.name!r} declared twice")
-    seen.add(r.name)
-    if r.model not in models:
-        raise CodegenError(f"{where}: router {r.name!r} reads undeclared model {r.model!r}")
-    if r.activation not in _ACTIVATIONS:
-        raise CodegenError(f"{where}: unknown activation {r.activation!r}")
-    py_int(r.output_index)
-    if not r.inputs:
-        raise CodegenError(f"{where}: router {r.name!r} has no inputs")
-    for inp in r.inputs:
-        if isinstance(inp, (ir.InputHidden, ir.InputTokenEmbedding)):
-            if int(py_int(inp.dim)) < 0:  # 0: not known before the model is resolved
-                raise CodegenError(f"{where}: input width must not be negative")
-            if isinstance(inp, ir.InputHidden):
-                py_int(inp.layer)
-        elif isinstance(inp, ir.InputTopkLogits):
-            if int(py_int(inp.k)) < 1:
-                raise CodegenError(f"{where}: top-k needs k >= 1")
-        elif not isinstance(inp, ir.InputScalar):
-            raise CodegenError(f"{where}: unknown router input {inp!r}")
+# what every module imports of `tokenrouter.protocol.features`, besides the features' helpers
+_CORE = ("INF", "NAN", "dist", "dist_of_logprobs", "member_dist", "truth", "uniform")
 
 
 # ------------------------------------------------------------------ lowering
@@ -277,7 +106,7 @@ class _WriterLowering:
         writers = self.p.writers()
         for n, t in enumerate(transitions):
             self.where = span_text(t.span)
-            self.new_block(comment_text(f"{self.where}: {t.source} -> {t.dest} when {render(t.when)} {t.action}"))
+            self.new_block(comment_text(f"{self.where}: {t.source} -> {t.dest} when {expr_text(t.when, named=False)} {t.action}"))
             cond = self.truth(self.materialise(self.lower(t.when)))
             self.block.lines.append(f"c = {cond.code} & open_")
             self.block.lines.append(f"dest.masked_fill_(c, {writers.index(t.dest)})")
@@ -340,22 +169,14 @@ class _WriterLowering:
             seed_c = to_int64(ir.splitmix64(int(py_int(e.seed)) & _MASK64))
             u = self.let(("uniform", e.seed), f"uniform({seed_c}, step.request_seed, step.position)", "u")
             return _Val(f"({u} < {p})", "bool")
-        if isinstance(e, ir.Entropy):
-            x, p, bad = self.dist(e.model)
-            h = self.let(("entropy", e.model), f"entropy({p}, {bad})", "f")
-            if not e.normalized:
-                return _Val(h, "num")
-            return _Val(self.let(("nentropy", e.model), f"{h} / log_vocab({p})", "f"), "num")
-        if isinstance(e, (ir.TopProb, ir.Margin)):
-            x, p, bad = self.dist(e.model)
-            t2 = self.let(("top2", e.model), f"top2({p}, {bad})", "t")
-            if isinstance(e, ir.TopProb):
-                return _Val(f"{t2}[:, 0]", "num")
-            return _Val(self.let(("margin", e.model), f"{t2}[:, 0] - {t2}[:, 1]", "f"), "num")
+        decl = feature_of(e)
+        if decl is not None:
+            key = (decl.name, *(getattr(e, f) for f in e.__dataclass_fields__ if f not in ("span", "kind")))
+            if key not in self.memo:
+                self.let(key, self.feature(decl, e, e.model), "f")
+            return _Val(self.memo[key], "num")
         if isinstance(e, ir.RouterProb):
             return _Val(self.router_prob(e.router), "num")
-        if isinstance(e, ir.HeadLogit):
-            return _Val(self.head_logit(e), "num")
         if isinstance(e, ir.Compare):
             if e.op not in _CMP:
                 raise self.fail(f"unknown comparison {e.op!r}")
@@ -393,26 +214,26 @@ class _WriterLowering:
             return self.memo[key]
         cols = []
         for inp in r.inputs:
-            if isinstance(inp, ir.InputHidden):
-                cols.append(f"hidden(step, {py_int(inp.layer)}, self.dtype)")
-            elif isinstance(inp, ir.InputTokenEmbedding):
-                cols.append("embedding(step, self.dtype)")
-            elif isinstance(inp, ir.InputTopkLogits):
-                x, p, bad = self.dist(r.model)
-                cols.append(f"topk({x}, {py_int(inp.k)}, {bad})")
-            else:
+            if isinstance(inp, ir.InputScalar):
                 if _mentions_router(inp.expr):
                     raise self.fail(f"router {name!r}: a router's input cannot read a router")
                 v = self.materialise(self.num(self.lower(inp.expr)))
                 cols.append(f"{v.code}[:, None]")
+            else:
+                cols.append(self.feature(feature_of(inp), inp, r.model))
         return self.let(key, f"self.nets[{py_str(name)}](torch.cat(({', '.join(cols)},), -1))", "f")
 
-    def head_logit(self, e: ir.HeadLogit) -> str:
-        if self.ensemble is not None or e.model != self.writer:
-            raise self.fail(f"head of {e.model!r} read in the step of {self.writer!r}")
-        i = self.heads.index((e.model, e.file))
-        sig = "True" if e.sigmoid else "False"
-        return self.let(("head", i, e.sigmoid), f"head(step, self.heads[{i}], {sig}, self.dtype)", "f")
+    def feature(self, decl: StepFeature, node, model: str) -> str:
+        """The call of the helper that computes a step feature of `model` on the batch, with
+        what the step gives (`features.Call`) and the node's fields as literals."""
+        if decl.reads != (LOGITS,) and (self.ensemble is not None or model != self.writer):
+            raise self.fail(f"{decl.name} of {model!r} read in the step of {self.writer!r}")
+        given = feature_fields(decl, node, self.where) | {"step": "step", "dtype": "self.dtype"}
+        if LOGITS in decl.reads:
+            given |= dict(zip(("x", "p", "bad"), self.dist(model)))
+        if HEAD_ROW in decl.reads:
+            given["row"] = f"self.heads[{self.heads.index((node.model, node.file))}]"
+        return f"{decl.batched.fn}({', '.join(given[a] for a in decl.batched.args)})"
 
 
 def _mentions_router(e: ir.Expr) -> bool:
@@ -426,7 +247,8 @@ def head_keys(program: ir.Program) -> list[tuple[str, str]]:
     exprs += [i.expr for r in program.routers for i in r.inputs if isinstance(i, ir.InputScalar)]
     for root in exprs:
         for e in ir.walk(root):
-            if isinstance(e, ir.HeadLogit) and (e.model, e.file) not in keys:
+            decl = feature_of(e)
+            if decl is not None and HEAD_ROW in decl.reads and (e.model, e.file) not in keys:
                 keys.append((e.model, e.file))
     return keys
 
@@ -482,11 +304,20 @@ _ENV = jinja2.Environment(
 )
 
 
+def _helpers_import() -> str:
+    """The module's import of `tokenrouter.protocol.features`: the core helpers and every
+    declared feature's (the same for every program)."""
+    names = sorted({*_CORE, *(f.batched.fn for f in FEATURES.values())})
+    head = "from tokenrouter.protocol.features import ("
+    lines = textwrap.wrap(", ".join(names) + ")", 110 - len(head), break_on_hyphens=False)
+    return head + ("\n" + " " * len(head)).join(lines)
+
+
 def generate_module(program: ir.Program) -> str:
     """The router module of `program` as Python source (deterministic; checked by `compile`)."""
     if not isinstance(program, ir.Program):
         raise CodegenError("generate_module expects an ir.Program")
-    _check_program(program)
+    check_program(program)
     heads = head_keys(program)
     writers = program.writers()
     view = {
@@ -498,6 +329,7 @@ def generate_module(program: ir.Program) -> str:
         "models": "(" + "".join(f"{py_str(m.name)}, " for m in program.models) + ")",
         "start": py_str(program.start),
         "routers": [_writer_view(program, i, w, heads) for i, w in enumerate(writers)],
+        "helpers": _helpers_import(),
     }
     source = _ENV.get_template("module.py.j2").render(**view)
     try:

@@ -2,8 +2,12 @@
 
 It follows one request at a time, in float64 NumPy on that request's own rows, written to
 be read rather than to be fast. It shares no code with the generated module, only the IR
-(including the IR's seeded hash `bernoulli_uniform`). It routes and combines; the handoff
-between writers (`send`/`receive`) is `tokenrouter.protocol.handoff`, tested on its own.
+(including the IR's seeded hash `bernoulli_uniform`) and the step features' declarations:
+each feature's reference computation there (`features/catalog.py`, pure Python) is its
+oracle, the helper the generated code calls (`protocol/features.py`, torch) is what it is
+held to. Router networks and head rows are `interpreter_nets.py`. It routes and combines;
+the handoff between writers (`send`/`receive`) is `tokenrouter.protocol.handoff`, tested
+on its own.
 
 Semantics (the generated code implements the same, see `codegen.py`):
 
@@ -31,15 +35,14 @@ Semantics (the generated code implements the same, see `codegen.py`):
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import load_file
-from scipy.special import erf
 
 from tokenrouter.compiler import ir
+from tokenrouter.compiler.backend.interpreter_nets import ACTIVATIONS, ReferenceNets
+from tokenrouter.compiler.features import LOGITS, FeatureError, StepFeature, feature_of
 
 
 class InterpreterError(ValueError):
@@ -94,117 +97,11 @@ def _dist_from_logits(row: Any) -> _Dist:
     return _Dist(logp, True, x)
 
 
-def _entropy(d: _Dist, normalized: bool) -> float:
-    if not d.valid:
-        return math.nan
-    h = 0.0
-    for lp in d.logp.tolist():
-        p = math.exp(lp)
-        if p > 0.0:
-            h -= p * lp
-    if normalized:
-        v = d.logp.shape[0]
-        if v < 2:
-            raise InterpreterError("normalised entropy needs a vocabulary of at least 2 tokens")
-        h /= math.log(v)
-    return h
-
-
-def _sorted_probs(d: _Dist) -> list[float]:
-    return sorted((math.exp(lp) for lp in d.logp.tolist()), reverse=True)
-
-
-def _top_prob(d: _Dist) -> float:
-    return _sorted_probs(d)[0] if d.valid else math.nan
-
-
-def _margin(d: _Dist) -> float:
-    if not d.valid:
-        return math.nan
-    p = _sorted_probs(d)
-    if len(p) < 2:
-        raise InterpreterError("margin needs a vocabulary of at least 2 tokens")
-    return p[0] - p[1]
-
-
-def _topk_logits(d: _Dist, k: int) -> np.ndarray:
-    if d.logits is None:
-        raise InterpreterError("top-k logits are only defined on a model's own logits")
-    if k > d.logits.shape[0]:
-        raise InterpreterError(f"top-{k} logits of a vocabulary of {d.logits.shape[0]}")
-    if not d.valid:
-        return np.full(k, np.nan)
-    return np.sort(d.logits)[::-1][:k].copy()
-
-
-# ------------------------------------------------------------------ router weights
-
-
-def _activation(name: str, x: np.ndarray) -> np.ndarray:
-    if name == "relu":
-        return np.maximum(x, 0.0)
-    if name == "tanh":
-        return np.tanh(x)
-    if name == "silu":
-        return x / (1.0 + np.exp(-x))
-    if name == "gelu":  # the exact (erf) form
-        return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
-    raise InterpreterError(f"unknown activation {name!r}")
-
-
-def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
-    mu = x.mean()
-    var = ((x - mu) ** 2).mean()
-    return (x - mu) / math.sqrt(var + 1e-5) * w + b
-
-
-def _r2r_logit(t: dict[str, np.ndarray], r: ir.RouterNet, cols: list[np.ndarray]) -> float:
-    """R2R's classifier, written out one request at a time (layout: weights/nets.py)."""
-    parts = []
-    for j, c in enumerate(cols):
-        if f"inputs.{j}.weight" in t:
-            c = t[f"inputs.{j}.weight"] @ c + t[f"inputs.{j}.bias"]
-        parts.append(c)
-    x = t["proj.weight"] @ np.concatenate(parts) + t["proj.bias"]
-    i = 0
-    while f"blocks.{i}.up.weight" in t:
-        y = _layer_norm(x, t[f"blocks.{i}.norm.weight"], t[f"blocks.{i}.norm.bias"])
-        y = _activation(r.activation, t[f"blocks.{i}.up.weight"] @ y + t[f"blocks.{i}.up.bias"])
-        x = x + t[f"blocks.{i}.down.weight"] @ y + t[f"blocks.{i}.down.bias"]
-        i += 1
-    x = _layer_norm(x, t["norm.weight"], t["norm.bias"])
-    return float((t["out.weight"] @ x + t["out.bias"])[0])
-
-
 def _logsumexp(xs: np.ndarray) -> float:
     m = float(np.max(xs))
     if m == -math.inf:
         return -math.inf
     return m + math.log(math.fsum(math.exp(x - m) for x in xs.tolist()))
-
-
-def _sigmoid(z: float) -> float:
-    if math.isnan(z):
-        return math.nan
-    if z >= 0:
-        return 1.0 / (1.0 + math.exp(-z))
-    e = math.exp(z)
-    return e / (1.0 + e)
-
-
-def _load_safetensors(path: str) -> dict[str, np.ndarray]:
-    try:
-        return {k: np.asarray(v, dtype=np.float64) for k, v in load_file(path).items()}
-    except FileNotFoundError:
-        raise InterpreterError(f"{path}: no such weights file") from None
-    except Exception as exc:  # a corrupt or non-safetensors file
-        raise InterpreterError(f"{path}: not a readable safetensors file ({exc})") from None
-
-
-def _resolve(path: str, base_dir: str | None) -> str:
-    if os.path.isabs(path) or base_dir is None:
-        return path
-    return os.path.join(base_dir, path)
 
 
 # ------------------------------------------------------------------ interpreter
@@ -219,9 +116,7 @@ class Interpreter:
         self.ensembles = {e.name: e for e in program.ensembles}
         self.routers = {r.name: r for r in program.routers}
         self.base_dir = base_dir
-        self._mlps: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
-        self._heads: dict[tuple[str, str], tuple[np.ndarray, float]] = {}
-        self._tensors: dict[str, dict[str, np.ndarray]] = {}
+        self.nets = ReferenceNets(base_dir)
 
     # ---------------------------------------------------------------- route
 
@@ -242,6 +137,15 @@ class Interpreter:
                 keep = t.action == "keep" or t.dest == writer
                 return Decision(t.dest, keep, f"transition {i}", ctx.min_gap)
         return Decision(writer, True, "stay", ctx.min_gap)
+
+    def value(self, writer: str, step: RequestStep, e) -> Any:
+        """What one expression, or one router input, is for one request of `writer`'s step
+        (a float or a bool; a vector as a float64 array): features read one at a time."""
+        ctx = _Context(self, writer, step)
+        decl = feature_of(e)
+        if decl is not None and not decl.scalar:
+            return np.asarray(ctx.feature(decl, e, writer), dtype=np.float64).reshape(-1)
+        return ctx.value(e)[0]
 
     # ---------------------------------------------------------------- ensembles
 
@@ -289,36 +193,6 @@ class Interpreter:
             lp = lp - _logsumexp(lp)
         return lp
 
-    # ---------------------------------------------------------------- weights
-
-    def mlp(self, name: str) -> list[tuple[np.ndarray, np.ndarray]]:
-        if name not in self._mlps:
-            r = self.routers[name]
-            path = _resolve(r.file, self.base_dir)
-            t = _load_safetensors(path)
-            layers = []
-            while f"layers.{len(layers)}.weight" in t:
-                i = len(layers)
-                layers.append((t[f"layers.{i}.weight"], t[f"layers.{i}.bias"]))
-            if not layers:
-                raise InterpreterError(f"{path}: no tensor 'layers.0.weight'")
-            self._mlps[name] = layers
-        return self._mlps[name]
-
-    def tensors(self, name: str) -> dict[str, np.ndarray]:
-        if name not in self._tensors:
-            self._tensors[name] = _load_safetensors(_resolve(self.routers[name].file, self.base_dir))
-        return self._tensors[name]
-
-    def head(self, h: ir.HeadLogit) -> tuple[np.ndarray, float]:
-        key = (h.model, h.file)
-        if key not in self._heads:
-            t = _load_safetensors(_resolve(h.file, self.base_dir))
-            w = t["weight"].reshape(-1)
-            b = float(t["bias"].reshape(-1)[0]) if "bias" in t else 0.0
-            self._heads[key] = (w, b)
-        return self._heads[key]
-
 
 class _Context:
     """Evaluates expressions for one request at one step; remembers how close it came to a tie."""
@@ -346,13 +220,14 @@ class _Context:
                 raise InterpreterError(f"the step of {self.writer!r} does not read {model!r}")
         return self._dists[model]
 
-    def hidden(self, layer: int, dim: int) -> np.ndarray:
-        if layer not in self.step.hidden:
-            raise InterpreterError(f"hidden state of layer {layer} missing")
-        h = np.asarray(self.step.hidden[layer], dtype=np.float64).reshape(-1)
-        if h.shape[0] != dim:
-            raise InterpreterError(f"hidden state of layer {layer} has width {h.shape[0]}, not {dim}")
-        return h
+    def feature(self, decl: StepFeature, node, model: str):
+        """A step feature of `model`, as its declaration's reference computes it."""
+        if decl.reads != (LOGITS,) and (model != self.writer or self.writer in self.i.ensembles):
+            raise InterpreterError(f"{decl.name} of {model!r} read in the step of {self.writer!r}")
+        try:
+            return decl.reference(node, _View(self, model))
+        except FeatureError as exc:
+            raise InterpreterError(str(exc)) from None
 
     # -- values: (value, depends-on-floating-point-features)
     def truth(self, e: ir.Expr) -> bool:
@@ -373,16 +248,11 @@ class _Context:
             return float(s.visit_tokens), False
         if isinstance(e, ir.Bernoulli):
             return ir.bernoulli_uniform(e.seed, s.request_seed, s.position) < e.p, False
-        if isinstance(e, ir.Entropy):
-            return _entropy(self.dist(e.model), e.normalized), True
-        if isinstance(e, ir.TopProb):
-            return _top_prob(self.dist(e.model)), True
-        if isinstance(e, ir.Margin):
-            return _margin(self.dist(e.model)), True
+        decl = feature_of(e)
+        if decl is not None:
+            return self.feature(decl, e, e.model), True
         if isinstance(e, ir.RouterProb):
             return self.router_prob(e.router), True
-        if isinstance(e, ir.HeadLogit):
-            return self.head_logit(e), True
         if isinstance(e, ir.Compare):
             (a, ia), (b, ib) = self.number(e.left), self.number(e.right)
             if (ia or ib) and not (math.isnan(a) or math.isnan(b)):
@@ -412,45 +282,39 @@ class _Context:
             raise InterpreterError(f"unknown router {name!r}")
         if r.model != self.writer:
             raise InterpreterError(f"router {name!r} reads {r.model!r}, not {self.writer!r}")
-        cols: list[np.ndarray] = []
-        for inp in r.inputs:
-            if isinstance(inp, ir.InputHidden):
-                cols.append(self.hidden(inp.layer, inp.dim))
-            elif isinstance(inp, ir.InputTokenEmbedding):
-                if self.step.token_embedding is None:
-                    raise InterpreterError("token embedding missing")
-                te = np.asarray(self.step.token_embedding, dtype=np.float64).reshape(-1)
-                if te.shape[0] != inp.dim:
-                    raise InterpreterError(f"token embedding has width {te.shape[0]}, not {inp.dim}")
-                cols.append(te)
-            elif isinstance(inp, ir.InputTopkLogits):
-                cols.append(_topk_logits(self.dist(r.model), inp.k))
-            else:
-                cols.append(np.array([self.number(inp.expr)[0]]))
-        x = np.concatenate(cols)
-        if not np.isfinite(x).all():
-            return math.nan
-        if r.arch == "r2r":
-            return _sigmoid(_r2r_logit(self.i.tensors(name), r, cols))
-        layers = self.i.mlp(name)
-        for j, (w, b) in enumerate(layers):
-            x = w @ x + b
-            if j < len(layers) - 1:
-                x = _activation(r.activation, x)
-        if x.shape[0] == 1:
-            return _sigmoid(float(x[0]))
-        z = x - x.max()
-        p = np.exp(z) / np.exp(z).sum()
-        return float(p[r.output_index])
+        cols = [np.array([self.number(inp.expr)[0]]) if isinstance(inp, ir.InputScalar) else
+                np.asarray(self.feature(feature_of(inp), inp, r.model), dtype=np.float64).reshape(-1)
+                for inp in r.inputs]
+        if r.activation not in ACTIVATIONS:
+            raise InterpreterError(f"unknown activation {r.activation!r}")
+        return self.i.nets.output(r, cols)
 
-    def head_logit(self, e: ir.HeadLogit) -> float:
-        if e.model != self.writer:
-            raise InterpreterError(f"head of {e.model!r} read in the step of {self.writer!r}")
-        if -1 not in self.step.hidden:
-            raise InterpreterError("the final hidden state (layer -1) is missing")
-        h = np.asarray(self.step.hidden[-1], dtype=np.float64).reshape(-1)
-        if not np.isfinite(h).all():
-            return math.nan
-        w, b = self.i.head(e)
-        z = float(w @ h) + b
-        return _sigmoid(z) if e.sigmoid else z
+
+class _View:
+    """What a step feature's reference reads of one model of the request's step
+    (`features.declare.ReferenceView`)."""
+
+    def __init__(self, ctx: _Context, model: str):
+        self.ctx, self.model = ctx, model
+
+    def dist(self) -> _Dist:
+        return self.ctx.dist(self.model)
+
+    def hidden(self, layer: int, dim: int | None = None) -> np.ndarray:
+        if layer not in self.ctx.step.hidden:
+            raise InterpreterError(f"hidden state of layer {layer} missing")
+        h = np.asarray(self.ctx.step.hidden[layer], dtype=np.float64).reshape(-1)
+        if dim is not None and h.shape[0] != dim:
+            raise InterpreterError(f"hidden state of layer {layer} has width {h.shape[0]}, not {dim}")
+        return h
+
+    def embedding(self, dim: int) -> np.ndarray:
+        if self.ctx.step.token_embedding is None:
+            raise InterpreterError("token embedding missing")
+        te = np.asarray(self.ctx.step.token_embedding, dtype=np.float64).reshape(-1)
+        if te.shape[0] != dim:
+            raise InterpreterError(f"token embedding has width {te.shape[0]}, not {dim}")
+        return te
+
+    def head_row(self, file: str) -> tuple[np.ndarray, float]:
+        return self.ctx.i.nets.head_row(file)

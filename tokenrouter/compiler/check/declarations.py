@@ -19,6 +19,7 @@ from tokenrouter.compiler.builtins import (BUILTIN_MODELS, DTYPES, ENGINES, ENSE
 from tokenrouter.compiler.check import params as check_params
 from tokenrouter.compiler.check.symbols import (KIND_WORDS, CheckState, Symbol, as_int, bound_model_path,
                                                 resolve_path)
+from tokenrouter.compiler.features import FEATURES, LOGITS, called
 from tokenrouter.dsl import ast
 from tokenrouter.dsl.diagnostics import Note, did_you_mean, words
 
@@ -199,8 +200,10 @@ def engines(state: CheckState) -> None:
 
 def _vllm_reader(state: CheckState, item) -> None:
     """A router or head on a vLLM model reads only what vLLM hands the logits processor:
-    the step's logits (so entropy, top_prob, margin and topk_logits), not hidden states."""
-    hint = "route on what the logits give (entropy, top_prob, margin, topk_logits), or serve " \
+    the step's logits (so the features that read only them: entropy, top_prob, margin and
+    topk_logits), not hidden states or embeddings."""
+    on_logits = [f.name for f in called() if f.reads == (LOGITS,)]
+    hint = f"route on what the logits give ({', '.join(on_logits)}), or serve " \
            f"'{item.model.text}' with engine = native"
     if isinstance(item, ast.HeadDecl):
         state.err("E801", f"head '{item.name.text}' reads the hidden state of '{item.model.text}', which vLLM "
@@ -209,7 +212,7 @@ def _vllm_reader(state: CheckState, item) -> None:
     inputs = next((a.value for a in item.attrs if a.key.text == "inputs"), None)
     for node in getattr(inputs, "items", ()):
         name = node.name.text if isinstance(node, ast.Ref) else node.func.text if isinstance(node, ast.Call) else ""
-        if name in ("hidden", "token_embedding"):
+        if name in FEATURES and FEATURES[name].reads != (LOGITS,):
             state.err("E801", f"router '{item.name.text}' reads {name} of '{item.model.text}', which vLLM does "
                       "not hand out", node.span, hint=hint)
 

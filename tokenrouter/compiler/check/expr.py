@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.builtins import FUNCTIONS, VECTOR_FEATURES, VISIT_TOKENS
+from tokenrouter.compiler.builtins import FUNCTIONS, VISIT_TOKENS
+from tokenrouter.compiler.features import FEATURES, LOGITS, StepFeature
 from tokenrouter.dsl import ast
 from tokenrouter.dsl.diagnostics import did_you_mean, words
 
@@ -54,14 +55,28 @@ def _num(x: float) -> str:
 
 @dataclass(frozen=True)
 class Feature:
-    """A scalar feature of one model, for comparisons across rules."""
+    """A scalar value of one model, for comparisons across rules. `kind` identifies it
+    (a step feature as a router's inputs write it, `entropy(normalized)`; `router:NAME`,
+    `head:NAME`, `visit_tokens`); `words` names it in messages ("normalized entropy");
+    `comparable`: it means the same of any model (a function of the distribution alone), so
+    two writers' rules on it can ping-pong; `range_hint`: more to say about its range."""
 
-    kind: str  # entropy/normalized, entropy/raw, top_prob, margin, router:NAME, head:NAME, visit_tokens
+    kind: str
     model: str | None
     describe: str  # "slm's normalized entropy"
+    words: str = ""
+    comparable: bool = False
+    range_hint: str | None = None
 
-    def comparable_across_models(self) -> bool:
-        return self.kind in ("entropy/normalized", "entropy/raw", "top_prob", "margin")
+
+def step_value(decl: StepFeature, node, model: str) -> "Val":
+    """A scalar step feature's value as the checker types it: its range and identity, from
+    its declaration."""
+    lo, hi = decl.value.range(node)
+    what = decl.value.words_of(node)
+    feat = Feature(decl.text(node), model, f"{model}'s {what}", what, decl.reads == (LOGITS,),
+                   decl.value.range_hint(node))
+    return Val("num", node, lo, hi, feature=feat)
 
 
 @dataclass(frozen=True)
@@ -78,6 +93,7 @@ class Val:
 BAD = Val("bad")
 _FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
 _OP_WORDS = {"and": "'and'", "or": "'or'", "not": "'not'"}
+_ORDINALS = {2: "second", 3: "third", 4: "fourth"}
 
 
 def _truth_interval(op: str, c: float) -> Interval | None:
@@ -175,10 +191,11 @@ class ExprChecker:
             return BAD
         if not self._reads(sym.model, span, f"head '{name}'"):
             return BAD
-        lo, hi = (0.0, 1.0) if sym.sigmoid else (-INF, INF)
-        what = "probability" if sym.sigmoid else "logit"
-        return Val("num", ir.HeadLogit(sym.model, sym.file, sym.sigmoid, span), lo, hi,
-                   feature=Feature(f"head:{name}", sym.model, f"head {name}'s {what}"))
+        node = ir.HeadLogit(sym.model, sym.file, sym.sigmoid, span)
+        value = FEATURES[node.kind].value
+        lo, hi = value.range(node)
+        return Val("num", node, lo, hi,
+                   feature=Feature(f"head:{name}", sym.model, f"head {name}'s {value.words_of(node)}"))
 
     def _reads(self, model: str, span, what: str) -> bool:
         """The running-model rule: a condition only reads the writer that just ran."""
@@ -208,37 +225,36 @@ class ExprChecker:
                 self.err("E303", f"{name} takes positional arguments only", arg.label.span,
                          hint=f"write {FUNCTIONS[name]}")
                 return BAD
-        want = {"entropy": 2, "top_prob": 1, "margin": 1, "bernoulli": 2,
-                "hidden": 2, "token_embedding": 1, "topk_logits": 2}[name]
+        if name == "bernoulli":
+            if len(args) != 2:
+                self.err("E302", f"bernoulli takes 2 arguments, got {len(args)}", span, hint=f"write {FUNCTIONS[name]}")
+                return BAD
+            return self.bernoulli(node)
+        decl = FEATURES[name]
+        want = 1 + len(decl.args)
         if len(args) != want:
             self.err("E302", f"{name} takes {want} argument{'s' if want > 1 else ''}, got {len(args)}", span,
                      hint=f"write {FUNCTIONS[name]}")
             return BAD
-        if name == "bernoulli":
-            return self.bernoulli(node)
         model = self.model_arg(name, args[0].value)
         if model is None:
             return BAD
-        if name in VECTOR_FEATURES:
+        if not decl.scalar:
             self.err("E304", f"{name}(...) is a vector, so it cannot be compared in a condition", span,
                      hint="vectors are inputs of a router network: declare `router NAME on MODEL = \"file\" "
                           "{ inputs = [...] }` and compare the router's output")
             return BAD
         if not self._reads(model, args[0].value.span, f"{name}({model}, ...)" if len(args) > 1 else f"{name}({model})"):
             return BAD
-        if name == "entropy":
-            kind = args[1].value
-            if not (isinstance(kind, ast.Ref) and kind.name.text in ("normalized", "raw")):
-                self.err("E303", "the second argument of entropy is `normalized` or `raw`", kind.span,
-                         hint="normalized divides by log(vocabulary size), so it lies in [0, 1]; raw is in nats")
+        values = {}
+        for n, (arg, given) in enumerate(zip(decl.args, args[1:]), 2):
+            value = arg.parse(given.value)
+            if value is None:
+                self.err("E303", f"the {_ORDINALS[n]} argument of {name} is {arg.what}", given.value.span,
+                         hint=arg.hint)
                 return BAD
-            norm = kind.name.text == "normalized"
-            feat = Feature(f"entropy/{kind.name.text}", model, f"{model}'s {kind.name.text} entropy")
-            return Val("num", ir.Entropy(model, norm, span), 0.0, 1.0 if norm else INF, feature=feat)
-        if name == "top_prob":
-            return Val("num", ir.TopProb(model, span), 0.0, 1.0,
-                       feature=Feature("top_prob", model, f"{model}'s top-1 probability"))
-        return Val("num", ir.Margin(model, span), 0.0, 1.0, feature=Feature("margin", model, f"{model}'s margin"))
+            values[arg.field] = value
+        return step_value(decl, decl.node(model=model, **values, span=span), model)
 
     def model_arg(self, func: str, node) -> str | None:
         if not isinstance(node, ast.Ref):
@@ -338,8 +354,8 @@ class ExprChecker:
         if not feat.lo <= const <= feat.hi:
             desc = feat.feature.describe
             hint = f"{desc} lies in [{_num(feat.lo)}, {_num(feat.hi)}]"
-            if feat.feature.kind == "entropy/normalized":
-                hint += "; for entropy in nats write entropy(MODEL, raw)"
+            if feat.feature.range_hint:
+                hint += f"; {feat.feature.range_hint}"
             self.err("E305", f"threshold {_num(const)} is outside the range of {desc}", const_node.span, hint=hint)
             return BAD
         interval = _truth_interval(op, const)

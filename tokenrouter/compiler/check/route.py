@@ -231,7 +231,7 @@ def _shadowing(state: CheckState, rules: list) -> None:
 def _ping_pong(state: CheckState, rules: list) -> None:
     """Two writers handing a request back and forth on overlapping ranges of one feature."""
     simple = [(stmt, tr, val) for stmt, tr, val in rules if tr is not None and val.simple is not None
-              and val.simple[0].comparable_across_models() and val.simple[0].model == tr.source]
+              and val.simple[0].comparable and val.simple[0].model == tr.source]
     by_pair: dict[tuple[str, str], list] = {}
     for item in simple:
         by_pair.setdefault((item[1].source, item[1].dest), []).append(item)
@@ -246,13 +246,10 @@ def _ping_pong(state: CheckState, rules: list) -> None:
                 if f_up.kind != f_back.kind or not i_up.intersects(i_back):
                     continue
                 state.diags.append(Diagnostic(
-                    "W001", f"ping-pong: '{a}' hands off to '{b}' when its {_FEATURE_WORDS[f_up.kind]} is in "
+                    "W001", f"ping-pong: '{a}' hands off to '{b}' when its {f_up.words} is in "
                     f"{i_up.show()}, and '{b}' hands back when its own is in {i_back.show()}; "
                     "the ranges overlap", stmt_back.span,
                     hint="make the switch-back range disjoint from the switch-up range "
                          "(e.g. up when > tau, back when <= tau)",
                     notes=(Note("the switch-up rule", stmt_up.span),)))
 
-
-_FEATURE_WORDS = {"entropy/normalized": "normalized entropy", "entropy/raw": "raw entropy",
-                  "top_prob": "top-1 probability", "margin": "margin"}

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.builtins import ACTIVATIONS, ROUTER_ARCHS, ROUTER_INPUTS
-from tokenrouter.compiler.check.symbols import KIND_WORDS, CheckState, Symbol, as_int, as_word, resolve_path
+from tokenrouter.compiler.check.symbols import KIND_WORDS, CheckState, Symbol, as_int, resolve_path
+from tokenrouter.compiler.features import FEATURES
 from tokenrouter.dsl import ast
 from tokenrouter.dsl.diagnostics import Note, did_you_mean, words
 
@@ -147,30 +148,19 @@ def _router_input(state: CheckState, node, model: str):
                   hint=f"did you mean '{ROUTER_INPUTS[guess]}'?" if guess else
                   f"expected one of {words(ROUTER_INPUTS.values())}")
         return None
-    want = {"hidden": 1, "topk_logits": 1, "entropy": 1}.get(name, 0)
+    decl = FEATURES[name]
+    want = len(decl.args)
     if len(args) != want or any(a.label is not None for a in args):
         state.err("E302", f"router input {name} takes {want} argument{'s' if want != 1 else ''}, got {len(args)}",
                   node.span, hint=f"write {ROUTER_INPUTS[name]} (the router's model is implied)")
         return None
-    if name == "hidden":
-        layer = args[0].value
-        if not (isinstance(layer, ast.Num) and layer.is_int and layer.value >= -1):
-            state.err("E306", "hidden(LAYER) takes a layer number >= -1", layer.span,
-                      hint="0 = the embeddings, N = after decoder layer N, -1 = after the final norm")
+    values = {}
+    for arg, given in zip(decl.args, args):
+        value = arg.parse(given.value)
+        if value is None:
+            state.err("E306", f"{ROUTER_INPUTS[name]} takes {arg.what}", given.value.span, hint=arg.hint)
             return None
-        return ir.InputHidden(int(layer.value), 0)
-    if name == "token_embedding":
-        return ir.InputTokenEmbedding(0)
-    if name == "topk_logits":
-        k = as_int(args[0].value, 1)
-        if k is None:
-            state.err("E306", "topk_logits(K) takes a whole number K >= 1", args[0].value.span)
-            return None
-        return ir.InputTopkLogits(k)
-    if name == "entropy":
-        kind = as_word(args[0].value)
-        if kind not in ("normalized", "raw"):
-            state.err("E303", "entropy takes `normalized` or `raw`", args[0].value.span)
-            return None
-        return ir.InputScalar(ir.Entropy(model, kind == "normalized", node.span))
-    return ir.InputScalar(ir.TopProb(model, node.span) if name == "top_prob" else ir.Margin(model, node.span))
+        values[arg.field] = value
+    if decl.scalar:
+        return ir.InputScalar(decl.node(model=model, **values, span=node.span))
+    return decl.node(**values)

@@ -14,60 +14,8 @@ import os
 from dataclasses import dataclass
 
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.weights.files import layout_text
-
-_PREC = {"or": 1, "and": 2, "not": 3, "cmp": 4, "+": 5, "-": 5, "*": 6, "/": 6}
-_ATOM = 9
-
-
-def expr_text(e, values: bool = True) -> str:
-    """An IR condition as .route-like text; with `values`, a parameter reads `tau=0.3`,
-    without, `tau`."""
-    return _expr(e, values)[0]
-
-
-def _num(x: float) -> str:
-    return f"{x:g}"
-
-
-def _expr(e, values: bool) -> tuple[str, int]:
-    if isinstance(e, ir.Const):
-        if e.param:
-            return (f"{e.param}={_num(e.value)}" if values else e.param), _ATOM
-        return _num(e.value), _ATOM
-    if isinstance(e, ir.Entropy):
-        return f"entropy({e.model}, {'normalized' if e.normalized else 'raw'})", _ATOM
-    if isinstance(e, ir.TopProb):
-        return f"top_prob({e.model})", _ATOM
-    if isinstance(e, ir.Margin):
-        return f"margin({e.model})", _ATOM
-    if isinstance(e, ir.RouterProb):
-        return e.router, _ATOM
-    if isinstance(e, ir.HeadLogit):
-        what = "head" if e.sigmoid else "head logit"
-        return f"{what}({e.model}: {os.path.basename(e.file)})", _ATOM
-    if isinstance(e, ir.Bernoulli):
-        return f"bernoulli({_num(e.p)}, {e.seed})", _ATOM
-    if isinstance(e, ir.VisitTokens):
-        return "visit_tokens", _ATOM
-    if isinstance(e, ir.Logic):
-        if e.op == "not":
-            text, prec = _expr(e.args[0], values)
-            return "not " + (f"({text})" if prec < _ATOM else text), _PREC["not"]
-        prec = _PREC[e.op]
-        parts = []
-        for a in e.args:
-            text, p = _expr(a, values)
-            parts.append(f"({text})" if p < prec else text)
-        return f" {e.op} ".join(parts), prec
-    prec = _PREC["cmp"] if isinstance(e, ir.Compare) else _PREC[e.op]
-    left, lp = _expr(e.left, values)
-    right, rp = _expr(e.right, values)
-    if lp < prec or (lp == prec and isinstance(e, ir.Compare)):
-        left = f"({left})"
-    if rp <= prec:
-        right = f"({right})"
-    return f"{left} {e.op} {right}", prec
+from tokenrouter.compiler.text import expr_text, input_text
+from tokenrouter.compiler.weights.files import input_widths
 
 
 @dataclass(frozen=True)
@@ -150,8 +98,8 @@ def network_lines(program: ir.Program) -> list[str]:
     """Each router network and head row: whose step it reads, its weights file, its inputs."""
     out = []
     for r in program.routers:
-        parts = [p.rpartition(":") for p in layout_text(r).split(",")]
-        inputs = ", ".join(f"{name} ({width} wide)" if width not in ("", "0") else name for name, _, width in parts)
+        inputs = ", ".join(f"{input_text(i)} ({width} wide)" if width else input_text(i)
+                           for i, width in zip(r.inputs, input_widths(r)))
         out.append(f"{r.name} on {r.model}: {r.arch} network, weights {shown_path(r.file)}")
         out.append(f"   inputs: {inputs}")
     heads = {(e.model, e.file, e.sigmoid) for t in program.transitions for e in ir.walk(t.when)

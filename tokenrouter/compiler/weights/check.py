@@ -82,7 +82,7 @@ def weight_diagnostics(routers: Iterable[ir.RouterNet], transitions: Iterable[ir
         problems = rn.file_problems(r, meta, shapes)
         if problems:
             diags.append(Diagnostic("E310", f"{what}: {os.path.basename(r.file)}: {problems[0]}", r.span,
-                                    hint=f"the file's tensors must follow arch = {r.arch} (compiler/router_nets.py)"))
+                                    hint=f"the file's tensors must follow arch = {r.arch} (compiler/weights/nets.py)"))
             continue
         check_prints(what, r.model, r.file, meta, r.span)
     for h in _heads(transitions):

@@ -14,6 +14,8 @@ import re
 from safetensors import safe_open
 
 from tokenrouter.compiler import ir
+from tokenrouter.compiler.features import feature_of
+from tokenrouter.compiler.text import input_text
 
 HEAD_ARCH = "co_llm"
 META_ARCH = "tokenrouter.arch"
@@ -37,15 +39,8 @@ class RouterWeightsError(ValueError):
 
 def input_widths(router: ir.RouterNet) -> list[int]:
     """Width of each declared input (0 where the model's width is not known yet)."""
-    out = []
-    for inp in router.inputs:
-        if isinstance(inp, (ir.InputHidden, ir.InputTokenEmbedding)):
-            out.append(inp.dim)
-        elif isinstance(inp, ir.InputTopkLogits):
-            out.append(inp.k)
-        else:
-            out.append(1)
-    return out
+    return [1 if isinstance(inp, ir.InputScalar) else getattr(inp, feature_of(inp).value.width)
+            for inp in router.inputs]
 
 
 def input_width(router: ir.RouterNet) -> int:
@@ -53,22 +48,9 @@ def input_width(router: ir.RouterNet) -> int:
     return sum(input_widths(router))
 
 
-def _input_name(inp) -> str:
-    if isinstance(inp, ir.InputHidden):
-        return f"hidden({inp.layer})"
-    if isinstance(inp, ir.InputTokenEmbedding):
-        return "token_embedding"
-    if isinstance(inp, ir.InputTopkLogits):
-        return f"topk_logits({inp.k})"
-    e = inp.expr
-    if isinstance(e, ir.Entropy):
-        return f"entropy({'normalized' if e.normalized else 'raw'})"
-    return "top_prob" if isinstance(e, ir.TopProb) else "margin"
-
-
 def layout_text(router: ir.RouterNet) -> str:
     """The input layout as the file's metadata records it: `hidden(-1):576,token_embedding:576,...`."""
-    return ",".join(f"{_input_name(i)}:{w}" for i, w in zip(router.inputs, input_widths(router)))
+    return ",".join(f"{input_text(i)}:{w}" for i, w in zip(router.inputs, input_widths(router)))
 
 
 def _layout_parts(text: str) -> list[tuple[str, int]]:
@@ -208,7 +190,7 @@ def _r2r_problems(router: ir.RouterNet, shapes) -> list[str]:
     for key in shapes:
         m = _R2R_KEY.fullmatch(key)
         if not m or (m.group(1) is not None and int(m.group(1)) >= n_in):
-            return [f"unexpected tensor '{key}' (see router_nets.py for the r2r layout)"]
+            return [f"unexpected tensor '{key}' (see compiler/weights/nets.py for the r2r layout)"]
         if m.group(4) is not None:
             blocks.add(int(m.group(4)))
     if blocks and blocks != set(range(len(blocks))):

@@ -6,13 +6,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from tokenrouter.cli import main
 
-from .conftest import EXAMPLES
-
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 GOLDEN = EXAMPLES.parent / "tests" / "dsl" / "golden"
 
 

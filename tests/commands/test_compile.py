@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
-from tests.compiler.conftest import REPO
 from tokenrouter.cli import main
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.backend.codegen import generate_module
 from tokenrouter.compiler.pipeline import check_file
 from tokenrouter.runtime.loader import model_facts
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_writes_module_plan_and_ir(tmp_path, capsys):
