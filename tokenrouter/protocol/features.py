@@ -71,8 +71,10 @@ def top2(p, bad):
 
 
 def top_prob(p, bad):
-    """The probability of the most likely token."""
-    return top2(p, bad)[:, 0]
+    """The probability of the most likely token (one max, not a top-k)."""
+    if p.shape[-1] < 2:
+        raise ValueError("top-1 probability and margin need a vocabulary of at least 2 tokens")
+    return p.amax(-1).masked_fill(bad, NAN)
 
 
 def margin(p, bad):
