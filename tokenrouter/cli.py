@@ -38,6 +38,7 @@ COMMANDS = {
 # command's optional FILE, so `main` picks these out before parsing.
 SUBCOMMANDS = {
     "bench": {"runlength-check": "bench_runlength"},
+    "models": {"pull": "models_pull"},
 }
 
 
