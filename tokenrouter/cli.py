@@ -39,6 +39,7 @@ COMMANDS = {
 # command's optional FILE, so `main` picks these out before parsing.
 SUBCOMMANDS = {
     "bench": {"runlength-check": "bench_runlength"},
+    "models": {"pull": "models_pull"},
 }
 
 

@@ -74,7 +74,8 @@ def bindings(args) -> tuple[dict[str, str] | None, dict[str, str] | None]:
 
 
 QUANT_HELP = ("weight format: none (float, exact), native (a GGUF file's own Q4_0/Q4_1/Q8_0 blocks), "
-              "int4 or int8 (quantise a float checkpoint on load); see docs/models.md")
+              "int4 or int8 (quantise a float checkpoint on load); default: the program's, else the "
+              "model's own (native for the qwen2.5-coder built-ins, none otherwise); see docs/models.md")
 
 
 def with_quant(program, items: list[str] | None):

@@ -34,7 +34,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system", default=None, help="system message for --chat")
     parser.add_argument("--dtype", choices=("float32", "float64", "bfloat16", "float16"), default="float32")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--quant", choices=("none", "native", "int4", "int8"), default="none", help=QUANT_HELP)
+    parser.add_argument("--quant", choices=("none", "native", "int4", "int8"), default=None, help=QUANT_HELP)
 
 
 def stream_tokens(engine, prompt_ids: list[int], params, stop_ids, seq_id: object = 0) -> Iterator[int]:

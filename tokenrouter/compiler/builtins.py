@@ -11,7 +11,11 @@ from tokenrouter.compiler.features import called
 
 LANGUAGE_VERSION = 1
 
-BUILTIN_MODELS: tuple[str, ...] = ("smollm2-135m", "smollm2-135m-small", "bench-small", "bench-large")
+BUILTIN_MODELS: tuple[str, ...] = ("smollm2-135m", "smollm2-135m-small", "bench-small", "bench-large",
+                                   "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
+# The weight format a built-in model gets where neither the program (`quant = ...`) nor the
+# command line (`--quant`) says: a quantised file runs on its own blocks, never as a float copy.
+DEFAULT_QUANT: dict[str, str] = {"qwen2.5-coder-0.5b-instruct": "native", "qwen2.5-coder-1.5b-instruct": "native"}
 
 ROLES = ("small", "large", "member")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -44,6 +48,12 @@ SERVE_KEYS = {
     "graph_batch_sizes": "global",
     "graph_tokens": "global",
 }
+
+
+def default_quant(model_path: str, engine: str = "native") -> str:
+    """The weight format of a model whose format nobody chose: `DEFAULT_QUANT` on tokenrouter's
+    engine, none otherwise (vLLM runs its own)."""
+    return DEFAULT_QUANT.get(model_path, "none") if engine == "native" else "none"
 
 
 def looks_like_path(text: str) -> bool:

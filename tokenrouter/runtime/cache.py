@@ -98,6 +98,18 @@ def get_or_build(slug: str, key: dict[str, Any], build: Callable[[str], None]) -
     return final
 
 
+def folder_bytes(folder: str) -> int:
+    """The bytes the files under `folder` hold (0 when it is not there)."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for fn in files:
+            try:
+                total += os.stat(os.path.join(root, fn)).st_size
+            except OSError:  # removed while we walk (a build that finished)
+                pass
+    return total
+
+
 def remove_abandoned_builds() -> None:
     """Remove the temporary folders of builds whose process is gone (killed mid-build): a
     build's folder is `.SLUG-PID-RANDOM` (`get_or_build`)."""

@@ -87,7 +87,8 @@ def test_models_lists_the_builtins(tmp_path):
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     rows = {m["name"]: m for m in data["models"]}
-    assert list(rows) == ["smollm2-135m", "smollm2-135m-small", "bench-small", "bench-large"]
+    assert list(rows) == ["smollm2-135m", "smollm2-135m-small", "bench-small", "bench-large",
+                          "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"]
     assert data["cache"] == str(tmp_path) and not any(m["cached"] for m in rows.values())
     assert 130e6 < rows["smollm2-135m"]["parameters"] < 140e6  # SmolLM2-135M
     # 6 of 30 layers, plus an untied head (the fitted lens): 28.3M embed + 28.3M head + 6 x 3.3M

@@ -15,7 +15,7 @@ import os
 
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.builtins import (BUILTIN_MODELS, DTYPES, ENGINES, ENSEMBLE_MODES, LANGUAGE_VERSION, QUANTS,
-                                           ROLES, VLLM_DTYPES, looks_like_path)
+                                           ROLES, VLLM_DTYPES, default_quant, looks_like_path)
 from tokenrouter.compiler.check import params as check_params
 from tokenrouter.compiler.check.symbols import (KIND_WORDS, CheckState, Symbol, as_int, bound_model_path,
                                                 resolve_path)
@@ -100,7 +100,7 @@ def model(state: CheckState, item: ast.ModelDecl) -> None:
                         f"model '{item.name.text}'")
     role = state.choice(attrs["role"], ROLES, "role") if "role" in attrs else None
     dtype = state.choice(attrs["dtype"], DTYPES, "dtype") if "dtype" in attrs else "float32"
-    quant = state.choice(attrs["quant"], QUANTS, "quant") if "quant" in attrs else "none"
+    quant = state.choice(attrs["quant"], QUANTS, "quant") if "quant" in attrs else None
     sym.engine = (state.choice(attrs["engine"], ENGINES, "engine") if "engine" in attrs else "native") or "native"
     if "tensor_parallel" in attrs:
         tp = as_int(attrs["tensor_parallel"].value, 1)
@@ -111,7 +111,7 @@ def model(state: CheckState, item: ast.ModelDecl) -> None:
     name = item.name.text
     if name in state.model_paths:  # bound by the deployment: the binding wins
         sym.model_path, sym.role, sym.dtype = bound_model_path(state.model_paths[name]), role, dtype or "float32"
-        sym.quant = quant or "none"
+        sym.quant = quant or default_quant(sym.model_path, sym.engine)
         return
     if item.path is None:
         state.err("E706", f"model '{name}' has no path and is not bound", item.name.span,
@@ -135,7 +135,8 @@ def model(state: CheckState, item: ast.ModelDecl) -> None:
                   + "a checkpoint folder or .gguf file needs a path such as './" + text + "'")
         sym.ok = False
         return
-    sym.model_path, sym.role, sym.dtype, sym.quant = path, role, dtype or "float32", quant or "none"
+    sym.model_path, sym.role, sym.dtype = path, role, dtype or "float32"
+    sym.quant = quant or default_quant(path, sym.engine)
 
 
 def emit_models(state: CheckState) -> None:

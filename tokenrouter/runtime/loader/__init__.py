@@ -35,6 +35,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenrouter.compiler.builtins import default_quant
 from tokenrouter.runtime.cache import file_key
 from tokenrouter.runtime.loader.errors import (LoadError, MissingFile, ShapeMismatch, UnsupportedArchitecture,
                      UnsupportedQuantization)
@@ -76,12 +77,14 @@ class LoadedModel:
         return EngineOptions(quant=quant, plan_cache=plan_path(self.model_id(), quant, act, threads), **options)
 
 
-def load_model(path_or_name: str, dtype=None, quant: str = "none") -> LoadedModel:
-    """Load a model; see the module docstring."""
+def load_model(path_or_name: str, dtype=None, quant: str | None = None) -> LoadedModel:
+    """Load a model; see the module docstring. `quant=None`: the model's default format
+    (`compiler.builtins.default_quant`: native for a built-in GGUF that is quantised, else none)."""
     import torch
 
     from tokenrouter.runtime.kernels.quant import QUANTS
     from tokenrouter.runtime.loader.hf import check_weights, parse_config, read_folder
+    quant = quant or default_quant(path_or_name)
     if quant not in QUANTS:
         raise LoadError(f"quant must be one of {', '.join(QUANTS)}, not {quant!r}")
     if quant == "native":

