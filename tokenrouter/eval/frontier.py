@@ -91,6 +91,7 @@ def plot(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> tuple[bytes, s
                 ax.annotate(f"{r['value']:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(label)
+        ax.set_ylim(-0.05, 1.05)  # every metric is a share
         if xkey == "large_share":
             ax.set_xlim(-0.05, 1.05)
         ax.grid(alpha=0.3)

@@ -122,9 +122,9 @@ class Sandbox:
             if uid is not None and self.mechanism == "plain":
                 os.chown(work, uid, uid)
             cmd, cwd = self.command(prog, work, tag, uid)
-            with open(os.path.join(host, "stdout"), "wb") as out, open(os.path.join(host, "stderr"), "w+b") as err:
+            with open(os.path.join(host, "stderr"), "w+b") as err:  # its size bounded by the file limit
                 t0 = time.perf_counter()
-                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=cwd,
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, cwd=cwd,
                                         env=self.environment(work), start_new_session=True, close_fds=True)
                 try:
                     rc, timed_out = proc.wait(timeout=self.limits.timeout_s), False
