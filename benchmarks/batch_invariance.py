@@ -36,7 +36,7 @@ DEPLOYMENTS = {"concurrency 1": ({}, 1), "concurrency N": ({}, None),
 
 def run(route: str, tasks, max_tokens: int, concurrency: int, launch: dict) -> tuple[list[list[int]], float]:
     with LLM(route, **launch) as llm:
-        ids = encode_prompts(llm.tokenizer, tasks)
+        ids = encode_prompts(llm.tokenizer, [t.prompt for t in tasks])
         t0 = time.perf_counter()
         outs = llm.generate(ids, SamplingParams(max_tokens=max_tokens, temperature=0.0),
                             concurrency=concurrency, desc=f"c={concurrency} {launch or ''}")

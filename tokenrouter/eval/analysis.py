@@ -3,14 +3,14 @@ per-configuration scores, and the 2x2 diffs that show churn behind equal totals.
 
 A 2x2 diff of the routed program against a baseline counts, over the prompts that carry an
 answer: both right, fixed (routed right, baseline wrong), broken (routed wrong, baseline
-right) and both wrong. The four cells add up to the number of answered prompts.
+right) and both wrong. The four cells add up to the number of answered prompts. Whether an
+output is right is the task set's verdict (`ConfigRun.verdicts`), given before this module runs.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from tokenrouter.eval.tasks import Task, is_correct
 
 CELLS = ("both_right", "fixed", "broken", "both_wrong")
 
@@ -45,7 +45,7 @@ def token_pieces(tokenizer, ids: Sequence[int]) -> list[str]:
     return pieces
 
 
-def diff2x2(tasks: Sequence[Task], routed: Sequence[bool | None], other: Sequence[bool | None]) -> dict[str, Any]:
+def diff2x2(tasks: Sequence, routed: Sequence[bool | None], other: Sequence[bool | None]) -> dict[str, Any]:
     """Counts and prompt ids of each cell, over the prompts with an answer."""
     out: dict[str, Any] = {c: 0 for c in CELLS}
     ids: dict[str, list[str]] = {c: [] for c in CELLS}
@@ -59,35 +59,52 @@ def diff2x2(tasks: Sequence[Task], routed: Sequence[bool | None], other: Sequenc
     return out
 
 
-def score(tasks: Sequence[Task], run, large_run, large: str) -> dict[str, Any]:
-    """accuracy, exact_match_with_large, large_share and tokens_per_s of one configuration."""
-    correct = [is_correct(t, o.text) for t, o in zip(tasks, run.outputs)]
-    answered = [c for c in correct if c is not None]
+def handoffs(writers: Sequence[str]) -> int:
+    """How many times the writer changes along one output."""
+    return sum(a != b for a, b in zip(writers, writers[1:]))
+
+
+def correct(run) -> list[bool | None]:
+    return [v.correct for v in run.verdicts]
+
+
+def score(tasks: Sequence, run, large_run, large: str) -> dict[str, Any]:
+    """One configuration's figures: accuracy (the task set's metric: correct / answered),
+    exact_match_with_large, large_share, handoffs_per_request, fixed_vs_large and
+    broken_vs_large (the 2x2 against large alone), tokens_per_s (at each concurrency)."""
+    right = correct(run)
+    answered = [c for c in right if c is not None]
     total = run.tokens
     by_large = sum(o.tokens_by_model.get(large, 0) for o in run.outputs)
     exact = sum(o.token_ids == lo.token_ids for o, lo in zip(run.outputs, large_run.outputs))
+    vs_large = diff2x2(tasks, right, correct(large_run))
     return {"accuracy": (sum(answered) / len(answered)) if answered else None,
             "correct": sum(answered), "answered": len(answered),
             "exact_match_with_large": exact / len(tasks) if tasks else None,
             "large_share": by_large / total if total else 0.0,
+            "handoffs_per_request": (sum(handoffs(o.token_writers) for o in run.outputs) / len(run.outputs)
+                                     if run.outputs else 0.0),
+            "fixed_vs_large": vs_large["fixed"], "broken_vs_large": vs_large["broken"],
             "tokens": total, "tokens_per_s": run.tokens_per_s, "wall_s": run.wall_s,
             "tokens_per_s_at": {str(c): r for c, r in run.rates.items()}, "same_tokens_at_every_concurrency": run.consistent}
 
 
-def _output(task: Task, o) -> dict[str, Any]:
-    return {"text": o.text, "token_ids": list(o.token_ids), "finish_reason": o.finish_reason,
-            "tokens_by_model": dict(o.tokens_by_model), "correct": is_correct(task, o.text)}
+def _output(o, verdict) -> dict[str, Any]:
+    out = {"text": o.text, "token_ids": list(o.token_ids), "finish_reason": o.finish_reason,
+           "tokens_by_model": dict(o.tokens_by_model), "correct": verdict.correct}
+    if verdict.detail is not None:
+        out["detail"] = verdict.detail
+    return out
 
 
-def prompt_records(tokenizer, tasks: Sequence[Task], small, large, routed) -> list[dict[str, Any]]:
+def prompt_records(tokenizer, task_set, small, large, routed) -> list[dict[str, Any]]:
     """One record per prompt: the three outputs, who wrote each routed token, where routed
     and large-only part, whether they match, and correctness per configuration."""
     recs = []
-    for i, t in enumerate(tasks):
+    for i, t in enumerate(task_set.tasks):
         s, lg, r = small.outputs[i], large.outputs[i], routed.outputs[i]
-        rec = {"id": t.id, "prompt": t.prompt, "answer": t.answer, "match": t.match if t.answer else None,
-               "category": t.category, "small": _output(t, s), "large": _output(t, lg),
-               "routed": _output(t, r)}
+        rec = {"id": t.id, "prompt": t.prompt, **task_set.fields(t), "small": _output(s, small.verdicts[i]),
+               "large": _output(lg, large.verdicts[i]), "routed": _output(r, routed.verdicts[i])}
         rec["routed"]["writers"] = list(r.token_writers)
         rec["routed"]["pieces"] = token_pieces(tokenizer, r.token_ids)
         rec["large"]["pieces"] = token_pieces(tokenizer, lg.token_ids)
@@ -97,14 +114,12 @@ def prompt_records(tokenizer, tasks: Sequence[Task], small, large, routed) -> li
     return recs
 
 
-def summarize(tokenizer, tasks: Sequence[Task], small, large, routed, names: tuple[str, str]) -> dict[str, Any]:
+def summarize(tokenizer, task_set, small, large, routed, names: tuple[str, str]) -> dict[str, Any]:
     """`configs`, `diff` and `prompts` of summary.json (the sweep is added by the caller)."""
-    large_name = names[1]
-    configs = {k: score(tasks, run, large, large_name) for k, run in (("small", small), ("large", large),
-                                                                       ("routed", routed))}
-    recs = prompt_records(tokenizer, tasks, small, large, routed)
-    corr = {k: [r[k]["correct"] for r in recs] for k in ("small", "large", "routed")}
+    tasks = task_set.tasks
+    configs = {k: score(tasks, run, large, names[1]) for k, run in (("small", small), ("large", large),
+                                                                     ("routed", routed))}
     return {"configs": configs,
-            "diff": {"vs_large": diff2x2(tasks, corr["routed"], corr["large"]),
-                     "vs_small": diff2x2(tasks, corr["routed"], corr["small"])},
-            "prompts": recs}
+            "diff": {"vs_large": diff2x2(tasks, correct(routed), correct(large)),
+                     "vs_small": diff2x2(tasks, correct(routed), correct(small))},
+            "prompts": prompt_records(tokenizer, task_set, small, large, routed)}

@@ -1,6 +1,6 @@
 """Run one configuration (a program) over the evaluation prompts through the offline API.
 
-Greedy decoding, so a configuration's outputs do not depend on the batch layout or the
+Greedy decoding (with the task set's stop strings), so a configuration's outputs do not depend on the batch layout or the
 concurrency (the runtime's differential tests prove that); only `tokens_per_s` does. The
 deployment is started, warmed up with one short request, timed over all prompts at the
 given concurrency, and stopped, so start-up and weight conversion are not in the figure.
@@ -14,10 +14,10 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from tokenrouter.compiler import ir
 from tokenrouter.eval.configs import EvalError
-from tokenrouter.eval.tasks import Task
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.loader import resolve_folder
@@ -37,6 +37,7 @@ class ConfigRun:
     wall_s: float
     rates: dict = field(default_factory=dict)
     consistent: bool = True
+    verdicts: list = field(default_factory=list)  # taskset.Verdict per output, once judged
 
     @property
     def tokens(self) -> int:
@@ -47,17 +48,18 @@ class ConfigRun:
         return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def encode_prompts(tokenizer, tasks: list[Task], chat: bool = True) -> list[list[int]]:
-    """Token ids of every task's prompt: wrapped as a user message in the model's chat
-    template when `chat` and the tokenizer has one, else the raw text."""
+def encode_prompts(tokenizer, messages: Sequence[str], chat: bool = True, response_prefix: str = "") -> list[list[int]]:
+    """Token ids of every prompt: each message as a user message in the model's chat template
+    followed by `response_prefix` (the start of the assistant's turn) when `chat` and the
+    tokenizer has a template, else the raw message and prefix."""
     use_chat = chat and bool(getattr(tokenizer, "chat_template", None))
     out = []
-    for t in tasks:
+    for m in messages:
         if use_chat:
-            text = tokenizer.apply_chat_template([{"role": "user", "content": t.prompt}], add_generation_prompt=True)
-            out.append(tokenizer.encode(text, add_special_tokens=False))
+            text = tokenizer.apply_chat_template([{"role": "user", "content": m}], add_generation_prompt=True)
+            out.append(tokenizer.encode(text + response_prefix, add_special_tokens=False))
         else:
-            out.append(tokenizer.encode(t.prompt))
+            out.append(tokenizer.encode(m + response_prefix))
     return out
 
 
@@ -73,7 +75,7 @@ def context_length(program: ir.Program, max_model_len: int | None = None) -> int
     return min(limit, max_model_len) if max_model_len else limit
 
 
-def check_fit(tasks: list[Task], ids: list[list[int]], limit: int) -> None:
+def check_fit(tasks: Sequence, ids: list[list[int]], limit: int) -> None:
     """Every prompt must leave room for at least one output token."""
     for t, p in zip(tasks, ids):
         if len(p) >= limit:
@@ -81,13 +83,13 @@ def check_fit(tasks: list[Task], ids: list[list[int]], limit: int) -> None:
                             f"(prompt and output together)")
 
 
-def run_program(program: ir.Program, label: str, ids: list[list[int]], tasks: list[Task], max_tokens: int,
-                concurrency: list[int], launch=None, use_tqdm: bool = True) -> ConfigRun:
+def run_program(program: ir.Program, label: str, ids: list[list[int]], tasks: Sequence, max_tokens: int,
+                concurrency: list[int], launch=None, use_tqdm: bool = True, stop: Sequence[str] = ()) -> ConfigRun:
     """Serve `program`, generate greedily for every prompt at each concurrency in turn (one
     deployment, so the rates see the same start-up and load), stop. Raises EvalError if any
     request failed (nothing is reported from a partial run)."""
     opts = dataclasses.replace(launch or LaunchOptions(), concurrency=max(concurrency))
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop=tuple(stop))
     runs = []
     log.info("%s: starting its subservers", label)
     with LLM(program, launch=opts) as llm:

@@ -18,16 +18,22 @@ the fitting prompts in data/prompts/ use) stands for `category`. A task without
 
 Blank lines and lines starting with `#` are skipped. Any other malformed line is a
 `TaskError` naming the file and line, raised before anything runs.
+
+`AnswerTaskSet` is these files as a task set (`taskset.py`): each prompt sent as it is, each
+output judged by its task's rule, metric `accuracy`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable, Sequence
+
+from tokenrouter.eval.taskset import Verdict, spread
 
 MATCH_RULES = ("exact", "number", "regex")
 SHIPPED_TASKS = os.path.join(os.path.dirname(__file__), "tasks.jsonl")
@@ -147,3 +153,39 @@ def is_correct(task: Task, output: str) -> bool | None:
         return math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9)
     phrase = r"\s+".join(re.escape(w) for w in task.answer.split())
     return re.search(rf"(?<!\w){phrase}(?!\w)", line, re.IGNORECASE) is not None
+
+
+DEFAULT_MAX_TOKENS = 32  # short answers: a number, a name, a line
+
+
+@dataclass(frozen=True)
+class AnswerTaskSet:
+    """Task files as a task set (see the module docstring)."""
+
+    paths: tuple[str, ...]
+    tasks: list
+    name: str = "answers"
+    metric: str = "accuracy"
+    response_prefix: str = ""
+    stop: tuple[str, ...] = ()
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+
+    @classmethod
+    def load(cls, paths: Sequence[str] | None = None) -> "AnswerTaskSet":
+        paths = tuple(paths or [SHIPPED_TASKS])
+        return cls(paths, load_all(paths))
+
+    def message(self, task: Task) -> str:
+        return task.prompt
+
+    def judge(self, texts: Sequence[str], label: str, use_tqdm: bool = True) -> list[Verdict]:
+        return [Verdict(is_correct(t, x)) for t, x in zip(self.tasks, texts)]
+
+    def fields(self, task: Task) -> dict[str, Any]:
+        return {"answer": task.answer, "match": task.match if task.answer else None, "category": task.category}
+
+    def subset(self, n: int) -> "AnswerTaskSet":
+        return dataclasses.replace(self, tasks=spread(self.tasks, n))
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "metric": self.metric, "files": [os.fspath(p) for p in self.paths]}
