@@ -363,3 +363,26 @@ def test_humaneval_without_its_extra_is_one_line_naming_the_install(tmp_path, pa
         evaluate(program_file(tmp_path, pair, "entropy(slm, normalized) > 0.3"), str(tmp_path / "o"),
                  tasks="humaneval", launch=LAUNCH, use_tqdm=False, log=lambda m: None)
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_the_later_concurrencies_are_timed_on_the_speed_subset_only(tmp_path, pair, monkeypatch):
+    """--speed-limit: the first concurrency runs every prompt (the scores), the others the
+    evenly spread subset, whose tokens are checked against the first run's."""
+    from tokenrouter.eval import run as run_mod
+    calls = []
+    real = run_mod.LLM.generate
+
+    def counting(self, prompts, *a, **kw):  # the real generate, its calls counted
+        calls.append((kw.get("concurrency"), len(prompts)))
+        return real(self, prompts, *a, **kw)
+
+    monkeypatch.setattr(run_mod.LLM, "generate", counting)
+    s = run_eval(tmp_path, pair, "entropy(slm, normalized) > 0.3", concurrency=[4, 1], speed_limit=3)
+    timed = [(c, n) for c, n in calls if c is not None]  # the warm-up passes no concurrency
+    assert timed == [(4, 11), (1, 3)] * 3  # small alone, large alone, routed
+    assert s["meta"]["speed_prompts"] == 3 and len(s["prompts"]) == 11
+    for c in s["configs"].values():
+        assert set(c["tokens_per_s_at"]) == {"4", "1"} and c["same_tokens_at_every_concurrency"] is True
+    with pytest.raises(EvalError, match="--speed-limit"):
+        run_eval(tmp_path, pair, "entropy(slm, normalized) > 0.3", speed_limit=0)

@@ -35,6 +35,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", default="8", metavar="C[,C...]",
                         help="requests in flight (default 8); several (1,8): each configuration is timed at "
                              "each, the first is the headline figure")
+    parser.add_argument("--speed-limit", type=int, default=None, metavar="N",
+                        help="time the concurrencies after the first on N prompts only, spread evenly (their tokens "
+                             "are checked against the first's); default: every prompt")
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="most tokens per answer (default: 32 for answer tasks, 512 for HumanEval)")
     parser.add_argument("--limit", type=int, default=None,
@@ -103,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
         summary = evaluate(args.files, out, prompts=args.prompts, params=params, model_paths=model_paths,
                            sweep=args.sweep, concurrency=concurrency, max_tokens=args.max_tokens, limit=args.limit,
                            small=args.small, large=args.large, chat=not args.no_chat, launch=launch, reuse=args.reuse,
-                           log=log, command=command, tasks=args.tasks, workers=args.workers, limits=limits)
+                           log=log, command=command, tasks=args.tasks, workers=args.workers, limits=limits,
+                           speed_limit=args.speed_limit)
         print(markdown(summary))
         return 0
     except (EvalError, LoadError, RuntimeUnavailable, MissingExtra, ValueError) as exc:

@@ -119,11 +119,12 @@ def evaluate(paths: str | Sequence[str], out: str, prompts: Sequence[str] | None
              limit: int | None = None, small: str | None = None, large: str | None = None, chat: bool = True,
              launch=None, model_paths: dict[str, str] | None = None, use_tqdm: bool = True, log=print,
              reuse: str | None = None, command: str | None = None, tasks: str = "shipped", workers: int = 2,
-             limits: Limits | None = None, sandbox: str = "auto") -> dict[str, Any]:
+             limits: Limits | None = None, sandbox: str = "auto", speed_limit: int | None = None) -> dict[str, Any]:
     """Run the evaluation and write its report into `out`; returns the summary (of the one
     program, or the comparison of several). With several concurrencies every configuration
     is timed at each (the first is the headline figure); `limit` keeps that many prompts
-    spread evenly over the task set; `max_tokens` defaults to the task set's."""
+    spread evenly over the task set; `speed_limit` times the concurrencies after the first on
+    that many of them only (spread likewise); `max_tokens` defaults to the task set's."""
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     sweeps = [sweep] if isinstance(sweep, str) else list(sweep or [])
     concurrency = [concurrency] if isinstance(concurrency, int) else list(concurrency)
@@ -135,6 +136,8 @@ def evaluate(paths: str | Sequence[str], out: str, prompts: Sequence[str] | None
         raise EvalError(f"--max-tokens must be >= 1, got {max_tokens}")
     if limit is not None and limit < 1:
         raise EvalError(f"--limit must be >= 1, got {limit}")
+    if speed_limit is not None and speed_limit < 1:
+        raise EvalError(f"--speed-limit must be >= 1, got {speed_limit}")
     task_set = load_task_set(tasks, prompts, limits, workers, sandbox, log)
     if limit is not None:
         task_set = task_set.subset(limit)
@@ -147,20 +150,23 @@ def evaluate(paths: str | Sequence[str], out: str, prompts: Sequence[str] | None
     check_fit(task_set.tasks, ids, context_length(first.program, getattr(launch, "max_model_len", None)))
 
     def run(prog, label) -> ConfigRun:
-        r = run_program(prog, label, ids, task_set.tasks, max_tokens, concurrency, launch, use_tqdm, task_set.stop)
+        r = run_program(prog, label, ids, task_set.tasks, max_tokens, concurrency, launch, use_tqdm, task_set.stop,
+                        speed_limit)
         r.verdicts = task_set.judge([o.text for o in r.outputs], label, use_tqdm)
         return r
 
     t0 = time.time()
     reused = {}
     if reuse:
-        reused = load_baselines(reuse, first.program, first.names, task_set, max_tokens, chat, concurrency)
+        reused = load_baselines(reuse, first.program, first.names, task_set, max_tokens, chat, concurrency,
+                                speed_prompts(len(ids), speed_limit))
         log(f"reusing {', '.join(sorted(reused)) or 'nothing'} from {reuse}")
         for r in reused.values():
             r.verdicts = task_set.judge([o.text for o in r.outputs], r.label, use_tqdm)
     small_run = reused.get("small") or run(alone(first.program, first.names[0]), f"small alone ({first.names[0]})")
     large_run = reused.get("large") or run(alone(first.program, first.names[1]), f"large alone ({first.names[1]})")
-    shared = dict(tokenizer=tokenizer, task_set=task_set, max_tokens=max_tokens, concurrency=concurrency, chat=chat,
+    shared = dict(tokenizer=tokenizer, task_set=task_set, max_tokens=max_tokens, concurrency=concurrency,
+                  speed=speed_prompts(len(ids), speed_limit), chat=chat,
                   model_paths=model_paths, params=params, reused={k: os.path.abspath(reuse) for k in reused},
                   command=command)
     summaries = []
@@ -184,7 +190,8 @@ def evaluate(paths: str | Sequence[str], out: str, prompts: Sequence[str] | None
 
 
 def program_summary(p: Plan, small_run: ConfigRun, large_run: ConfigRun, routed: ConfigRun, points, *, tokenizer,
-                    task_set, max_tokens, concurrency, chat, model_paths, params, reused, command, seconds) -> dict:
+                    task_set, max_tokens, concurrency, speed, chat, model_paths, params, reused, command,
+                    seconds) -> dict:
     """One program's summary.json (docs/eval.md, "Outputs")."""
     summary = summarize(tokenizer, task_set, small_run, large_run, routed, p.names)
     summary["sweep"] = None if not p.sweep_name else {
@@ -201,9 +208,15 @@ def program_summary(p: Plan, small_run: ConfigRun, large_run: ConfigRun, routed:
         "n_prompts": len(task_set.tasks), "n_answered": sum(c is not None for c in
                                                             (v.correct for v in large_run.verdicts)),
         "max_tokens": max_tokens, "concurrency": concurrency[0], "concurrencies": concurrency, "greedy": True,
+        "speed_prompts": speed,
         "chat_template": chat, "seconds": round(seconds, 1), "host": host_info(bandwidth=True),
-        "threads_note": "subservers divide the host's cores among themselves (see the launcher)"}
+        "threads_note": "subservers share the host's cores by need (docs/runtime.md, CPU deployment)"}
     return {k: summary[k] for k in ("meta", "configs", "diff", "sweep", "prompts")}
+
+
+def speed_prompts(n_prompts: int, speed_limit: int | None) -> int:
+    """How many prompts the concurrencies after the first are timed on."""
+    return min(n_prompts, speed_limit or n_prompts)
 
 
 def write_report(summary: dict[str, Any], out: str) -> None:

@@ -63,19 +63,21 @@ def as_model(run: ConfigRun, name: str) -> ConfigRun:
 
 
 def load_baselines(folder: str, program: ir.Program, names: tuple[str, str], task_set,
-                   max_tokens: int, chat: bool, concurrency: list[int]) -> dict[str, ConfigRun]:
+                   max_tokens: int, chat: bool, concurrency: list[int], speed: int | None = None
+                   ) -> dict[str, ConfigRun]:
     """{'small': ConfigRun, 'large': ConfigRun} for the baselines of `folder` that match (see
     the module docstring); the ones that do not match are left out. Their verdicts are not
     read: the caller judges their outputs again."""
     old = read_summary(folder, "--reuse")
     if "runs" in old.get("meta", {}):  # a comparison of several programs: its first program's run
         return load_baselines(os.path.join(folder, old["meta"]["runs"][0]["folder"]), program, names, task_set,
-                              max_tokens, chat, concurrency)
+                              max_tokens, chat, concurrency, speed)
     meta = old["meta"]
     tasks = task_set.tasks
     same_run = (computation(meta.get("task_set")) == computation(task_set.describe())
                 and meta["max_tokens"] == max_tokens and bool(meta.get("chat_template", True)) == chat
                 and meta.get("concurrencies", [meta["concurrency"]]) == concurrency
+                and (speed is None or meta.get("speed_prompts", len(old["prompts"])) == speed)
                 and [(r["id"], r["prompt"]) for r in old["prompts"]] == [(t.id, t.prompt) for t in tasks])
     if not same_run:
         return {}

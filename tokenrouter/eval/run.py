@@ -18,6 +18,7 @@ from typing import Sequence
 
 from tokenrouter.compiler import ir
 from tokenrouter.eval.configs import EvalError
+from tokenrouter.eval.taskset import spread
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.frontend.launch import LaunchOptions
 from tokenrouter.runtime.loader import resolve_folder
@@ -83,11 +84,19 @@ def check_fit(tasks: Sequence, ids: list[list[int]], limit: int) -> None:
                             f"(prompt and output together)")
 
 
+def speed_subset(n_prompts: int, speed_prompts: int | None) -> list[int]:
+    """The prompts (indices, evenly spread) the concurrencies after the first are timed on:
+    all of them, or `speed_prompts` of them."""
+    return spread(list(range(n_prompts)), speed_prompts or n_prompts)
+
+
 def run_program(program: ir.Program, label: str, ids: list[list[int]], tasks: Sequence, max_tokens: int,
-                concurrency: list[int], launch=None, use_tqdm: bool = True, stop: Sequence[str] = ()) -> ConfigRun:
-    """Serve `program`, generate greedily for every prompt at each concurrency in turn (one
-    deployment, so the rates see the same start-up and load), stop. Raises EvalError if any
-    request failed (nothing is reported from a partial run)."""
+                concurrency: list[int], launch=None, use_tqdm: bool = True, stop: Sequence[str] = (),
+                speed_prompts: int | None = None) -> ConfigRun:
+    """Serve `program`, generate greedily for every prompt at the first concurrency and for
+    `speed_subset` at each other one, in turn (one deployment, so the rates see the same
+    start-up and load), stop. Raises EvalError if any request failed (nothing is reported
+    from a partial run)."""
     opts = dataclasses.replace(launch or LaunchOptions(), concurrency=max(concurrency))
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop=tuple(stop))
     runs = []
@@ -95,14 +104,17 @@ def run_program(program: ir.Program, label: str, ids: list[list[int]], tasks: Se
     with LLM(program, launch=opts) as llm:
         log.info("%s: warming up with one short request", label)
         llm.generate([ids[0]], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)  # warm-up
-        for c in concurrency:
+        subset = speed_subset(len(ids), speed_prompts)
+        for k, c in enumerate(concurrency):
+            which = list(range(len(ids))) if k == 0 else subset
             t0 = time.perf_counter()
-            outs = llm.generate(ids, params, concurrency=c, use_tqdm=use_tqdm, desc=f"{label}, concurrency {c}")
-            runs.append((c, outs, time.perf_counter() - t0))
-            for t, o in zip(tasks, outs):
+            outs = llm.generate([ids[i] for i in which], params, concurrency=c, use_tqdm=use_tqdm,
+                                desc=f"{label}, concurrency {c}")
+            runs.append((c, which, outs, time.perf_counter() - t0))
+            for i, o in zip(which, outs):
                 if o.finish_reason == "error":
-                    raise EvalError(f"{label}: prompt {t.id!r} failed: {o.error}")
-    first = runs[0][1]
-    rates = {c: sum(len(o.token_ids) for o in outs) / wall if wall > 0 else 0.0 for c, outs, wall in runs}
-    consistent = all([o.token_ids for o in outs] == [o.token_ids for o in first] for _, outs, _ in runs)
-    return ConfigRun(label, first, runs[0][2], rates, consistent)
+                    raise EvalError(f"{label}: prompt {tasks[i].id!r} failed: {o.error}")
+    first = runs[0][2]
+    rates = {c: sum(len(o.token_ids) for o in outs) / wall if wall > 0 else 0.0 for c, _, outs, wall in runs}
+    consistent = all([o.token_ids for o in outs] == [first[i].token_ids for i in which] for _, which, outs, _ in runs)
+    return ConfigRun(label, first, runs[0][3], rates, consistent)
