@@ -16,8 +16,7 @@
   names, not types (a def, a class, an assignment, a parameter or a keyword argument
   anywhere in the module), so it cannot tell two classes of one module apart, and it
   leaves alone attributes of objects imported from outside the package (`os._exit`);
-- no module of the package is over 400 lines (read as text, not with `ast`), but the one
-  stated, temporary exception (OVER_MAX_FOR_NOW).
+- no module of the package is over 400 lines (read as text, not with `ast`).
 """
 
 from __future__ import annotations
@@ -333,9 +332,6 @@ def test_the_runtime_check_sees_what_it_is_for(tmp_path):
 # ------------------------------------------------------------ module size
 
 MAX_LINES = 400  # a longer module holds more than one concept: split it along a seam
-# Temporary: bench/runner.py (425 lines) is split by the lead after the runtime's seams
-# land (issue 37); remove this entry then. No other module is exempt.
-OVER_MAX_FOR_NOW = {"tokenrouter/bench/runner.py"}
 
 
 def long_modules(root: Path = PACKAGE) -> dict[str, int]:
@@ -345,10 +341,8 @@ def long_modules(root: Path = PACKAGE) -> dict[str, int]:
 
 
 def test_no_module_is_over_400_lines():
-    long = {p: n for p, n in long_modules().items() if p not in OVER_MAX_FOR_NOW}
+    long = long_modules()
     assert not long, f"over {MAX_LINES} lines: {long}"
-    stale = sorted(p for p in OVER_MAX_FOR_NOW if p not in long_modules())
-    assert not stale, f"{stale} no longer over {MAX_LINES} lines (or gone): remove it from OVER_MAX_FOR_NOW"
 
 
 def test_the_size_check_sees_what_it_is_for(tmp_path):

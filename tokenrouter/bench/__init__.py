@@ -12,7 +12,8 @@ the same prompts, so machine noise hits all of them alike and ratios come from o
   dispatcher over one server per model; `llamacpp_large`), serving GGUF exports of our weights;
 - `official.py`: CITER's own serving loop in `transformers` (`official`);
 - `tuning.py`: the profile, the tuned B_i and the tuner's predictions;
-- `runner.py`: the interleaved rounds, with a progress bar, and details.json's contents;
+- `runner.py`: the interleaved rounds, with a progress bar; `state.py`: the run's setup and
+  what its levels measured, which the steps pass each other; `documents.py`: details.json's contents;
 - `results.py`: statistics, the bound, peer agreement, `summary.json`, and writing both JSON files;
 - `plots.py`: the PNG plots;
 - `runlengths.py`, `runlength_check.py`: `tokenrouter bench runlength-check`, the run lengths

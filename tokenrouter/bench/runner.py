@@ -6,7 +6,7 @@ machine noise hits them alike; report the median round and ratios from the same 
 and each level's tuned B_i, the deployments' sizes), `_start_shared` (the deployments that
 live for the whole run, and their warm-up), `_measure_levels` (per level, `_measure_level`:
 the per-level llama.cpp peers, the calibration wave, the rounds; a level that fails is
-recorded in `failed_levels` and the next one runs), then `_details` and `_level_doc`
+recorded in `failed_levels` and the next one runs), then `details` and `level_doc`
 assemble details.json and `results.summary` the summary. Writing the files is the
 command's (`commands/bench.py`).
 """
@@ -39,6 +39,8 @@ from tokenrouter.bench.deploy import LockstepDeployment, RuntimeDeployment
 from tokenrouter.bench.llamacpp import LlamaCppLarge, LlamaCppStandard
 from tokenrouter.bench.official import CiterOfficial
 from tokenrouter.bench.vllm_peers import VllmLarge, VllmStandard
+from tokenrouter.bench.documents import details, level_doc
+from tokenrouter.bench.state import Measured, Setup, swept_batch
 
 
 @dataclass
@@ -102,8 +104,9 @@ def official_requests(requests: int, concurrency: int, waves: int | None) -> int
     return requests if waves is None else min(requests, max(1, waves) * concurrency)
 
 
-def _start(c: str, program, opts: BenchOptions, base, n: int, ctx: int, small: str, large: str):
+def _start(c: str, opts: BenchOptions, setup: Setup, n: int):
     """A running deployment of configuration c (n: the level, for the per-level peers)."""
+    program, base, ctx, small, large = setup.program, setup.base, setup.ctx, setup.small, setup.large
     cores = os.cpu_count() or 1
     if c == "lockstep":
         return LockstepDeployment(program, threads=opts.threads, num_blocks=base.num_blocks)
@@ -142,55 +145,6 @@ def _vocab(program) -> int:
     return sizes.pop()
 
 
-@dataclass
-class _Setup:
-    """What every step of a run reads: the program and its pair, the prompts, the tuned B_i
-    of each level, and the deployments' sizes."""
-
-    program: Any
-    small: str
-    large: str
-    writers: list[str]
-    levels: list[int]
-    cap: dict[int, int]  # the most requests one measurement at level N takes
-    ids: list[list[int]]  # the prompts, encoded
-    sampling: dict
-    measured: list[str]  # the configurations measured (all but the derived ones)
-    auto: list[str]  # the writers whose B_i the tuner chooses
-    profile: Any  # Profile | None
-    tuned: dict[int, dict[str, int]]  # level -> B_i
-    blocks: int  # KV blocks of a deployment
-    ctx: int  # context per slot of the llama.cpp servers
-    base: LaunchOptions
-    started: float  # time.time() when the run's clock started (after encoding the prompts)
-
-    def batch_of(self, c: str, n: int) -> dict[str, int] | None:
-        """B_i configuration `c` runs with at level `n` (None: as launched)."""
-        if c.startswith("tokenrouter@"):
-            return _swept_batch(self.writers, self.large, int(c.split("@")[1]))
-        return C.thresholds_for(c, self.program, self.tuned[n]) if c not in C.PER_LEVEL and c != "official" else None
-
-    def start(self, c: str, opts: BenchOptions, n: int):
-        return _start(c, self.program, opts, self.base, n, self.ctx, self.small, self.large)
-
-
-@dataclass
-class _Measured:
-    """What the per-level loop collected; a failed level keeps its reason and no rounds."""
-
-    raw: dict[int, dict[str, list]] = field(default_factory=dict)  # level -> configuration -> rounds
-    requests: dict[int, dict[str, int]] = field(default_factory=dict)  # level -> configuration -> requests
-    load: dict[int, dict[str, Any]] = field(default_factory=dict)
-    failed: dict[int, str] = field(default_factory=dict)
-    builds: dict[str, str] = field(default_factory=dict)  # llama.cpp peer -> its server's system_info
-
-
-def _swept_batch(writers: list[str], large: str, b: int) -> dict[str, int]:
-    batch = {w: 1 for w in writers}
-    batch[large] = b
-    return batch
-
-
 def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     """Returns (details, summary)."""
     setup = _prepare(opts)
@@ -202,14 +156,14 @@ def run_bench(opts: BenchOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     finally:
         _close_all(deployments)
         torch.set_num_threads(cores)
-    details = _details(opts, setup, measured, cores)
-    levels_doc = {n: _level_doc(n, measured, setup, opts) for n in measured.raw}
-    details["levels"] = {str(n): lv for n, lv in levels_doc.items()}
-    details["elapsed_s"] = time.time() - setup.started
-    return details, R.summary(levels_doc)
+    doc = details(opts, setup, measured, cores)
+    levels_doc = {n: level_doc(n, measured, setup, opts) for n in measured.raw}
+    doc["levels"] = {str(n): lv for n, lv in levels_doc.items()}
+    doc["elapsed_s"] = time.time() - setup.started
+    return doc, R.summary(levels_doc)
 
 
-def _prepare(opts: BenchOptions) -> _Setup:
+def _prepare(opts: BenchOptions) -> Setup:
     """Load the program and encode the prompts; then (on the run's clock) read or measure
     the profile when a configuration needs it, save it under `out_dir`, and tune each
     level's B_i."""
@@ -241,11 +195,11 @@ def _prepare(opts: BenchOptions) -> _Setup:
     blocks = num_blocks_for(opts, prompt_len)
     ctx = prompt_len + opts.max_tokens + 16
     base = LaunchOptions(mode=opts.mode, concurrency=max(levels), num_blocks=blocks)
-    return _Setup(program, small, large, writers, levels, cap, ids, sampling, measured, auto, profile, tuned, blocks,
+    return Setup(program, small, large, writers, levels, cap, ids, sampling, measured, auto, profile, tuned, blocks,
                   ctx, base, started)
 
 
-def _start_shared(deployments: dict[str, Any], setup: _Setup, opts: BenchOptions) -> None:
+def _start_shared(deployments: dict[str, Any], setup: Setup, opts: BenchOptions) -> None:
     """Start the deployments that live for the whole run into `deployments` (each as it
     starts, so the caller closes whichever did), then warm each up: first steps, allocator,
     code paths."""
@@ -254,9 +208,9 @@ def _start_shared(deployments: dict[str, Any], setup: _Setup, opts: BenchOptions
         if key in deployments or c in C.PER_LEVEL:
             continue
         _log(f"starting {key} ...")
-        deployments[key] = setup.start(c, opts, max(setup.levels))
+        deployments[key] = _start(c, opts, setup, max(setup.levels))
     if opts.sweep and "routed" not in deployments:
-        deployments["routed"] = setup.start("tokenrouter", opts, max(setup.levels))
+        deployments["routed"] = _start("tokenrouter", opts, setup, max(setup.levels))
     for key, d in deployments.items():
         d.measure(key, setup.ids[:2], workload.sampling(4), 2)
 
@@ -269,7 +223,7 @@ def _close_all(deployments: dict[str, Any]) -> None:
             _log(f"warning: closing a deployment failed: {exc}")
 
 
-def _plan(setup: _Setup, opts: BenchOptions) -> list[tuple[int, list[str]]]:
+def _plan(setup: Setup, opts: BenchOptions) -> list[tuple[int, list[str]]]:
     """(level, the configurations measured there): the sweep's tokenrouter@B at --sweep levels."""
     plan = []
     for n in setup.levels:
@@ -281,9 +235,9 @@ def _plan(setup: _Setup, opts: BenchOptions) -> list[tuple[int, list[str]]]:
     return plan
 
 
-def _measure_levels(deployments: dict[str, Any], setup: _Setup, opts: BenchOptions) -> _Measured:
+def _measure_levels(deployments: dict[str, Any], setup: Setup, opts: BenchOptions) -> Measured:
     plan = _plan(setup, opts)
-    out = _Measured()
+    out = Measured()
     total = sum(len(names) for _, names in plan) * opts.rounds
     bar = tqdm(total=total, desc="bench", unit="run", disable=not opts.progress)
     try:
@@ -294,8 +248,8 @@ def _measure_levels(deployments: dict[str, Any], setup: _Setup, opts: BenchOptio
     return out
 
 
-def _measure_level(n: int, names: list[str], deployments: dict[str, Any], setup: _Setup, opts: BenchOptions,
-                   out: _Measured, bar) -> None:
+def _measure_level(n: int, names: list[str], deployments: dict[str, Any], setup: Setup, opts: BenchOptions,
+                   out: Measured, bar) -> None:
     """Level `n` into `out`: start its per-level peers, calibrate, run the rounds. A level that
     fails (a peer server dying, say) is reported in `out.failed`; the others still run."""
     level_deps: dict[str, Any] = {}
@@ -317,16 +271,16 @@ def _measure_level(n: int, names: list[str], deployments: dict[str, Any], setup:
             d.close()
 
 
-def _start_level(level_deps: dict[str, Any], n: int, names: list[str], setup: _Setup, opts: BenchOptions) -> None:
+def _start_level(level_deps: dict[str, Any], n: int, names: list[str], setup: Setup, opts: BenchOptions) -> None:
     """Start and warm up the peers started once per level (`--parallel N`) into `level_deps`."""
     for c in names:
         if c in C.PER_LEVEL:
             _log(f"starting {c} (--parallel {n}) ...")
-            level_deps[c] = setup.start(c, opts, n)
+            level_deps[c] = _start(c, opts, setup, n)
             level_deps[c].measure(c, setup.ids[:2], workload.sampling(4), 2)
 
 
-def _calibrate(requests: dict[str, int], n: int, names: list[str], deps: dict[str, Any], setup: _Setup,
+def _calibrate(requests: dict[str, int], n: int, names: list[str], deps: dict[str, Any], setup: Setup,
                opts: BenchOptions) -> None:
     """Fill `requests` with each configuration's requests at level `n`: with steady_s, sized
     by the faster of two waves of requests as long as the measured ones, up to 128 tokens
@@ -343,7 +297,7 @@ def _calibrate(requests: dict[str, int], n: int, names: list[str], deps: dict[st
             requests[c] = official_requests(requests[c], n, opts.official_waves)
 
 
-def _rounds(n: int, names: list[str], deps: dict[str, Any], requests: dict[str, int], setup: _Setup,
+def _rounds(n: int, names: list[str], deps: dict[str, Any], requests: dict[str, int], setup: Setup,
             opts: BenchOptions, bar) -> dict[str, list]:
     """The interleaved rounds at level `n`, the order rotating each round: configuration -> measurements."""
     raw: dict[str, list] = {c: [] for c in names}
@@ -360,66 +314,3 @@ def _rounds(n: int, names: list[str], deps: dict[str, Any], requests: dict[str, 
                            f"{m.wall_s:.0f} s", file=sys.stderr)
             bar.update()
     return raw
-
-
-# ------------------------------------------------------------------ results
-
-
-def _details(opts: BenchOptions, setup: _Setup, measured: _Measured, cores: int) -> dict[str, Any]:
-    """details.json without its levels and elapsed time (filled in last)."""
-    return {"program": opts.file, "small": setup.small, "large": setup.large, "cores": cores,
-            "host": {**host_info(), "load_average_at_end": load_average()},
-            "workload": {"max_tokens": opts.max_tokens, "requests": measured.requests, "rounds": opts.rounds,
-                         "steady_s": opts.steady_s, "sampling": "greedy, stop tokens ignored"},
-            "deployment": {"mode": opts.mode, "num_blocks": setup.blocks,
-                           "threads": {"routed": "cores / local subservers (1 each on 2 cores)",
-                                       "lockstep_and_single_model": opts.threads,
-                                       "llamacpp_std": f"{max(1, cores // 2)} per server",
-                                       "llamacpp_large_and_official": opts.threads},
-                           "llama_server": opts.llama_server or "the xllamacpp wheel", "llamacpp_build": measured.builds},
-            "profile": tuning.slowdown_summary(setup.profile) if setup.profile is not None else None,
-            "elapsed_s": None, "levels": {}, "failed_levels": {str(n): why for n, why in measured.failed.items()}}
-
-
-def _level_doc(n: int, measured: _Measured, setup: _Setup, opts: BenchOptions) -> dict[str, Any]:
-    """One level of details.json from its rounds: each configuration's result, the bound,
-    ratios, agreement, the tuner's predictions and the sweep."""
-    per, profile, tuned = measured.raw[n], setup.profile, setup.tuned[n]
-    cfg = {c: R.config_result(ms) for c, ms in per.items() if not c.startswith("tokenrouter@")}
-    if "bound" in opts.configs and per.get("tokenrouter"):
-        med = R.median_round(per["tokenrouter"])
-        b = R.bound(n, profile, med)
-        if b and b["tokens_per_s"]:
-            cfg["bound"] = {"tokens_per_s": b["tokens_per_s"], "rounds_tokens_per_s": None, "bound": b,
-                            "tokenrouter_gap": R.gap(n, profile, med)}
-    tps = {c: v["tokens_per_s"] for c, v in cfg.items()}
-    lv = {"requests": measured.requests[n], "batch_thresholds": tuned, "configs": cfg, "ratios": R.ratios(tps),
-          "of_bound": R.of_bound(tps), "identical_outputs": R.identical_outputs(per),
-          "peer_agreement": R.peer_agreement(per), "load_average": measured.load.get(n)}
-    if profile is not None and setup.auto:
-        # the chain for the measured workload (prompts counted), and as the tuner sees it (decodes and extends)
-        ids = setup.ids[:measured.requests[n].get("tokenrouter", len(setup.ids))]
-        work = {"prompt_tokens": sum(map(len, ids)) / max(1, len(ids)), "request_tokens": opts.max_tokens}
-        lv["predicted"] = {"tokenrouter": tuning.predict(setup.program, profile, n, tuned, **work),
-                           "no_delay": tuning.predict(setup.program, profile, n, {w: 1 for w in setup.writers}, **work),
-                           "tokenrouter_without_prefills": tuning.predict(setup.program, profile, n, tuned)}
-    sw = {c: ms for c, ms in per.items() if c.startswith("tokenrouter@")}
-    if sw:
-        lv["sweep"] = _sweep_doc(n, sw, setup)
-    return lv
-
-
-def _sweep_doc(n: int, sw: dict[str, list], setup: _Setup) -> dict[str, Any]:
-    """The measured sweep of the large model's B at level `n`, each point with the tuner's prediction."""
-    pts = []
-    for c, ms in sorted(sw.items(), key=lambda kv: int(kv[0].split("@")[1])):
-        b = int(c.split("@")[1])
-        batch = _swept_batch(setup.writers, setup.large, b)
-        pred = tuning.predict(setup.program, setup.profile, n, batch) if setup.profile is not None else None
-        res = R.config_result(ms)
-        pts.append({"B": b, "tokens_per_s": res["tokens_per_s"], "rounds_tokens_per_s": res["rounds_tokens_per_s"],
-                    "predicted_tokens_per_s": (pred or {}).get("tokens_per_s")})
-    best = max(pts, key=lambda p: p["tokens_per_s"])
-    tuned_pt = next(p for p in pts if p["B"] == setup.tuned[n].get(setup.large, 1))
-    return {"model": setup.large, "points": pts, "best_measured_B": best["B"], "tuned_B": tuned_pt["B"],
-            "tuned_over_best": tuned_pt["tokens_per_s"] / best["tokens_per_s"]}
