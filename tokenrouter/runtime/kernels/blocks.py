@@ -25,6 +25,9 @@ float32. Other types (Q5_1, Q5_K, float) have no integer kernel here and are hel
 
 from __future__ import annotations
 
+import mmap
+import warnings
+
 import numpy as np
 import torch
 
@@ -48,9 +51,32 @@ def row_bytes(kind: str, k: int) -> int:
 
 class BlockRows:
     """A matrix [N, K] of ggml type `kind` as its raw blocks: `data` uint8 [N, row bytes]
-    (read only: often a memory map of the file). `dequantize(rows)` reads rows of it in C."""
+    (read only: often a memory map of the file, `from_file`). `dequantize(rows)` reads rows of
+    it in C."""
 
-    __slots__ = ("kind", "data", "shape")
+    __slots__ = ("kind", "data", "shape", "_map")
+
+    @classmethod
+    def from_file(cls, path: str, offset: int, kind: str, shape: tuple[int, int]) -> "BlockRows":
+        """The matrix at byte `offset` of the file, mapped read-only (its own mapping: only the
+        pages read count in the process's memory, and `release` gives them back)."""
+        n, k = shape
+        size = n * row_bytes(kind, k)
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        with open(path, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), size + offset - start, offset=start, access=mmap.ACCESS_READ)
+        with warnings.catch_warnings():  # read-only on purpose: nothing writes the file's blocks
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.frombuffer(mapped, dtype=torch.uint8, offset=offset - start, count=size)
+        rows = cls(kind, data.view(n, -1), shape)
+        rows._map = mapped
+        return rows
+
+    def release(self) -> None:
+        """Give back the pages of a file-mapped matrix read so far (they are read again from the
+        file if needed): after its codes were decoded for a kernel, nothing reads them."""
+        if self._map is not None and hasattr(self._map, "madvise"):
+            self._map.madvise(mmap.MADV_DONTNEED)
 
     def __init__(self, kind: str, data: torch.Tensor, shape: tuple[int, int]):
         if kind not in GGML_TYPES:
@@ -60,6 +86,7 @@ class BlockRows:
             raise ValueError(f"{kind} blocks of a [{n}, {k}] matrix are uint8 [{n}, {row_bytes(kind, k)}] with "
                              f"contiguous rows, not {data.dtype} {tuple(data.shape)}")
         self.kind, self.data, self.shape = kind, data, torch.Size(shape)
+        self._map = None
 
     def numel(self) -> int:
         return self.shape[0] * self.shape[1]
@@ -88,7 +115,7 @@ class BlockRows:
 
     def map_rows(self, fn) -> "BlockRows":
         """The same matrix with its rows reordered by `fn` (rows are whole blocks: moved as they are)."""
-        return BlockRows(self.kind, fn(self.data).contiguous(), tuple(self.shape))
+        return BlockRows(self.kind, fn(self.data).contiguous(), tuple(self.shape))  # a copy in memory
 
     def codes(self) -> QuantTensor | None:
         """The integer codes and per-group scales (module docstring), or None for a type no

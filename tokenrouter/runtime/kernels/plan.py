@@ -162,7 +162,7 @@ FLOAT_MARGIN = 1.10  # a kernel that needs its own copy of the matrix must win b
 # within FLOAT_MARGIN, the first of these wins: the C kernels before torch's int4 (which rounds
 # scales, zeros and output to bfloat16); among them int4dp/int4amx first, as chosen on AVX-512
 # BF16 hosts before int4avx2 existed, so those hosts' plans change only where it wins by 10%
-PREFERRED = ("int4dp", "int4amx", "int4avx2", "int4", "int8")
+PREFERRED = ("int4dp", "int4amx", "int4avx2", "int8avx2", "int4", "int8")
 
 
 def pick_kernel(best: dict[str, dict[int, float]], rows: list[int]) -> str:
