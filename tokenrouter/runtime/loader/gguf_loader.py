@@ -199,6 +199,10 @@ def read_gguf(path: str, native: bool = False):
     return config, weights, tokenizer
 
 
+def _rows(w, fn):
+    return w.map_rows(fn) if isinstance(w, BlockRows) else fn(w)
+
+
 def read_gguf_meta(path: str):
     """(config dict, Tokenizer) of a GGUF file, from its metadata alone (no tensor is read)."""
     _, config, tokenizer = _open(path)
