@@ -153,7 +153,7 @@ def quantised_head(src, head_quant: str, name: str = "lm_head.weight"):
         return quantize_int4_rows(src, name), False
     if head_quant in ("auto", "int8"):
         return quantize_int8(dequantized(src)), False
-    return dequantized(src), not isinstance(src, CODED)
+    return dequantized(src), True  # float32 holds codes' values exactly
 
 
 def quantize_int4_rows(src, name: str, chunk: int = 8192) -> QuantTensor:

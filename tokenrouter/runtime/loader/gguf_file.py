@@ -75,9 +75,11 @@ def read_header(path: str) -> tuple[dict[str, Any], list[TensorInfo]]:
         try:
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except ValueError:  # an empty file
-            raise LoadError(f"{path}: not a GGUF file (empty)") from None
+            raise LoadError(f"{path}: not a readable GGUF file (empty)") from None
     try:
         return _parse(buf, path)
+    except LoadError:
+        raise
     except (struct.error, IndexError, ValueError, UnicodeDecodeError) as exc:
         raise LoadError(f"{path}: not a readable GGUF file ({exc})") from None
     finally:
@@ -86,7 +88,7 @@ def read_header(path: str) -> tuple[dict[str, Any], list[TensorInfo]]:
 
 def _parse(buf, path: str) -> tuple[dict[str, Any], list[TensorInfo]]:
     if bytes(buf[:4]) != b"GGUF":
-        raise LoadError(f"{path}: not a GGUF file (no GGUF magic)")
+        raise LoadError(f"{path}: not a readable GGUF file (no GGUF magic)")
     c = _Cursor(buf, 4)
     version = c.scalar("<I")
     if version not in (2, 3):
