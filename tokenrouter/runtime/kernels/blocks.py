@@ -148,14 +148,23 @@ def _q4_k(b: np.ndarray, n: int, k: int) -> QuantTensor:
     """Q4_K as group-32 int4: 8 sub-blocks of 32 with 6-bit sc_j and m_j; sub-blocks 2i and
     2i+1 share 32 bytes of codes (low and high nibbles). w = d sc_j q - dmin m_j, the int4
     kernel's (q - 8) scale + zero with scale = d sc_j, zero = 8 scale - dmin m_j."""
-    from gguf.quants import Q4_K  # the 6-bit scales' packing, as the gguf package reads it
     d, dmin = _f16(b, 0)[:, None], _f16(b, 2)[:, None]
-    sc, mins = Q4_K.get_scale_min(np.ascontiguousarray(b[:, 4:16]))
+    sc, mins = _scales_k4(b[:, 4:16])
     scale = d * sc.astype(np.float32)
     zero = 8.0 * scale - dmin * mins.astype(np.float32)
     qs = b[:, 16:].reshape(-1, 4, 1, 32)
     codes = np.concatenate([qs & 0x0F, qs >> 4], axis=2)
     return QuantTensor("q4", _t(codes, n, k), _t(scale, n, k // 32), _t(zero, n, k // 32), 32, "Q4_K")
+
+
+def _scales_k4(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K's 6-bit scales and mins of its 8 sub-blocks from their 12 bytes: j < 4 in the low
+    6 bits of bytes j and j + 4; j >= 4 in the nibbles of byte j + 4 and the top 2 bits of
+    bytes j - 4 and j."""
+    lo, mid, hi = q[:, 0:4], q[:, 4:8], q[:, 8:12]
+    sc = np.concatenate([lo & 0x3F, (hi & 0x0F) | ((lo >> 6) << 4)], axis=1)
+    mins = np.concatenate([mid & 0x3F, (hi >> 4) | ((mid >> 6) << 4)], axis=1)
+    return sc, mins
 
 
 def _q5_0(b: np.ndarray, n: int, k: int) -> QuantTensor:
