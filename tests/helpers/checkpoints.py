@@ -273,3 +273,17 @@ def reference_encode(text: str, tokens: list[str], merges: list[str], specials: 
                     symbols[best:best + 2] = [symbols[best] + symbols[best + 1]]
                 ids.extend(vocab[s] for s in symbols)
     return ids
+
+
+def largest_logit_gap(ref, eng, prompts: list[list[int]], decodes: int) -> float:
+    """The largest |logit difference| between two engines over a prefill of `prompts` and
+    `decodes` greedy steps on `ref`'s tokens."""
+    a = ref.step([(i, x) for i, x in enumerate(prompts)]).logits
+    b = eng.step([(i, x) for i, x in enumerate(prompts)]).logits
+    gap = float((a - b).abs().max())
+    for _ in range(decodes):
+        nxt = a.argmax(-1).tolist()
+        a = ref.step([(i, [t]) for i, t in enumerate(nxt)]).logits
+        b = eng.step([(i, [t]) for i, t in enumerate(nxt)]).logits
+        gap = max(gap, float((a - b).abs().max()))
+    return gap

@@ -219,18 +219,7 @@ tile_rows(const int16_t *xq, const float *xs, int64_t k, int64_t r0, const int R
                     acc[r] = VFMA(VCVT(e[r]), VMUL(s, VF1(xs[(r0 + r) * groups + g])), acc[r]);
             }
         }
-        const int64_t c0 = col + h * LANES;
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            float *o = out + (r0 + r) * out_stride + c0;
-            if (c0 + LANES <= ncols) {
-                VSTORE(o, acc[r]);
-            } else if (c0 < ncols) { /* the last tile of an N that is not a multiple of 16 */
-                float tmp[LANES];
-                VSTORE(tmp, acc[r]);
-                memcpy(o, tmp, (size_t)(ncols - c0) * sizeof(float));
-            }
-        }
+        store_rows(acc, R, out, out_stride, r0, col + h * LANES, ncols);
     }
 }
 

@@ -144,6 +144,25 @@ typedef __m256 vf;
 #define VFMA _mm256_fmadd_ps
 #define VSTORE _mm256_storeu_ps
 #endif
+
+/* R rows' accumulators of outputs c0 .. c0 + LANES - 1 into out (row r0 + r at out +
+ * (r0 + r) * out_stride), only the columns below ncols (the last tile of an N that is not a
+ * multiple of 16) */
+static inline __attribute__((always_inline)) void store_rows(const vf *acc, const int R, float *out,
+                                                             int64_t out_stride, int64_t r0, int64_t c0,
+                                                             int64_t ncols) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        float *o = out + (r0 + r) * out_stride + c0;
+        if (c0 + LANES <= ncols) {
+            VSTORE(o, acc[r]);
+        } else if (c0 < ncols) {
+            float tmp[LANES];
+            VSTORE(tmp, acc[r]);
+            memcpy(o, tmp, (size_t)(ncols - c0) * sizeof(float));
+        }
+    }
+}
 #endif
 
 #endif
