@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
+from tokenrouter.bench.agreement import CODING_QUESTIONS, compare, llamacpp_top_logprobs, teacher_forced_logprobs
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.loader import load_model
 
@@ -30,8 +30,6 @@ pytestmark = pytest.mark.real_weights
 
 FILES = {"small": ("TOKENROUTER_CODER_SMALL", "/work/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
          "large": ("TOKENROUTER_CODER_LARGE", "/work/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")}
-PROMPTS = ["Write a python function is_prime(n).", "Reverse a linked list in C.",
-           "What does `git rebase -i` do?", "Write a SQL query for the ten largest orders."]
 STEPS, TOP = 32, 8
 # Measured on this project's 2-core Xeon (AVX-512 VNNI build of our kernels, the xllamacpp
 # wheel's AVX2 llama.cpp), 4 prompts x 32 positions, printed with -s:
@@ -53,39 +51,6 @@ def _file(which: str) -> str:
     return path
 
 
-def llamacpp_greedy(path: str, prompts: list[list[int]]) -> list[tuple[list[int], list[dict[int, float]]]]:
-    """Per prompt: llama.cpp's greedy tokens and, at each, {token: logprob} of its TOP best."""
-    httpx = pytest.importorskip("httpx")
-    pytest.importorskip("xllamacpp")
-    from tokenrouter.bench.llamacpp import LlamaCppServer
-    srv = LlamaCppServer(path, parallel=1, threads=2, ctx_per_slot=512, timeout=900)
-    out = []
-    try:
-        with httpx.Client(base_url=srv.url, timeout=900) as c:
-            for ids in prompts:
-                body = {"prompt": ids, "n_predict": STEPS, "temperature": 0.0, "return_tokens": True,
-                        "n_probs": TOP, "cache_prompt": False, "ignore_eos": True}
-                r = c.post("/completion", json=body).json()
-                tops = [{t["id"]: t["logprob"] for t in p["top_logprobs"]} for p in r["completion_probabilities"]]
-                out.append((r["tokens"], tops))
-    finally:
-        srv.close()
-    return out
-
-
-def ours_forced(m, prompts: list[list[int]], forced: list[list[int]]) -> list[torch.Tensor]:
-    """Per prompt: our log-probabilities [STEPS, V] reading llama.cpp's tokens (decode steps)."""
-    eng = Engine(m.config, m.weights, m.engine_options(kernel_plan="int4avx2", max_model_len=512, num_blocks=96))
-    out = []
-    for i, (p, toks) in enumerate(zip(prompts, forced)):
-        rows = [eng.step([(i, p)]).logits[0]]
-        for t in toks[:-1]:
-            rows.append(eng.step([(i, [t])]).logits[0])
-        eng.free(i)
-        out.append(torch.log_softmax(torch.stack(rows).double(), -1))
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("which", ["small", "large"])
@@ -94,21 +59,11 @@ def test_logits_and_greedy_tokens_agree_with_llamacpp_on_the_same_file(which):
     m = load_model(path, quant="native")
     tok = m.tokenizer
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True))
-               for q in PROMPTS]
-    theirs = llamacpp_greedy(path, prompts)
-    ours = ours_forced(m, prompts, [t for t, _ in theirs])
-    agree = total = 0
-    gaps, greedy_gaps = [], []
-    for (toks, tops), lp in zip(theirs, ours):
-        for pos, (t, top) in enumerate(zip(toks, tops)):
-            agree += int(lp[pos].argmax()) == t
-            total += 1
-            greedy_gaps.append(abs(float(lp[pos, t]) - top[t]))
-            ours_top = set(lp[pos].topk(TOP).indices.tolist())
-            gaps += [abs(float(lp[pos, j]) - v) for j, v in top.items() if j in ours_top]
-    rate = agree / total
-    print(f"\n{which}: greedy agreement {agree}/{total} = {rate:.3f}; |dlogprob| of llama.cpp's top-{TOP} "
-          f"(both rank them): max {max(gaps):.4f} mean {sum(gaps) / len(gaps):.4f} over {len(gaps)}; "
-          f"of its greedy token: max {max(greedy_gaps):.4f} mean {sum(greedy_gaps) / len(greedy_gaps):.4f}")
-    assert rate >= AGREEMENT, f"{agree} of {total} greedy tokens agree"
-    assert max(greedy_gaps) <= MAX_GREEDY_GAP and max(gaps) <= MAX_GAP
+               for q in CODING_QUESTIONS]
+    pytest.importorskip("xllamacpp")
+    theirs = llamacpp_top_logprobs(path, prompts, STEPS, TOP)
+    eng = Engine(m.config, m.weights, m.engine_options(kernel_plan="int4avx2", max_model_len=512, num_blocks=96))
+    r = compare(theirs, teacher_forced_logprobs(eng, prompts, [t for t, _ in theirs]))
+    print(f"\n{which}: {r}")
+    assert r["greedy_agree"] >= AGREEMENT * r["positions"], r
+    assert r["greedy_logprob_gap_max"] <= MAX_GREEDY_GAP and r["top_logprob_gap_max"] <= MAX_GAP, r

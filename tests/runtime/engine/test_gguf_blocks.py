@@ -125,3 +125,14 @@ def test_rescoring_from_blocks_uses_the_files_values(kind):
         again = before.clone()
         bindings.rescore_top(again, h, qt.codes, qt.scale, k)
         assert torch.equal(again, lg)
+
+
+def test_without_the_c_kernels_rows_are_read_by_the_gguf_package(monkeypatch):
+    """Where no compiler builds the kernels, the rows come from the `gguf` package's numpy
+    dequantisation: the same values."""
+    from tokenrouter.runtime.kernels import blocks
+    rows = BlockRows("Q6_K", torch.from_numpy(make_blocks("Q6_K", 6, 512, 11)), (6, 512))
+    ids = torch.tensor([4, 0, 4])
+    with_c = rows.dequantize(ids)
+    monkeypatch.setattr(blocks, "available", lambda: "no C compiler (the test says so)")
+    assert torch.equal(rows.dequantize(ids), with_c)

@@ -4,8 +4,10 @@
 map of the file's bytes: the embedding lookup dequantises the rows of the tokens it embeds
 and the head's rescoring the rows of its best candidates (`csrc/gguf_rows.c`, the `gguf`
 package's values bit for bit), so no float copy of either is ever made, and the pages of the
-file nobody reads stay on disk. The decoder's matrices are decoded once into integer codes
-with per-group scales (`codes`: a `quant.QuantTensor`) that the integer kernels pack:
+file nobody reads stay on disk (where the C kernels cannot be built, the `gguf` package's
+numpy dequantisation reads them, to the same values). The decoder's matrices are decoded once
+into integer codes with per-group scales (`codes`: a `quant.QuantTensor`) that the integer
+kernels pack:
 
 | type | block | QuantTensor | w |
 | --- | --- | --- | --- |
@@ -30,8 +32,10 @@ import warnings
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
 
-from tokenrouter.runtime.kernels.build import load
+from tokenrouter.runtime.kernels.build import available, load
 from tokenrouter.runtime.kernels.quant import QuantTensor
 
 # ggml's type ids, and per type (weights per block, bytes per block): the types gguf_rows.c reads
@@ -103,13 +107,17 @@ class BlockRows:
         K), or of the whole matrix."""
         ids = torch.arange(self.shape[0]) if rows is None else rows.reshape(-1).to(torch.int64).contiguous()
         k = self.shape[1]
-        out = torch.empty(ids.numel(), k, dtype=torch.float32)
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.shape[0]):
             raise IndexError(f"row index out of range for a matrix of {self.shape[0]} rows")
-        rc = load().tr_gguf_rows(GGML_TYPES[self.kind][0], self.data.data_ptr(), self.data.stride(0),
-                                 ids.data_ptr(), ids.numel(), k, out.data_ptr(), k, torch.get_num_threads())
-        if rc:
-            raise ValueError(f"the row reader refused {self.kind} rows of {k} weights")
+        if available() is not None:  # no C kernels here: the gguf package's numpy, the same values
+            rows_np = self.data.numpy()[ids.numpy()]
+            out = torch.from_numpy(gguf_dequantize(rows_np, GGMLQuantizationType[self.kind]).reshape(-1, k).copy())
+        else:
+            out = torch.empty(ids.numel(), k, dtype=torch.float32)
+            rc = load().tr_gguf_rows(GGML_TYPES[self.kind][0], self.data.data_ptr(), self.data.stride(0),
+                                     ids.data_ptr(), ids.numel(), k, out.data_ptr(), k, torch.get_num_threads())
+            if rc:
+                raise ValueError(f"the row reader refused {self.kind} rows of {k} weights")
         shape = (*((self.shape[0],) if rows is None else tuple(rows.shape)), k)
         return out.view(shape).to(dtype)
 
