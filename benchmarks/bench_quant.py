@@ -1,22 +1,27 @@
 """Quantised weights against llama.cpp, side by side in one run on the same GGUF file.
 
-The embedded SmolLM2-135M-Instruct Q4_1 GGUF, 2 threads everywhere, greedy, 32-token
-prompts and 128 new tokens per request (llama.cpp: `ignore_eos`, so both make exactly as
-many), batches 1, 4, 8 and 16. Configurations:
+The embedded SmolLM2-135M-Instruct Q4_1 GGUF by default, or any GGUF (`--model`: a path, or
+a built-in name made from one, such as Qwen's Q4_K_M files), 2 threads everywhere, greedy,
+32-token prompts and 128 new tokens per request (llama.cpp: `ignore_eos`, so both make
+exactly as many), batches 1, 4, 8 and 16. Configurations:
 
 - `none`: our engine on the file dequantised to float32 (the exact default);
-- `native`: the file's own Q4_1 blocks, one row-invariant kernel per shape (torch's int4
-  kernel or one of ours), chosen by the plan measured on this host at first load, the LM
-  head (the file's Q8_0 embedding) as int4 (`--head-quant` to change);
-- `int4`, `int8`: the float32 weights quantised on load (int4: min/max per group of 32);
+- `native`: the file's own blocks, one row-invariant kernel per shape (torch's int4
+  kernel or one of ours: 4-bit codes on int4avx2/int4dp/int4amx, Q5_0/Q8_0/Q6_K on
+  int8avx2), chosen by the plan measured on this host at first load, the LM head as int4
+  with its best candidates rescored from the file (`--head-quant` to change);
+- `int4`, `int8`: the file's values quantised on load (int4: 4-bit codes as they are, the
+  rest min/max per group of 32), read from the file's blocks;
 - `native-torch-attention`, `native-unfused`, `native-per-call`, `native-f32kv`,
   `native-torch-int4`, `native-int4dp`, `native-int4amx`, `native-int4avx2`,
-  `native-int4avx2-x8` (not run by default): `native` without the C decode-attention kernel,
+  `native-int4avx2-x8`, `native-file-head` (not run by default): `native` without the C decode-attention kernel,
   without the C element-wise ops between the matrix products (`fused_ops=False`), with the
   decode stack's layers as one call each (`decode_stack=False`), with a float32 KV cache, or
   with every matrix on torch's int4 kernel or on one of the C ones (`csrc/int4_matmul.c`:
   AVX-512 dot products, AMX tiles; `csrc/int4_avx2.c`: integer dot products, x at ~15 bits or,
-  opt-in, int8) instead of the measured plan, to measure what each gives;
+  opt-in, int8) instead of the measured plan, or with the LM head on the file's own codes
+  (`head_quant = native`: Q8_0/Q6_K on int8avx2, no rescoring) instead of int4, to measure
+  what each gives;
 - `llama.cpp`: upstream llama.cpp's server (the `xllamacpp` wheel, in its own process) with
   as many slots as concurrent requests, continuous batching, requests over loopback HTTP.
   The wheel is one build for every x86 CPU (AVX2); the JSON records each server's
@@ -29,7 +34,11 @@ many), batches 1, 4, 8 and 16. Configurations:
 Configurations alternate within each round, batch by batch, so the shared machine's load
 hits all alike; each runs whole waves of `batch` requests back to back for at least
 `--min-s` seconds (30 by default) at each batch in each round; the best round counts, and
-the load average is recorded with every figure. Tokens/s is end to end (prefill included)
+the load average is recorded with every figure. Each of ours records how long the load
+and the engine's build took (`load_s`, `engine_build_s`: the build measures the kernel plan
+on a model's first load, then reads it), and the JSON the bytes the model cache holds for
+the model (`cache_mb`: the entry without weights, and the float checkpoint where `none`
+made one). Tokens/s is end to end (prefill included)
 over all requests of those waves; ms/step is the mean
 decode step (ours: timed per step; llama.cpp: its own `predicted_per_token_ms`); ours also
 time their matrix products alone at the batch's rows (`ms_matrices`, `matrices_ms`) and what
@@ -68,7 +77,8 @@ VARIANTS = {"native-torch-attention": {"attention": "torch"}, "native-unfused": 
             "native-f32kv": {"kv_dtype": "float32"},
             "native-torch-int4": {"kernel_plan": "int4"}, "native-int4dp": {"kernel_plan": "int4dp"},
             "native-int4amx": {"kernel_plan": "int4amx"}, "native-int4avx2": {"kernel_plan": "int4avx2"},
-            "native-int4avx2-x8": {"kernel_plan": "int4avx2-x8"}}
+            "native-int4avx2-x8": {"kernel_plan": "int4avx2-x8"},
+            "native-file-head": {"head_quant": "native"}}
 FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
@@ -87,16 +97,37 @@ def rss_mb(pid: int | str = "self") -> float:
 
 # ------------------------------------------------------------------ ours
 
-def build_engine(quant: str, head_quant: str | None = None):
+def build_engine(quant: str, head_quant: str | None = None, model: str = "smollm2-135m", timing: dict | None = None):
+    """(LoadedModel, Engine) of `model` in format `quant` (a variant: native with its options);
+    the seconds the load and the engine's build took go into `timing`."""
     from tokenrouter.runtime.engine.engine import Engine
     from tokenrouter.runtime.loader import load_model
     variant = VARIANTS.get(quant, {})
     quant = "native" if variant else quant
-    m = load_model("smollm2-135m", quant="native" if quant == "native" else "none")
-    kw = {"head_quant": head_quant} if head_quant and quant != "none" else {}
+    t0 = time.perf_counter()
+    m = load_model(model, quant=quant)
+    t1 = time.perf_counter()
+    kw = {"head_quant": head_quant} if head_quant and quant != "none" and "head_quant" not in variant else {}
     eng = Engine(m.config, m.weights, m.engine_options(quant, max_model_len=PROMPT + NEW + 16, num_blocks=16 * 12 + 8,
                                                        **variant, **kw))
+    if timing is not None:
+        timing.update(load_s=t1 - t0, engine_build_s=time.perf_counter() - t1)
     return m, eng
+
+
+def cache_mb(model: str) -> dict:
+    """The MB the model cache holds for `model` (a GGUF): its entry without weights, and the
+    float checkpoint if one was made (by `none`, here or before)."""
+    from tokenrouter.runtime import cache
+    from tokenrouter.runtime.loader.builtin.registry import gguf_entry
+    from tokenrouter.runtime.loader.resolve import gguf_source
+    source, out = gguf_source(model), {}
+    for what, weights in (("without weights", False), ("float checkpoint", True)):
+        slug, key, _ = gguf_entry(source, weights=weights)
+        folder = cache.entry_path(slug, key)
+        if os.path.isdir(folder):
+            out[what] = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)) / 1e6
+    return out
 
 
 def steady(wave, min_s: float) -> dict:
@@ -168,17 +199,18 @@ def int4x_isa_or_none() -> str | None:
     return None if bindings.int4x_problem() else bindings.int4x_isa()
 
 
-def rss_child(quant: str, head_quant: str | None, threads: int) -> None:
+def rss_child(quant: str, head_quant: str | None, threads: int, model: str) -> None:
     """RSS after loading and one prefill + decode step, at the run's thread count: the kernel
     plan (and attention choice) the run measured are cached per thread count, so the child
     reads them instead of measuring its own, which would build float copies of every matrix
     and leave glibc holding them (a 1-thread child reported 1,462 MB for native, 722 once cached)."""
     torch.set_num_threads(threads)
-    _, eng = build_engine(quant, head_quant)
+    timing: dict = {}
+    _, eng = build_engine(quant, head_quant, model, timing)
     ps = prompts(1, eng.config.vocab_size)
     out = eng.step([(0, ps[0])])
     eng.step([(0, [int(out.logits.argmax())])])
-    print(json.dumps({"rss_mb": rss_mb(), "plans": {k: v for k, v in eng.kernel_plans.items()}}))
+    print(json.dumps({"rss_mb": rss_mb(), "plans": {k: v for k, v in eng.kernel_plans.items()}, **timing}))
 
 
 # ------------------------------------------------------------------ llama.cpp
@@ -236,8 +268,10 @@ def main() -> int:
                          "(default 30; --quick 3)")
     ap.add_argument("--llama-server", metavar="PATH",
                     help="a llama-server binary built on this host (-DGGML_NATIVE=ON), run as llama.cpp-native")
-    ap.add_argument("--head-quant", choices=("int4", "int8", "none"), default=None,
+    ap.add_argument("--head-quant", choices=("int4", "int8", "none", "native"), default=None,
                     help="the LM head's format in the quantised configurations (default: the engine's)")
+    ap.add_argument("--model", default="smollm2-135m",
+                    help="a GGUF file, or a built-in model made from one (default: the embedded SmolLM2)")
     ap.add_argument("--out", default="bench-results")
     ap.add_argument("--rss-child", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -245,9 +279,9 @@ def main() -> int:
     if a.min_s < 0:
         ap.error("--min-s must be >= 0")
     if a.rss_child:
-        rss_child(a.rss_child, a.head_quant, a.threads)
+        rss_child(a.rss_child, a.head_quant, a.threads, a.model)
         return 0
-    from tokenrouter.runtime.loader.builtin.registry import embedded_gguf
+    from tokenrouter.runtime.loader.resolve import gguf_source
     torch.set_num_threads(a.threads)  # (before the host line: its threaded bandwidth runs at this count)
     batches = [int(b) for b in (a.batches or ("1,8" if a.quick else "1,4,8,16")).split(",")]
     configs = [c for c in a.configs.split(",") if c]
@@ -259,7 +293,9 @@ def main() -> int:
         why = llama_server_problem(a.llama_server)
         if why:
             ap.error(f"llama.cpp-native: {why}")
-    gguf = embedded_gguf()
+    gguf = gguf_source(a.model)
+    if gguf is None:
+        ap.error(f"--model {a.model}: not a GGUF file or a built-in model made from one")
     res = {"host": {**host_info(), "torch": torch.__version__, "read_gb_per_s_threads": threaded_read_gb_s(),
                     "flags": [f for f in FLAGS if f in cpu_flags().split()], "int4avx2_isa": int4x_isa_or_none(),
                     "llama_cpp_build": None, "llama_cpp_native_build": None},  # each server's system_info
@@ -269,6 +305,7 @@ def main() -> int:
     print(f"host: {res['host']}", flush=True)
     run_rounds(res, gguf, batches, a)
     rss_of_formats(res, a)
+    res["cache_mb"] = cache_mb(a.model)
     summarise(res, batches)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "bench_quant.json"), "w") as f:
@@ -285,10 +322,12 @@ def run_rounds(res: dict, gguf: str, batches: list[int], a) -> None:
     ours = [c for c in (*OURS, *VARIANTS) if c in configs]
     engines, m = {}, None
     for q in ours:
-        t0 = time.perf_counter()
-        m, engines[q] = build_engine(q, a.head_quant)
-        res.setdefault("engine_build_s", {})[q] = time.perf_counter() - t0
-        print(f"built {q} in {res['engine_build_s'][q]:.1f} s", flush=True)
+        timing: dict = {}
+        m, engines[q] = build_engine(q, a.head_quant, a.model, timing)
+        for k, v in timing.items():
+            res.setdefault(k, {})[q] = v
+        print(f"loaded {q} in {timing['load_s']:.1f} s, built its engine in {timing['engine_build_s']:.1f} s",
+              flush=True)
     vocab = 49152 if m is None else m.config.vocab_size
     servers = {(name, b): LlamaCpp(gguf, b, a.threads, a.llama_server if name == "llama.cpp-native" else None)
                for name in LLAMAS if name in configs for b in batches}
@@ -317,12 +356,13 @@ def rss_of_formats(res: dict, a) -> None:
     """Each of our formats' RSS, alone in a fresh process (a variant is native's), and its plan."""
     for q in (q for q in OURS if q in res["configs"]):
         head = ["--head-quant", a.head_quant] if a.head_quant else []
-        out = subprocess.run([sys.executable, __file__, "--rss-child", q, "--threads", str(a.threads), *head],
-                             capture_output=True, text=True, timeout=900)
+        out = subprocess.run([sys.executable, __file__, "--rss-child", q, "--threads", str(a.threads), "--model",
+                              a.model, *head], capture_output=True, text=True, timeout=1800)
         if out.returncode == 0:
             info = json.loads(out.stdout.strip().splitlines()[-1])
             res["rss_mb"][q] = info["rss_mb"]
             res["plans"][q] = info["plans"]
+            res.setdefault("fresh_process_load_s", {})[q] = info["load_s"] + info["engine_build_s"]
         else:
             res["rss_mb"][q] = None
             print(out.stderr[-2000:], file=sys.stderr)
@@ -367,7 +407,7 @@ def plot(res: dict, batches: list[int], path: str) -> None:
         a_.set_ylabel(label)
     ax[0].legend(fontsize=8)
     h = res["host"]
-    fig.suptitle(f"SmolLM2-135M Q4_1, {res['threads']} threads, {h['cpu']}, read {h['read_gb_per_s']} GB/s, "
+    fig.suptitle(f"{res['gguf']}, {res['threads']} threads, {h['cpu']}, read {h['read_gb_per_s']} GB/s, "
                  f"load {h['load_average'][0]:.1f}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

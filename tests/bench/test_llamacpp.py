@@ -10,7 +10,6 @@ import os
 import numpy as np
 import pytest
 import torch
-from gguf import GGUFReader
 
 pytest.importorskip("xllamacpp")
 
@@ -57,7 +56,7 @@ def greedy_ours(folder: str, prompt: list[int], steps: int) -> list[int]:
 def smol_vocab_model(folder: str) -> str:
     """A tiny Llama-family model with SmolLM2's real tokenizer (merges, the "smollm"
     pre-tokenizer, the chat template), read from the embedded GGUF's metadata only."""
-    tok = tokenizer_from_gguf(read_metadata(GGUFReader(embedded_gguf())))
+    tok = tokenizer_from_gguf(read_metadata(embedded_gguf()))
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 32,
            "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
            "head_dim": 8, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 256,

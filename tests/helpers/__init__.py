@@ -14,5 +14,6 @@ sys.path, so these import the same way from every test folder.)
   `tokenrouter serve` as a subprocess (its command, waiting for it, stopping it).
 - `ports`: a free loopback port.
 - `fitting`: programs, prompt files and learnable pairs for the fit tests.
+- `intx`: the integer kernels' activation quantisation, reproduced in torch.
 - `cdp`: headless Chromium over the DevTools protocol (the eval report's browser test).
 """

@@ -126,7 +126,8 @@ def _llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 def write_gguf(path: str, model, config: dict, *, qtype: str = "F32", arch: str | None = None,
                pre: str = "gpt2", tokenizer_model: str = "gpt2", odd_tensor: str | None = None) -> None:
     """Write `model` as llama.cpp would: its names, its q/k permutation (Llama only), matrices
-    quantised to `qtype` (norms stay F32). `odd_tensor` stores that tensor as int32 instead."""
+    quantised to `qtype` (norms stay F32; a callable: each matrix's type from its GGUF name).
+    `odd_tensor` stores that tensor as int32 instead."""
     import gguf
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import quantize
@@ -175,9 +176,11 @@ def write_gguf(path: str, model, config: dict, *, qtype: str = "F32", arch: str 
             a = _llamacpp_permute(a, config["num_key_value_heads"])
         if odd_tensor == name:
             w.add_tensor(gname, a.astype(np.int32), raw_dtype=Q.I32)
-        elif a.ndim == 2 and qtype != "F32":
-            # "Q4_K_M": Q4_K, with v and down projections in Q6_K, as llama.cpp's mixes do
-            kind = "Q6_K" if qtype == "Q4_K_M" and gname.endswith(("attn_v.weight", "ffn_down.weight")) else \
+        elif a.ndim == 2 and (callable(qtype) or qtype != "F32"):
+            # "Q4_K_M": Q4_K, with v and down projections in Q6_K, as llama.cpp's mixes do; a
+            # callable gives each tensor's type by its GGUF name (a mix such as Qwen's own files)
+            kind = qtype(gname) if callable(qtype) else \
+                "Q6_K" if qtype == "Q4_K_M" and gname.endswith(("attn_v.weight", "ffn_down.weight")) else \
                 "Q4_K" if qtype == "Q4_K_M" else qtype
             q = getattr(Q, kind)
             w.add_tensor(gname, K_QUANTIZERS[kind](a) if kind in K_QUANTIZERS else quantize(a, q), raw_dtype=q)
@@ -270,3 +273,17 @@ def reference_encode(text: str, tokens: list[str], merges: list[str], specials: 
                     symbols[best:best + 2] = [symbols[best] + symbols[best + 1]]
                 ids.extend(vocab[s] for s in symbols)
     return ids
+
+
+def largest_logit_gap(ref, eng, prompts: list[list[int]], decodes: int) -> float:
+    """The largest |logit difference| between two engines over a prefill of `prompts` and
+    `decodes` greedy steps on `ref`'s tokens."""
+    a = ref.step([(i, x) for i, x in enumerate(prompts)]).logits
+    b = eng.step([(i, x) for i, x in enumerate(prompts)]).logits
+    gap = float((a - b).abs().max())
+    for _ in range(decodes):
+        nxt = a.argmax(-1).tolist()
+        a = ref.step([(i, [t]) for i, t in enumerate(nxt)]).logits
+        b = eng.step([(i, [t]) for i, t in enumerate(nxt)]).logits
+        gap = max(gap, float((a - b).abs().max()))
+    return gap

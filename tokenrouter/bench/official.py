@@ -29,7 +29,7 @@ from tokenrouter.compiler.backend.interpreter import Interpreter, RequestStep
 from tokenrouter.compiler.needs import writer_needs
 from tokenrouter.extras import require
 from tokenrouter.protocol.sampling import SamplingParams
-from tokenrouter.runtime.loader import resolve_folder
+from tokenrouter.runtime.loader import checkpoint_folder
 
 from tokenrouter.bench.configs import small_and_large
 from tokenrouter.bench.deploy import Measurement
@@ -63,7 +63,7 @@ class CiterOfficial:
         torch.set_num_threads(threads)
         self.models = {}
         for m in program.models:
-            _, folder = resolve_folder(m.path)
+            _, folder = checkpoint_folder(m.path)
             self.models[m.name] = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
         self.pad = 0
 

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from tokenrouter.compiler.pipeline import load_program, with_quant
 from tokenrouter.runtime.host import host_info, load_average
 from tokenrouter.runtime.frontend.launch import LaunchOptions
-from tokenrouter.runtime.loader import model_facts, resolve_folder
+from tokenrouter.runtime.loader import checkpoint_folder, model_facts, resolve_folder
 from tokenrouter.runtime.loader.gguf_export import exported_gguf
 from tokenrouter.runtime.loader import program_tokenizer
 
@@ -119,9 +119,9 @@ def _start(c: str, opts: BenchOptions, setup: Setup, n: int):
         return RuntimeDeployment(C.on_vllm(program, large), base)
     if c == "vllm_large":
         m = program.model(large)
-        return VllmLarge(resolve_folder(m.path)[1], m.dtype, opts.threads, max(256, ctx), max(opts.concurrency))
+        return VllmLarge(checkpoint_folder(m.path)[1], m.dtype, opts.threads, max(256, ctx), max(opts.concurrency))
     if c == "vllm_std":
-        return VllmStandard(program, {m.name: resolve_folder(m.path)[1] for m in program.models}, max(256, ctx),
+        return VllmStandard(program, {m.name: checkpoint_folder(m.path)[1] for m in program.models}, max(256, ctx),
                             max(opts.concurrency), _vocab(program))
     if c in C.PER_LEVEL:
         if c == "llamacpp_large":

@@ -33,7 +33,7 @@ from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.engine.grammar import Grammars, GrammarState
 from tokenrouter.runtime.engine.logits import LogitsRow, process_logits
 from tokenrouter.runtime.engine.sampler import SamplingParams, sample
-from tokenrouter.runtime.loader import load_model, program_tokenizer, quant_options, resolve_folder
+from tokenrouter.runtime.loader import checkpoint_folder, load_model, program_tokenizer, quant_options
 from tokenrouter.runtime.vllm.logits import VllmLogits
 
 
@@ -71,7 +71,7 @@ class Reference:
         for m in program.models:
             if m.engine == "vllm":
                 self.engines[m.name] = self.shared.get(m.name) or VllmLogits(
-                    resolve_folder(m.path)[1], m.dtype, m.tensor_parallel, max_model_len)
+                    checkpoint_folder(m.path)[1], m.dtype, m.tensor_parallel, max_model_len)
                 continue
             dtype = getattr(torch, m.dtype)
             lm = (models or {}).get(m.name) or load_model(m.path, dtype=dtype, quant=m.quant)

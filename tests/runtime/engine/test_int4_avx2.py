@@ -23,6 +23,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.intx import LEVELS, quantize_ref
 from tokenrouter.runtime.kernels import bindings, build
 from tokenrouter.runtime.kernels.linear import PlannedLinear
 from tokenrouter.runtime.kernels.plan import choose, measure, pick_kernel, row_invariant
@@ -33,7 +34,6 @@ pytestmark = pytest.mark.skipif(HOST is not None, reason=f"no integer int4 kerne
 
 EMULATIONS = {"vnni-emulated": ("TR_I4X_ISA=2", "TR_I4X_EMULATE_VNNI"), "avx512-emulated": ("TR_I4X_EMULATE_512",)}
 PATHS = ["host", *EMULATIONS]
-LEVELS = {8: 127.0, 16: 32258.0}
 
 
 def _lib(path: str):
@@ -83,19 +83,6 @@ FORMATS = {"q4_0": q4_0, "q4_1": q4_1, "q4_k": q4_k}
 
 
 # ------------------------------------------------------------------ references
-
-def quantize_ref(x: torch.Tensor, xbits: int):
-    """The activations' quantisation in torch, float32 op for op as the kernel does it:
-    dx = amax / L, Q = round_half_even(x * (L / amax)), sx = dx sum Q."""
-    rows, k = x.shape
-    lv = LEVELS[xbits]
-    xg = x.to(torch.float32).view(rows, k // 32, 32)
-    a = xg.abs().amax(-1)
-    inv = torch.where(a > 0, torch.tensor(lv) / torch.where(a > 0, a, torch.ones_like(a)), torch.zeros_like(a))
-    q = torch.round(xg * inv.unsqueeze(-1)).to(torch.int32)
-    dx = a / lv
-    return q.view(rows, k), dx, dx * q.sum(-1).to(torch.float32)
-
 
 def reference(qt: QuantTensor, x: torch.Tensor, xbits: int):
     """(y, size) in float64: the product of the float16 s, m weights and the quantised x (what

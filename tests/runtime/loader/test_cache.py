@@ -55,3 +55,47 @@ def test_two_processes_building_at_once(tmp_path, tmp_cache):
     assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
     assert len({o[0] for o in outs}) == 1  # same folder, same weights
     assert len(_entries(tmp_cache)) == 1  # no temporary folders left behind
+
+
+def test_a_quantised_load_and_the_facts_cache_no_weights(tmp_path, tmp_cache):
+    """native, int4, int8 and the compiler's model facts read a GGUF's weights from the file:
+    the cache gets one entry without weights (config, tokenizer, the file's identity), a few
+    KiB; quant=none adds the float checkpoint."""
+    from tokenrouter.compiler.weights.files import folder_fingerprint
+    from tokenrouter.runtime.loader import model_facts
+    config = hf_config("qwen2", tie=False)
+    path = str(tmp_path / "m.gguf")
+    write_gguf(path, transformers_model(config, seed=3), config, qtype="Q8_0")
+    for quant in ("native", "int4", "int8"):
+        assert load_model(path, quant=quant).source == os.path.realpath(path)
+    facts = model_facts(path, True)
+    assert facts.tokenizer and _entries(tmp_cache) == [os.path.basename(facts.folder)]
+    assert sorted(os.listdir(facts.folder)) == ["cache_key.json", "config.json", "derived.json", "tokenizer.json",
+                                               "tokenizer_config.json"]
+    assert sum(os.path.getsize(os.path.join(facts.folder, f)) for f in os.listdir(facts.folder)) < 64 << 10
+    floats = load_model(path)
+    assert os.path.isfile(os.path.join(floats.folder, "model.safetensors")) and len(_entries(tmp_cache)) == 2
+    # the fingerprint names the file's weights: another file with the same config differs
+    other = str(tmp_path / "other" / "m.gguf")
+    os.makedirs(os.path.dirname(other))
+    write_gguf(other, transformers_model(config, seed=4), config, qtype="Q8_0")
+    assert folder_fingerprint(facts.folder) != folder_fingerprint(model_facts(other, True).folder)
+
+
+@pytest.mark.parametrize("quant", ["int4", "int8"])
+def test_int4_and_int8_of_a_gguf_quantise_its_dequantised_values(tmp_path, tmp_cache, quant):
+    """Read from the file's blocks and dequantised in memory, the values int4/int8 quantise are
+    the float checkpoint's: the same engine, bit for bit (with a float head: by default a
+    GGUF's requantised head also rescores its best logits from the file's rows, which a float
+    checkpoint has not)."""
+    from tokenrouter.runtime.engine.engine import Engine
+    from tokenrouter.runtime.engine.options import EngineOptions
+    config = hf_config("llama", tie=False)
+    path = str(tmp_path / "m.gguf")
+    write_gguf(path, transformers_model(config, seed=5), config, qtype="Q8_0")
+    opts = EngineOptions(block_size=4, num_blocks=32, max_model_len=64, quant=quant, kernel_plan="onednn",
+                         head_quant="none")
+    from_file = Engine(*(lambda m: (m.config, m.weights))(load_model(path, quant=quant)), opts)
+    from_floats = Engine(*(lambda m: (m.config, m.weights))(load_model(path)), opts)
+    batch = [(0, [3, 4, 5, 6]), (1, [9, 8])]
+    assert torch.equal(from_file.step(batch).logits, from_floats.step(batch).logits)

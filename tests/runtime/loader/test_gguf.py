@@ -101,3 +101,27 @@ def test_missing_and_garbage_files(tmp_path, tmp_cache):
     bad.write_bytes(b"not a gguf at all" * 10)
     with pytest.raises(LoadError, match="not a readable GGUF"):
         load_model(str(bad))
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0", "Q4_K_M"])
+def test_the_header_reader_gives_what_the_gguf_package_reads(tmp_path, qtype):
+    """`gguf_file.read_header` (one pass over the header) against the `gguf` package's reader:
+    the same metadata values and the same tensors, types, shapes and data offsets."""
+    import gguf
+
+    from tokenrouter.runtime.loader.gguf_file import read_header
+    config = {**hf_config("qwen2", tie=False), "hidden_size": 256, "intermediate_size": 512, "head_dim": 64}
+    path = str(tmp_path / "m.gguf")
+    write_gguf(path, transformers_model(config, seed=4), config, qtype=qtype)
+    meta, tensors = read_header(path)
+    reader = gguf.GGUFReader(path)
+    assert meta == {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert [(t.name, t.kind, t.shape, t.offset, t.nbytes) for t in tensors] == \
+        [(t.name, t.tensor_type.name, tuple(int(d) for d in t.shape), t.data_offset, t.n_bytes) for t in reader.tensors]
+    data = open(path, "rb").read()
+    (tmp_path / "cut.gguf").write_bytes(data[:len(data) - 100])
+    with pytest.raises(LoadError, match="runs past the end of the file"):
+        read_header(str(tmp_path / "cut.gguf"))
+    (tmp_path / "head.gguf").write_bytes(data[:3000])
+    with pytest.raises(LoadError, match="not a readable GGUF"):
+        read_header(str(tmp_path / "head.gguf"))

@@ -11,10 +11,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.helpers.checkpoints import hf_config, transformers_model, write_gguf
+from tests.helpers.checkpoints import hf_config, largest_logit_gap, transformers_model, write_gguf
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.engine.options import EngineOptions
 from tokenrouter.runtime.kernels.bindings import int4dp_problem
+from tokenrouter.runtime.kernels.blocks import BlockRows
+from tokenrouter.runtime.kernels.linear import PlannedParts
 from tokenrouter.runtime.kernels.plan import row_invariant
 from tokenrouter.runtime.kernels.quant import QuantError, QuantTensor, quantize_int4, quantize_int8
 from tokenrouter.runtime.loader import LoadError, UnsupportedQuantization, load_model, quant_options
@@ -51,19 +53,12 @@ def test_native_int4_with_float32_activations_equals_the_dequantised_engine(tmp_
     path = _gguf(tmp_path, family, qtype)
     ref = _engine(load_model(path))  # quant=none: the gguf package's dequantisation, float32
     native = load_model(path, quant="native")
-    assert isinstance(native.weights["model.layers.0.mlp.down_proj.weight"], QuantTensor)
+    down = native.weights["model.layers.0.mlp.down_proj.weight"]  # the file's blocks, read in place
+    assert isinstance(down, BlockRows) and isinstance(down.codes(), QuantTensor)
     eng = _engine(native, quant="native", act_dtype=torch.float32, kernel_plan=kernel, fused_ops=fused_ops)
     # every matrix, the tied Q4 head included, runs on the kernel
     assert {k for plan in eng.kernel_plans.values() for _, k in plan} == {kernel}
-    p = _prompts(3, 11)
-    a = ref.step([(i, x) for i, x in enumerate(p)]).logits
-    b = eng.step([(i, x) for i, x in enumerate(p)]).logits
-    assert (a - b).abs().max() < 1e-5
-    for _ in range(4):  # decode steps
-        nxt = a.argmax(-1).tolist()
-        a = ref.step([(i, [t]) for i, t in enumerate(nxt)]).logits
-        b = eng.step([(i, [t]) for i, t in enumerate(nxt)]).logits
-        assert (a - b).abs().max() < 1e-5
+    assert largest_logit_gap(ref, eng, _prompts(3, 11), 4) < 1e-5
 
 
 K_SHAPES = {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64}  # K-quant blocks hold 256 inputs
@@ -79,29 +74,24 @@ def test_native_q4_k_on_the_int4_kernel_equals_the_dequantised_engine(tmp_path, 
     assert native.weights["model.layers.1.mlp.down_proj.weight"].source == "Q4_K"
     eng = _engine(native, quant="native", act_dtype=torch.float32, kernel_plan="int4", fused_ops=fused_ops)
     assert {k for plan in eng.kernel_plans.values() for _, k in plan} == {"int4"}
-    p = _prompts(3, 11)
-    a = ref.step([(i, x) for i, x in enumerate(p)]).logits
-    b = eng.step([(i, x) for i, x in enumerate(p)]).logits
-    assert (a - b).abs().max() < 1e-5
-    for _ in range(3):
-        nxt = a.argmax(-1).tolist()
-        a = ref.step([(i, [t]) for i, t in enumerate(nxt)]).logits
-        b = eng.step([(i, [t]) for i, t in enumerate(nxt)]).logits
-        assert (a - b).abs().max() < 1e-5
+    assert largest_logit_gap(ref, eng, _prompts(3, 11), 3) < 1e-5
 
 
-def test_a_q4_k_m_mix_runs_natively_with_its_q6_k_matrices_in_float(tmp_path, tmp_cache):
-    """llama.cpp's Q4_K_M puts v and down projections in Q6_K (6-bit codes, no kernel here):
-    quant=native holds those as their exact float32 values, runs the Q4_K ones on int4, and
-    the whole model matches the dequantised float engine."""
+def test_a_q4_k_m_mix_runs_natively_with_q_k_and_v_in_two_formats(tmp_path, tmp_cache):
+    """llama.cpp's Q4_K_M puts v and down projections in Q6_K: quant=native holds them as their
+    codes (int8 with a float32 scale per 16, exactly the file's values), runs the Q4_K ones on
+    int4, keeps q/k (Q4_K) and v (Q6_K) as two parts of one fused matrix, and with float32
+    activations (the Q6_K parts then on a float kernel) matches the dequantised float engine."""
     path = _gguf(tmp_path, "llama", "Q4_K_M", **K_SHAPES)
     floats, native = load_model(path), load_model(path, quant="native")
     down, up = "model.layers.0.mlp.down_proj.weight", "model.layers.0.mlp.up_proj.weight"
-    assert not isinstance(native.weights[down], QuantTensor) and torch.equal(native.weights[down], floats.weights[down])
+    assert torch.equal(native.weights[down].codes().dequantize(), floats.weights[down])
     assert native.weights[up].source == "Q4_K"
     eng = _engine(native, quant="native", act_dtype=torch.float32, kernel_plan="int4")
     kinds = {key: k for key, plan in eng.kernel_plans.items() for _, k in plan}
-    assert kinds["256x512:f32"] != "int4" and kinds["1024x256:q4g32"] == "int4"  # down float, gate|up int4
+    assert kinds["1024x256:q4g32"] == "int4" and kinds["256x512:q8g16"] in ("onednn", "mkl", "linear")
+    qkv = eng.model.layers[0].qkv
+    assert isinstance(qkv, PlannedParts) and [p.key for p in qkv.parts] == ["384x256:q4g32", "128x256:q8g16"]
     ref = _engine(floats)
     p = _prompts(2, 9)
     a = ref.step([(i, x) for i, x in enumerate(p)]).logits
@@ -113,14 +103,14 @@ def test_gguf_blocks_unpack_to_the_gguf_package_dequantisation(tmp_path, tmp_cac
     path = _gguf(tmp_path, "llama", "Q8_0")
     floats, native = load_model(path), load_model(path, quant="native")
     for name in ("model.layers.1.mlp.up_proj.weight", "model.layers.0.self_attn.k_proj.weight"):
-        qt = native.weights[name]
+        qt = native.weights[name].codes()
         assert qt.source == "Q8_0" and qt.codes.dtype == torch.int8
         assert torch.equal(qt.dequantize(), floats.weights[name])  # k rows un-permuted like the floats
     path = _gguf(tmp_path, "llama", "Q4_K", **K_SHAPES)
     floats, native = load_model(path), load_model(path, quant="native")
     for name in ("model.layers.1.mlp.down_proj.weight", "model.layers.0.self_attn.k_proj.weight",
                  "model.embed_tokens.weight"):
-        qt = native.weights[name]
+        qt = native.weights[name].codes()
         assert qt.source == "Q4_K" and qt.group == 32
         # (q - 8) scale + zero rounds once more than gguf's d sc q - dmin m
         torch.testing.assert_close(qt.dequantize(), floats.weights[name], rtol=0, atol=1e-6)
@@ -183,8 +173,8 @@ def test_a_matrix_on_the_int4_kernel_alone_keeps_no_float_copy(tmp_path, tmp_cac
 
 
 def test_unsupported_block_type_names_the_tensor_and_the_type(tmp_path, tmp_cache):
-    path = _gguf(tmp_path, qtype="Q5_0")
-    with pytest.raises(UnsupportedQuantization, match=r"GGUF tensor .token_embd\.weight. is stored as Q5_0"):
+    path = _gguf(tmp_path, qtype="TQ1_0", **K_SHAPES)  # ternary blocks: no row reader here
+    with pytest.raises(UnsupportedQuantization, match=r"GGUF tensor .token_embd\.weight. is stored as TQ1_0"):
         load_model(path, quant="native")
     assert load_model(path).weights  # quant=none still dequantises it
 

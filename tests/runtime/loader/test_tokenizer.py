@@ -4,7 +4,6 @@ pure-Python encoder following llama.cpp's "smollm" rules, and transformers' own 
 
 import json
 
-import gguf
 import pytest
 
 from tests.helpers.checkpoints import CHATML, SPECIALS, reference_encode, tiny_tokenizer_json, tiny_vocab
@@ -33,7 +32,7 @@ STRINGS = [
 
 @pytest.fixture(scope="module")
 def smollm():
-    meta = read_metadata(gguf.GGUFReader(embedded_gguf()))
+    meta = read_metadata(embedded_gguf())
     return tokenizer_from_gguf(meta), meta
 
 

@@ -22,9 +22,10 @@ from tokenrouter.runtime.engine.layers import LinearWeight, Rotary, interleave, 
 from tokenrouter.runtime.engine.stack import build_stack, segments
 from tokenrouter.runtime.kernels import bindings
 from tokenrouter.runtime.kernels.build import available
-from tokenrouter.runtime.engine.weights import (WeightError, check_formats, embedding_codes, fuse, map_rows,
+from tokenrouter.runtime.engine.weights import (CODED, WeightError, check_formats, embedding_codes, map_rows,
                                                 matrix_format, quantised_head, reader)
-from tokenrouter.runtime.kernels.linear import C_INT_KERNELS, INT_KERNELS, PlannedLinear
+from tokenrouter.runtime.kernels.blocks import GGML_TYPES, BlockRows
+from tokenrouter.runtime.kernels.linear import C_INT_KERNELS, INT_KERNELS, PlannedLinear, PlannedParts
 from tokenrouter.runtime.kernels.quant import QuantTensor
 
 
@@ -77,22 +78,23 @@ class Model:
         gives them; in a quantised one the head in `head_quant` and the embedding as codes
         where it can be (`weights.embedding_codes`)."""
         c, h = self.config, self.config.hidden_size
-        embed = get("model.embed_tokens.weight", (c.vocab_size, h))
+        embed = get("model.embed_tokens.weight", (c.vocab_size, h), blocks=True)
         self.norm = get("model.norm.weight", (h,))
-        head = get("lm_head.weight", (c.vocab_size, h), optional=c.tie_word_embeddings)
-        self.embed_q: QuantTensor | None = None  # the embedding as codes (rows dequantised on lookup)
-        self.head_exact: QuantTensor | None = None
+        head = get("lm_head.weight", (c.vocab_size, h), optional=c.tie_word_embeddings, blocks=True)
+        self.embed_q: QuantTensor | BlockRows | None = None  # the embedding as codes (rows dequantised on lookup)
+        self.head_exact: QuantTensor | BlockRows | None = None
         if self.quant == "none":
             self.embed_tokens = embed
-            self.lm_head = matrix(embed if head is None else head, "lm_head.weight")
+            self.lm_head = matrix([embed if head is None else head], "lm_head.weight")
             return
-        head_w = quantised_head(embed if head is None else head, head_quant)
+        head_w, own = quantised_head(embed if head is None else head, head_quant)
         self.embed_q = embedding_codes(embed, head, head_w)
         self.embed_tokens = None if self.embed_q is not None else embed
-        # tied, with the embedding's own codes at hand and a coarser head: rescore the head's
-        # top candidates exactly from those codes (`logits`)
-        if head is None and self.embed_q is not None and self.embed_q is not head_w:
-            self.head_exact = self.embed_q
+        # a head held coarser than the codes it comes from (the tied embedding's, or its own):
+        # rescore its top candidates exactly from those codes (`logits`)
+        exact = self.embed_q if head is None else head
+        if not own and isinstance(exact, CODED) and exact is not head_w:
+            self.head_exact = exact
         self.lm_head = PlannedLinear(head_w, act_dtype, rescored=self.head_exact is not None)
 
     def _layer(self, get, matrix, i: int) -> _Layer:
@@ -109,18 +111,18 @@ class Model:
             qb, kb = interleave(qb, nh), interleave(kb, kvh)
         return _Layer(
             ln1=get(p + "input_layernorm.weight", (h,)),
-            qkv=matrix(fuse([map_rows(get(a + "q_proj.weight", (q_out, h)), lambda t: interleave(t, nh)),
-                             map_rows(get(a + "k_proj.weight", (kv_out, h)), lambda t: interleave(t, kvh)),
-                             get(a + "v_proj.weight", (kv_out, h))]), a + "q_proj+k_proj+v_proj.weight"),
+            qkv=matrix([map_rows(get(a + "q_proj.weight", (q_out, h)), lambda t: interleave(t, nh)),
+                        map_rows(get(a + "k_proj.weight", (kv_out, h)), lambda t: interleave(t, kvh)),
+                        get(a + "v_proj.weight", (kv_out, h))], a + "q_proj+k_proj+v_proj.weight"),
             qkv_bias=None if qb is None else torch.cat([qb, kb, vb]),
             qk_norm=self._qk_norm(get(a + "q_norm.weight", (self.hd,), optional=not c.qk_norm),
                                   get(a + "k_norm.weight", (self.hd,), optional=not c.qk_norm)),
-            o=matrix(get(a + "o_proj.weight", (h, q_out)), a + "o_proj.weight"),
+            o=matrix([get(a + "o_proj.weight", (h, q_out))], a + "o_proj.weight"),
             o_bias=get(a + "o_proj.bias", (h,), optional=True),
             ln2=get(p + "post_attention_layernorm.weight", (h,)),
-            gate_up=matrix(fuse([get(p + "mlp.gate_proj.weight", (inter, h)),
-                                 get(p + "mlp.up_proj.weight", (inter, h))]), p + "mlp.gate_proj+up_proj.weight"),
-            down=matrix(get(p + "mlp.down_proj.weight", (h, inter)), p + "mlp.down_proj.weight"),
+            gate_up=matrix([get(p + "mlp.gate_proj.weight", (inter, h)), get(p + "mlp.up_proj.weight", (inter, h))],
+                           p + "mlp.gate_proj+up_proj.weight"),
+            down=matrix([get(p + "mlp.down_proj.weight", (h, inter))], p + "mlp.down_proj.weight"),
         )
 
     def _qk_norm(self, qn: torch.Tensor | None, kn: torch.Tensor | None) -> torch.Tensor | None:
@@ -134,7 +136,9 @@ class Model:
         return [m for m in (self.lm_head, *self.decoder_linears()) if not isinstance(m, LinearWeight)]
 
     def decoder_linears(self) -> list:
-        return [m for ly in self.layers for m in (ly.qkv, ly.o, ly.gate_up, ly.down)]
+        """The decoder's planned matrices, a fused matrix's parts each on their own."""
+        mats = [m for ly in self.layers for m in (ly.qkv, ly.o, ly.gate_up, ly.down)]
+        return [p for m in mats for p in (m.parts if isinstance(m, PlannedParts) else (m,))]
 
     def fused_problem(self) -> str | None:
         """Why `_fused_layers` cannot run this model, or None. It needs a quantised model on
@@ -175,12 +179,16 @@ class Model:
         file's own codes: those rows cost nothing next to the whole head, and the greedy token
         (and the top of the distribution) is then the file's own whenever it is among them."""
         lg = linear(h, self.lm_head)
-        if self.head_exact is not None and self._c_rescore(lg, h):
-            bindings.rescore_top(lg, h, self.head_exact.codes, self.head_exact.scale, min(self.RESCORE, lg.shape[1]))
-        elif self.head_exact is not None:
-            n, k = h.shape[0], min(self.RESCORE, lg.shape[1])
+        e, k = self.head_exact, min(self.RESCORE, lg.shape[1])
+        if e is not None and self._c_rescore(lg, h):
+            if isinstance(e, BlockRows):
+                bindings.rescore_top_blocks(lg, h, GGML_TYPES[e.kind][0], e.data, k)
+            else:
+                bindings.rescore_top(lg, h, e.codes, e.scale, k)
+        elif e is not None:
+            n = h.shape[0]
             top = lg.topk(k, dim=-1).indices  # [n, k]
-            w = self.head_exact.dequantize(top.reshape(-1)).view(n, k, -1)
+            w = e.dequantize(top.reshape(-1)).view(n, k, -1)
             # a product and a sum per row, not `bmm`: its result for one row depends on how many
             # rows share the call, which would make a request's logits depend on its batch
             exact = (w * h.to(torch.float32).unsqueeze(1)).sum(-1)
@@ -194,7 +202,8 @@ class Model:
         rescored logits differ between the two by float32 rounding."""
         e = self.head_exact
         return (lg.dtype == torch.float32 and h.dtype == torch.float32 and lg.device.type == "cpu"
-                and e.codes.dtype == torch.int8 and e.scale.dtype == torch.float32 and e.scale.dim() == 2
+                and (isinstance(e, BlockRows) or (e.codes.dtype == torch.int8 and e.scale.dtype == torch.float32
+                                                  and e.scale.dim() == 2))
                 and available() is None)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMeta, kv: KVCache,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from tokenrouter.runtime.kernels.decode_stack import DecodeStack
-from tokenrouter.runtime.kernels.linear import C_INT_KERNELS
+from tokenrouter.runtime.kernels.linear import C_INT_KERNELS, PlannedParts
 
 STACK_KERNELS = C_INT_KERNELS  # the kernels it runs: the C ones, which take float32 x and give float32
 
@@ -44,12 +44,18 @@ def build_stack(model, kv) -> DecodeStack:
     layers = []
     for i, ly in enumerate(model.layers):
         mats = {name: getattr(ly, name) for name in ("qkv", "o", "gate_up", "down")}
+        mats = {name: m.parts if isinstance(m, PlannedParts) else m for name, m in mats.items()}
         layers.append({"ln1": _f32(ly.ln1), "ln2": _f32(ly.ln2), "qk_norm": _f32(ly.qk_norm), "qkv_bias": _f32(ly.qkv_bias),
                        "o_bias": _f32(ly.o_bias), "kv": kv.layers[i],
                        # the weight the plan's one kernel runs (`stack_problem`), as the fused path calls it
-                       **{name: lin.impl[lin.plan[0][1]] for name, lin in mats.items()}})
+                       **{name: _weight(lin) for name, lin in mats.items()}})
     return DecodeStack(layers, c.hidden_size, c.intermediate_size, model.nh, model.kvh, model.hd,
                        c.rms_norm_eps, model.scale)
+
+
+def _weight(lin):
+    """The weight a matrix's one kernel runs (a list of them for a fused matrix's parts)."""
+    return [_weight(p) for p in lin] if isinstance(lin, list) else lin.impl[lin.plan[0][1]]
 
 
 def _f32(t: torch.Tensor | None) -> torch.Tensor | None:

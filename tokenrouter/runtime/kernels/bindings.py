@@ -320,19 +320,35 @@ def rescore_top(lg: torch.Tensor, h: torch.Tensor, codes: torch.Tensor, scales: 
     """In place: each row's k highest logits of lg [T, V] (float32, contiguous rows)
     recomputed in float32 from int8 `codes` [V, H] with float32 `scales` [V, H / group] and
     h [T, H] float32 (`csrc/head_rescore.c`: ties to the lower index, each row alone)."""
-    lib = load()
-    t, v = lg.shape
-    hdim = h.shape[1]
-    _rows_ok(lg, t, v, _F32, "lg")
-    _rows_ok(h, t, hdim, _F32, "h")
+    v, hdim = lg.shape[1], h.shape[1]
     if codes.dtype != torch.int8 or codes.shape != (v, hdim) or not codes.is_contiguous():
         raise ValueError(f"codes must be contiguous int8 [{v}, {hdim}]")
     if scales.dtype != _F32 or scales.dim() != 2 or scales.shape[0] != v or not scales.is_contiguous() \
             or hdim % scales.shape[1]:
         raise ValueError(f"scales must be contiguous float32 [{v}, groups] with groups dividing {hdim}")
+    _rescore(lg, h, k, -1, codes, scales, hdim // scales.shape[1])
+
+
+def rescore_top_blocks(lg: torch.Tensor, h: torch.Tensor, ggml_type: int, blocks: torch.Tensor, k: int) -> None:
+    """`rescore_top` from the rows of a GGUF matrix: `blocks` uint8 [V, row bytes] of ggml type
+    `ggml_type` (`blocks.BlockRows`, which checks their shape), rows with unit stride."""
+    if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[0] != lg.shape[1] or blocks.stride(1) != 1:
+        raise ValueError(f"blocks must be uint8 [{lg.shape[1]}, row bytes] with contiguous rows")
+    _rescore(lg, h, k, ggml_type, blocks, None, 0)
+
+
+def _rescore(lg, h, k, kind, data, scales, group) -> None:
+    lib = load()
+    t, v = lg.shape
+    hdim = h.shape[1]
+    _rows_ok(lg, t, v, _F32, "lg")
+    _rows_ok(h, t, hdim, _F32, "h")
     if not 1 <= k <= min(v, RESCORE_MAX_K):
         raise ValueError(f"k must be in 1..{min(v, RESCORE_MAX_K)}, not {k}")
-    rc = lib.tr_rescore_top(lg.data_ptr(), lg.stride(0), t, v, h.data_ptr(), h.stride(0), hdim, codes.data_ptr(),
-                            scales.data_ptr(), hdim // scales.shape[1], k, torch.get_num_threads())
+    rc = lib.tr_rescore_top(lg.data_ptr(), lg.stride(0), t, v, h.data_ptr(), h.stride(0), hdim, kind, data.data_ptr(),
+                            data.stride(0), None if scales is None else scales.data_ptr(), group, k,
+                            torch.get_num_threads())
+    if rc == 1:
+        raise MemoryError("the rescoring kernel could not allocate a row")
     if rc:
         raise ValueError("the rescoring kernel refused its arguments")

@@ -38,8 +38,9 @@ log = logging.getLogger(__name__)
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 SOURCES = tuple(os.path.join(_CSRC, n) for n in ("paged_attention.c", "decode_ops.c", "int4_matmul.c",
-                                                  "int4_avx2.c", "decode_stack.c", "head_rescore.c"))
-HEADERS = tuple(os.path.join(_CSRC, n) for n in ("vexp.h", "kernels.h"))
+                                                  "int4_avx2.c", "decode_stack.c", "head_rescore.c",
+                                                  "gguf_rows.c", "int8_avx2.c"))
+HEADERS = tuple(os.path.join(_CSRC, n) for n in ("vexp.h", "kernels.h", "xquant.h"))
 LIB_PREFIX = "tokenrouter-kernels-"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c11", "-shared", "-fPIC")
 OPENMP = ("-fopenmp",)
@@ -65,7 +66,13 @@ SIGNATURES = {
     "tr_i4x_mm_multi": (ctypes.c_int, [_p, _i32, _i64, _i64, _i64, _i32, _i32, _p, _p, _p, _p, _p, _i32]),
     "tr_i4x_mm_q": (ctypes.c_int, [_p, _i64, _i64, _i32, _i32, _p, _p, _p, _p, _i32]),
     "tr_decode_stack_work_floats": (_i64, [_p, _i64]),
-    "tr_rescore_top": (ctypes.c_int, [_p, _i64, _i64, _i64, _p, _i64, _i64, _p, _p, _i64, _i64, _i64]),
+    "tr_rescore_top": (ctypes.c_int, [_p, _i64, _i64, _i64, _p, _i64, _i64, _i32, _p, _i64, _p, _i64, _i64, _i64]),
+    "tr_i8x_packed_bytes": (_i64, [_i64, _i64, _i64, _i64]),
+    "tr_i8x_scratch_bytes": (_i64, [_i64, _i64]),
+    "tr_i8x_pack": (ctypes.c_int, [_p, _p, _i64, _i64, _i64, _i64, _p]),
+    "tr_i8x_mm": (ctypes.c_int, [_p, _i32, _i64, _i64, _i64, _i32, _p, _i64, _p, _i64, _p, _i32]),
+    "tr_gguf_supported": (ctypes.c_int, [_i32]),
+    "tr_gguf_rows": (ctypes.c_int, [_i32, _p, _i64, _p, _i64, _i64, _p, _i64, _i32]),
     "tr_decode_stack": (ctypes.c_int, [_p, _i64, _i64, _p, _i64, _p, _p, _p, _p, _i64, _p, _p, _p, _p, _p, _i32]),
 }
 

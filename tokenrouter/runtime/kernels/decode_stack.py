@@ -1,7 +1,7 @@
 """A decoder's layers as one C call per decode step (`csrc/decode_stack.c`): `DecodeStack`
 holds the C struct of a model's per-layer tensors, the tensors it points to, and the work
 and scratch buffers of its steps. The stack makes the calls of `bindings.py`'s kernels in C
-(the 4-bit products `int4x_mm` and `int4dp_mm`, `rope_write`, `paged_attention`,
+(the integer products `int4x_mm`, `int4dp_mm` and `int8x_mm`, `rope_write`, `paged_attention`,
 `add_rmsnorm`, `silu_mul`), so it shares their cache types (`KV_TYPES`), and returns the
 first failing product's code (1: no memory, 2: not built for this CPU).
 """
@@ -14,24 +14,37 @@ import torch
 
 from tokenrouter.runtime.kernels.bindings import KV_TYPES
 from tokenrouter.runtime.kernels.build import NativeKernelError, load
+from tokenrouter.runtime.kernels.int8x import Int8Avx2Weight
 from tokenrouter.runtime.kernels.quant import Int4Avx2Weight, Int4DotWeight
 
-MAT_I4X, MAT_DP = 0, 1  # `tr_mat.kernel`: tr_i4x_mm (int4avx2, -x8), tr_int4dp_mm (int4dp, int4amx)
+MAT_I4X, MAT_DP, MAT_I8X, MAT_PARTS = 0, 1, 2, 3  # `tr_mat.kernel`: tr_i4x_mm (int4avx2, -x8),
+# tr_int4dp_mm (int4dp, int4amx), tr_i8x_mm (int8avx2), a fused matrix's parts on their own kernels
 
 
 class _Mat(ctypes.Structure):
-    """`tr_mat` of csrc/decode_stack.c: one matrix and the kernel that runs it."""
-    _fields_ = [("packed", ctypes.c_void_p), ("codes", ctypes.c_void_p), ("sm", ctypes.c_void_p),
-                ("kernel", ctypes.c_int32), ("xbits", ctypes.c_int32), ("amx", ctypes.c_int32)]
+    """`tr_mat` of csrc/decode_stack.c: one matrix and the kernel that runs it, or its parts."""
 
 
-def _mat(w: Int4Avx2Weight | Int4DotWeight) -> _Mat:
-    """The descriptor of a matrix as the per-call path holds it for its kernel (`PlannedLinear.impl`)."""
+_Mat._fields_ = [("packed", ctypes.c_void_p), ("codes", ctypes.c_void_p), ("sm", ctypes.c_void_p),
+                 ("kernel", ctypes.c_int32), ("xbits", ctypes.c_int32), ("amx", ctypes.c_int32),
+                 ("nparts", ctypes.c_int32), ("n", ctypes.c_int64), ("parts", ctypes.POINTER(_Mat))]
+
+
+def _mat(w, keep: list) -> _Mat:
+    """The descriptor of a matrix as the per-call path holds it for its kernel (`PlannedLinear.impl`),
+    or of a fused matrix's parts (a list of such, each part's `n` its output rows); arrays of
+    parts go into `keep`, which must outlive the descriptor."""
+    if isinstance(w, list):
+        parts = (_Mat * len(w))(*[_mat(p, keep) for p in w])
+        keep.append(parts)
+        return _Mat(kernel=MAT_PARTS, nparts=len(w), parts=ctypes.cast(parts, ctypes.POINTER(_Mat)))
     if isinstance(w, Int4Avx2Weight):
-        return _Mat(packed=w.packed.data_ptr(), kernel=MAT_I4X, xbits=w.xbits)
+        return _Mat(packed=w.packed.data_ptr(), kernel=MAT_I4X, xbits=w.xbits, n=w.n)
+    if isinstance(w, Int8Avx2Weight):
+        return _Mat(packed=w.packed.data_ptr(), kernel=MAT_I8X, xbits=w.xbits, n=w.n)
     if isinstance(w, Int4DotWeight):
-        return _Mat(codes=w.codes.data_ptr(), sm=w.sm.data_ptr(), kernel=MAT_DP, amx=int(w.amx))
-    raise TypeError(f"the stack runs the C int4 kernels' matrices, not {type(w).__name__}")
+        return _Mat(codes=w.codes.data_ptr(), sm=w.sm.data_ptr(), kernel=MAT_DP, amx=int(w.amx), n=w.n)
+    raise TypeError(f"the stack runs the C integer kernels' matrices, not {type(w).__name__}")
 
 
 class _Stack(ctypes.Structure):
@@ -49,7 +62,8 @@ class DecodeStack:
     on a 4-bit C kernel, attention on the paged C kernel. Built once per model and cache from
     per-layer tensors (`layers`: dicts with ln1, ln2, qk_norm, qkv_bias, o_bias [float32 or
     None], qkv, o, gate_up, down [each the weight its kernel runs: `Int4Avx2Weight` for the
-    integer kernel, `Int4DotWeight` for int4dp or int4amx], kv [the layer's cache]); it keeps
+    integer int4 kernel, `Int8Avx2Weight` for the 8-bit one, `Int4DotWeight` for int4dp or
+    int4amx; a list of those for a matrix fused from parts], kv [the layer's cache]); it keeps
     them alive, and its own work and scratch buffers, grown to the largest step seen. `run`
     computes layers l0..l1-1 in place on h."""
 
@@ -71,7 +85,8 @@ class DecodeStack:
             return ctypes.cast(arr, ctypes.POINTER(ctypes.c_void_p))
 
         self._arrays: list = []
-        self._mats = (_Mat * (4 * n))(*[_mat(ly[key]) for ly in layers for key in ("qkv", "o", "gate_up", "down")])
+        self._mats = (_Mat * (4 * n))(*[_mat(ly[key], self._arrays) for ly in layers
+                                        for key in ("qkv", "o", "gate_up", "down")])
         s = _Stack(n, hidden, inter, heads, kv_heads, head_dim, eps, scale, kv0.shape[1], kv0.shape[2])
         for key in ("ln1", "ln2", "qk_norm", "qkv_bias", "o_bias", "kv"):
             setattr(s, key, ptrs(key))

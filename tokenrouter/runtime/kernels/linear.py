@@ -18,6 +18,9 @@ Kernels:
   measured and chosen only for an LM head whose top candidates are rescored exactly
   (`rescored`: greedy tokens then agree as with 16 bits, 808/808 on SmolLM2); elsewhere
   only a plan that names it (`kernel_plan="int4avx2-x8"`) runs it (`OPT_IN`);
+- `int8avx2`: the C kernel for 8-bit codes on integer dot products (`csrc/int8_avx2.c`, `int8x.py`;
+  q8 formats with a scale per 16 or 32 inputs: GGUF's Q8_0, Q5_0 and Q6_K exactly): x quantised
+  as for `int4avx2`, the products exact integers, output float32, row-invariant by construction;
 - `int8`: `_weight_int8pack_mm` (per-row q8);
 - `onednn`: float32 weights reordered once for oneDNN (`onednn_linear`, rows padded to
   `onednn_rows`);
@@ -35,14 +38,15 @@ import torch
 import torch.nn.functional as F
 
 from tokenrouter.runtime.kernels.bindings import int4dp_problem as host_int4dp_problem
+from tokenrouter.runtime.kernels.int8x import Int8Avx2Weight, int8x_problem
 from tokenrouter.runtime.kernels.quant import (Int4Avx2Weight, Int4DotWeight, Int4Weight, Int8Weight, QuantTensor,
                                                int4_shape_problem, int4avx2_problem, int4dp_problem)
 
-INT_KERNELS = ("int4", "int4dp", "int4amx", "int4avx2", "int4avx2-x8", "int8")  # no float copy of the matrix
+INT_KERNELS = ("int4", "int4dp", "int4amx", "int4avx2", "int4avx2-x8", "int8avx2", "int8")  # no float copy
 OPT_IN = ("int4avx2-x8",)  # timed only for a rescored head (`measurable`); elsewhere only when named
 # the C kernels: float32 output whatever x's dtype, which they round themselves (int4dp, int4amx
 # to bfloat16; int4avx2 to its own ~15 bits, so a float32 x gives it more than a bfloat16 one)
-C_INT_KERNELS = ("int4dp", "int4amx", "int4avx2", "int4avx2-x8")
+C_INT_KERNELS = ("int4dp", "int4amx", "int4avx2", "int4avx2-x8", "int8avx2")
 PLAIN_KERNELS = ("linear", "mkl")  # float kernels on the plain [out, in] weight (one copy for both)
 
 
@@ -108,6 +112,8 @@ class PlannedLinear:
         # rounds x to ~15 bits: not float32's exactness either (act_dtype float32 asks for that)
         if isinstance(s, QuantTensor) and self.act_dtype == torch.bfloat16 and int4avx2_problem(s) is None:
             out += ["int4avx2", "int4avx2-x8"]
+        if isinstance(s, QuantTensor) and self.act_dtype == torch.bfloat16 and int8x_problem(s) is None:
+            out.append("int8avx2")
         if isinstance(s, QuantTensor) and s.fmt == "q8" and s.group == s.shape[1]:
             out.append("int8")
         if torch.backends.mkldnn.is_available():
@@ -140,6 +146,8 @@ class PlannedLinear:
                 twin = self.impl.get("int4avx2-x8" if k == "int4avx2" else "int4avx2")  # the same packing
                 xbits = 8 if k == "int4avx2-x8" else 16
                 self.impl[k] = twin.variant(xbits) if twin is not None else Int4Avx2Weight(self.source, xbits)
+            elif k == "int8avx2":
+                self.impl[k] = Int8Avx2Weight(self.source)
             elif k == "int8":
                 self.impl[k] = Int8Weight(self.source, self.act_dtype)
             elif k == "onednn":
@@ -191,7 +199,7 @@ class PlannedLinear:
                 total += v.packed.numel() * v.packed.element_size() + v.sz.numel() * v.sz.element_size()
             elif k in ("int4dp", "int4amx"):
                 total += v.codes.numel() * 4 + v.sm.numel() * 2
-            elif k in ("int4avx2", "int4avx2-x8"):
+            elif k in ("int4avx2", "int4avx2-x8", "int8avx2"):
                 if not (k == "int4avx2-x8" and "int4avx2" in self.impl):  # one packing for both
                     total += v.packed.numel()
             elif k == "int8":
@@ -208,3 +216,27 @@ def _onednn_bytes(t: torch.Tensor) -> int:
         return t.numel() * t.element_size()
     except RuntimeError:  # an opaque mkldnn tensor
         return 0
+
+
+class PlannedParts:
+    """A matrix fused from parts of different formats that share an input (a GGUF's Q4_K q and
+    k projections with its Q6_K v): each part a `PlannedLinear` on its own kernel and plan,
+    their outputs side by side, as one product would give them."""
+
+    __slots__ = ("parts", "shape")
+
+    def __init__(self, parts: list[PlannedLinear]):
+        if len({p.shape[1] for p in parts}) != 1:
+            raise ValueError("the parts of a fused matrix share their input width")
+        self.parts = parts
+        self.shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
+
+    def __call__(self, x: torch.Tensor, b: torch.Tensor | None = None,
+                 residual: torch.Tensor | None = None) -> torch.Tensor:
+        y = torch.cat([p(x) for p in self.parts], dim=1)
+        if b is not None:
+            y = y + b
+        return y if residual is None else residual + y
+
+    def nbytes(self) -> int:
+        return sum(p.nbytes() for p in self.parts)

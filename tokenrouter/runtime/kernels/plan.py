@@ -5,7 +5,9 @@ Decode at batch 1 streams every weight once per step, so the smallest format win
 at many rows the product becomes compute-bound and oneDNN's float32 kernel can win over the
 int4 kernel's unpacking. Where the crossing lies differs from host to host (`bench_linear.py`),
 so it is never fixed in code: at first load every matrix shape is timed, one pass over all
-the model's matrices of that shape so the weights stream from memory as in a real step,
+the model's matrices of that shape so the weights stream from memory as in a real step (a
+float kernel of a quantised model over enough of them to stream, `FLOAT_MEASURE_BYTES`, its
+time scaled to all: their float copies would otherwise take gigabytes),
 for each kernel that computes the matrix's exact values and each row bucket (1, 2, 4, ...
 64), kernels interleaved within each round so load hits all alike, best of the rounds.
 
@@ -103,8 +105,13 @@ def measure(linears: list[PlannedLinear], rounds: int = 2, buckets=ROW_BUCKETS,
         if progress:
             progress(f"measuring kernels for {key} ({gi + 1}/{len(groups)}, {len(group)} matrices)")
         kernels = [k for k in _candidates(group) if k in group[0].measurable()]
-        for lin in group:
-            lin.build(kernels)
+        # a float kernel is timed on enough of the shape's matrices to stream from memory
+        # (`FLOAT_MEASURE_BYTES`) and its time scaled to the whole shape: a quantised model's
+        # float copies of every matrix would take gigabytes (3 GB for a 1.5B model's gate/up)
+        timed = {k: group if k in INT_KERNELS else _float_share(group) for k in kernels}
+        for k in kernels:
+            for lin in timed[k]:
+                lin.build([k])
         if not per_rows:
             # a kernel whose rows depend on their neighbours would make a request's tokens depend
             # on its batch; only if no candidate is invariant (no oneDNN, float MKL only) run anyway
@@ -118,9 +125,9 @@ def measure(linears: list[PlannedLinear], rounds: int = 2, buckets=ROW_BUCKETS,
                 for r in range(rounds + 1):  # round 0 warms up
                     for k in live:
                         t0 = time.perf_counter()
-                        for lin in group:
+                        for lin in timed[k]:
                             lin.run(k, x)
-                        dt = time.perf_counter() - t0
+                        dt = (time.perf_counter() - t0) * len(group) / len(timed[k])
                         if r:
                             best[k][rows] = min(best[k].get(rows, float("inf")), dt)
                 # past the decode buckets, a kernel 3x slower than the best is not timed at
@@ -139,6 +146,16 @@ def measure(linears: list[PlannedLinear], rounds: int = 2, buckets=ROW_BUCKETS,
 
 
 measure.last_timings = {}
+
+
+FLOAT_MEASURE_BYTES = 256 << 20  # float32 bytes a float kernel is timed on, at least (or all a shape has)
+
+
+def _float_share(group: list[PlannedLinear]) -> list[PlannedLinear]:
+    """The first of a shape's matrices whose float32 copies hold `FLOAT_MEASURE_BYTES` (all
+    of them if they hold less): what a float kernel's timing runs on."""
+    each = group[0].shape[0] * group[0].shape[1] * 4
+    return group[:max(1, min(len(group), -(-FLOAT_MEASURE_BYTES // each)))]
 
 
 def _by_shape(linears: list[PlannedLinear]) -> dict[str, list[PlannedLinear]]:
@@ -162,7 +179,7 @@ FLOAT_MARGIN = 1.10  # a kernel that needs its own copy of the matrix must win b
 # within FLOAT_MARGIN, the first of these wins: the C kernels before torch's int4 (which rounds
 # scales, zeros and output to bfloat16); among them int4dp/int4amx first, as chosen on AVX-512
 # BF16 hosts before int4avx2 existed, so those hosts' plans change only where it wins by 10%
-PREFERRED = ("int4dp", "int4amx", "int4avx2", "int4", "int8")
+PREFERRED = ("int4dp", "int4amx", "int4avx2", "int8avx2", "int4", "int8")
 
 
 def pick_kernel(best: dict[str, dict[int, float]], rows: list[int]) -> str:

@@ -3,12 +3,11 @@
 `quant` (a model block attribute, `--quant` on the commands) says how a model's weights are held:
 
 - `none`: float, as the checkpoint gives them (a GGUF file dequantised), the exact default;
-- `native`: a GGUF file's own blocks as they are: Q4_0, Q4_1 and Q4_K run on torch's int4
-  kernel (`aten._weight_int4pack_mm_for_cpu`, group 32), Q8_0 (no exact torch kernel: its
-  scale is per 32 weights, `_weight_int8pack_mm` takes one per output row) is held as its
-  codes and run through whichever measured float path wins; F32/F16/BF16 tensors stay
-  float, and so do the Q5_K / Q6_K matrices of K-quant mixes (dequantised exactly: no
-  kernel here takes 5- or 6-bit codes);
+- `native`: a GGUF file's own blocks as they are (`blocks.py`): Q4_0, Q4_1 and Q4_K as
+  4-bit codes (q4, group 32) on an int4 kernel; Q5_0, Q8_0 and Q6_K as int8 codes with a
+  scale per 32 or 16 weights (q8, the file's values exactly) on the 8-bit kernel
+  (`int8x.py`); F32/F16/BF16 tensors stay float, and so do Q5_1 / Q5_K matrices
+  (dequantised exactly: no kernel here takes codes with a min per block of 5 bits);
 - `int4`: a float checkpoint quantised on load, asymmetric min/max per group of 32 along the
   input dimension (Q4_1's recipe: scale = (max - min) / 15, zero = min);
 - `int8`: symmetric per output row (scale = max |w| / 127), torch's `_weight_int8pack_mm`.
@@ -50,7 +49,7 @@ class QuantTensor:
     """A matrix [N, K] as codes with per-group scales (group = K for per-row int8).
 
     fmt "q4": codes uint8 in 0..15, w = (q - 8) * scale + zero (zero None means 0);
-    fmt "q8": codes int8, w = q * scale.
+    fmt "q8": codes int8, w = q * scale (group 32 or 16: GGUF's Q8_0, Q5_0, Q6_K; or per row).
     `source` names the origin (a GGUF type such as "Q4_1", or "int4"/"int8" for on-load)."""
 
     fmt: str

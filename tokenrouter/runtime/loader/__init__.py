@@ -2,7 +2,7 @@
 
     from tokenrouter.runtime.loader import load_model, Tokenizer, BUILTIN_MODELS, LoadError
     m = load_model("smollm2-135m")          # or a folder, or a .gguf file; dtype=torch.float32
-    m = load_model("smollm2-135m", quant="native")   # a GGUF's own Q4_0/Q4_1/Q8_0 blocks
+    m = load_model("smollm2-135m", quant="native")   # a GGUF's own blocks
     Engine(m.config, m.weights, m.engine_options(max_model_len=256))  # its format and cached kernel plan
     m.name, m.config (ModelConfig), m.weights (dict[str, Tensor], Hugging Face names), m.tokenizer
     tok = m.tokenizer
@@ -12,12 +12,16 @@
     program_tokenizer(program)              # a routing program's tokenizer, no weights loaded
 
 `m.weights` holds exactly the tensors the engine reads, shape-checked against the config; with
-tied embeddings there is no `lm_head.weight` (use `model.embed_tokens.weight`). GGUF files and
-built-in models are converted once and cached as checkpoint folders under `$TOKENROUTER_CACHE`
-(default `~/.cache/tokenrouter`); later loads read safetensors only. With `quant="native"`
-the matrices come as `QuantTensor`s read straight from the GGUF file's blocks (no cache
-entry needed); `quant="int4" | "int8"` loads floats, which the engine quantises. Every
-failure is a `LoadError` with a message meant for the user.
+tied embeddings there is no `lm_head.weight` (use `model.embed_tokens.weight`). A GGUF file
+(or a built-in model made from one) loaded in a quantised format (`quant="native" | "int4" |
+"int8"`) gives its quantised matrices as the file's own blocks (`kernels.blocks.BlockRows`,
+mapped from the file), which the engine decodes for its kernels, requantises (int4, int8) or
+reads rows of in place (the embedding, the head's rescoring): the cache holds only the
+file's config and tokenizer (`resolve.py`). With `quant="none"` it is converted once into a
+float checkpoint folder under `$TOKENROUTER_CACHE` (default `~/.cache/tokenrouter`), as
+built-in models are; later loads read safetensors only; a float checkpoint in int4 or int8
+loads floats, which the engine quantises. Every failure is a `LoadError` with a message meant
+for the user.
 
 `tokenrouter check` imports this package for `model_facts`, so the package, `registry.py` and
 `tokenizer.py` import the weight readers (torch, gguf, the kernels and the engine: `hf.py`,
@@ -41,10 +45,10 @@ from tokenrouter.runtime.loader.errors import (LoadError, MissingFile, ShapeMism
                      UnsupportedQuantization)
 from tokenrouter.runtime.loader.facts import model_facts
 from tokenrouter.runtime.loader.builtin.registry import BUILTIN_MODELS, BuiltinModel
-from tokenrouter.runtime.loader.resolve import native_gguf, resolve_folder
+from tokenrouter.runtime.loader.resolve import checkpoint_folder, gguf_source, native_gguf, resolve_folder
 from tokenrouter.runtime.loader.tokenizer import Tokenizer
 
-__all__ = ["load_model", "quant_options", "cached_kernel_plan", "resolve_folder", "model_facts", "LoadedModel", "Tokenizer", "BUILTIN_MODELS",
+__all__ = ["load_model", "quant_options", "cached_kernel_plan", "resolve_folder", "checkpoint_folder", "model_facts", "LoadedModel", "Tokenizer", "BUILTIN_MODELS",
            "BuiltinModel", "LoadError", "MissingFile", "ShapeMismatch", "UnsupportedArchitecture",
            "UnsupportedQuantization", "program_tokenizer"]
 
@@ -87,9 +91,10 @@ def load_model(path_or_name: str, dtype=None, quant: str | None = None) -> Loade
     quant = quant or default_quant(path_or_name)
     if quant not in QUANTS:
         raise LoadError(f"quant must be one of {', '.join(QUANTS)}, not {quant!r}")
-    if quant == "native":
+    source = native_gguf(path_or_name) if quant == "native" else gguf_source(path_or_name)
+    if quant != "none" and source is not None:  # a GGUF's own blocks, read in place
         from tokenrouter.runtime.loader.gguf_loader import read_gguf
-        path = native_gguf(path_or_name)
+        path = source
         raw, weights, tokenizer = read_gguf(path, native=True)
         config = parse_config(raw, path)
         weights = check_weights(config, weights, path)
@@ -98,7 +103,7 @@ def load_model(path_or_name: str, dtype=None, quant: str | None = None) -> Loade
         name = path_or_name if path_or_name in BUILTIN_MODELS else os.path.splitext(os.path.basename(path))[0]
         return LoadedModel(name=name, config=config, weights=weights, tokenizer=tokenizer, folder=os.path.dirname(path),
                            raw_config=raw, quant=quant, source=os.path.realpath(path))
-    name, folder = resolve_folder(path_or_name)
+    name, folder = checkpoint_folder(path_or_name)
     config, weights, tokenizer, raw = read_folder(folder, dtype or torch.float32)
     return LoadedModel(name=name, config=config, weights=weights, tokenizer=tokenizer,
                        folder=folder, raw_config=raw, quant=quant)
@@ -126,17 +131,21 @@ def cached_kernel_plan(path: str, quant: str, threads: int) -> tuple[str | None,
 
     from tokenrouter.runtime import cache
     from tokenrouter.runtime.kernels.plan import plan_path
-    if quant == "native":
-        source, folder = os.path.realpath(native_gguf(path)), ""
+    try:
+        gguf = native_gguf(path) if quant == "native" else gguf_source(path)
+    except LoadError:
+        return None, None
+    if gguf is not None and quant != "none":  # read from the file itself
+        source, folder = os.path.realpath(gguf), ""
+    elif gguf is not None:
+        from tokenrouter.runtime.loader.builtin.registry import gguf_entry
+        slug, key, _ = gguf_entry(gguf, weights=True)
+        source, folder = "", cache.entry_path(slug, key) if cache.is_cached(slug, key) else ""
     elif os.path.isdir(os.path.expanduser(path)):
         source, folder = "", os.path.expanduser(path)
     elif path in BUILTIN_MODELS:
         entry = BUILTIN_MODELS[path]
         source, folder = "", entry.folder() if entry.is_cached() else ""
-    elif os.path.isfile(os.path.expanduser(path)) and path.lower().endswith(".gguf"):
-        from tokenrouter.runtime.loader.builtin.registry import gguf_entry
-        slug, key, _ = gguf_entry(os.path.expanduser(path))
-        source, folder = "", cache.entry_path(slug, key) if cache.is_cached(slug, key) else ""
     else:
         return None, None
     if not source and not folder:

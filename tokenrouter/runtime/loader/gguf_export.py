@@ -25,7 +25,7 @@ import gguf
 import numpy as np
 import torch
 
-from tokenrouter.runtime.loader import LoadedModel, load_model, resolve_folder
+from tokenrouter.runtime.loader import LoadedModel, checkpoint_folder, load_model
 from tokenrouter.runtime.cache import cache_root
 from tokenrouter.runtime.loader.errors import LoadError, UnsupportedArchitecture
 from tokenrouter.runtime.loader.gguf_loader import permute_rows
@@ -167,7 +167,7 @@ def export_gguf(model, path: str, *, dtype: str = "F32", pre: str | None = None)
 def exported_gguf(name_or_path: str, dtype: str = "F32") -> str:
     """The model exported to GGUF once and kept in the model cache (keyed by the checkpoint
     folder it came from and that folder's cache key, so a rebuilt model is re-exported)."""
-    _, folder = resolve_folder(name_or_path)
+    _, folder = checkpoint_folder(name_or_path)
     key_file = os.path.join(folder, "cache_key.json")
     ident = open(key_file).read() if os.path.isfile(key_file) else json.dumps(
         {p: os.stat(os.path.join(folder, p)).st_mtime_ns for p in sorted(os.listdir(folder))})

@@ -7,11 +7,14 @@ Two facts about llama.cpp's converter matter here:
   pairs are interleaved (GPT-J style) instead of split in halves (NeoX style, as Hugging Face
   does). `unpermute` undoes it; Qwen2/Qwen3 files are not permuted.
 Dequantising uses the `gguf` package. This is slow-ish (seconds), so `load_model` caches the
-result as a safetensors folder (see `runtime/cache.py`).
+result as a safetensors folder for `quant = none` (see `runtime/cache.py`); the quantised
+formats read the file's own blocks in place (`kernels.blocks.BlockRows`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import re
@@ -20,10 +23,11 @@ from typing import Any
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFReader
-from gguf.quants import Q4_K, dequantize
+from gguf.quants import dequantize
 
-from tokenrouter.runtime.kernels.quant import QuantTensor
+from tokenrouter.compiler.weights.files import DERIVED_IDENTITY
+from tokenrouter.runtime.kernels.blocks import GGML_TYPES, BlockRows
+from tokenrouter.runtime.loader.gguf_file import TensorInfo, read_header
 from tokenrouter.runtime.loader.errors import LoadError, MissingFile, UnsupportedArchitecture, UnsupportedQuantization
 from tokenrouter.runtime.loader.gguf_tokenizer import tokenizer_from_gguf
 
@@ -75,20 +79,10 @@ def unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *rest).transpose(1, 2).reshape(w.shape)
 
 
-def _field_value(field) -> Any:
-    return field.contents()
-
-
-def read_metadata(reader) -> dict[str, Any]:
-    meta = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        try:
-            meta[key] = _field_value(field)
-        except Exception:  # an exotic field type we never use
-            continue
-    return meta
+def read_metadata(path: str) -> dict[str, Any]:
+    """A GGUF file's metadata (`gguf_file.read_header`), without the package's own keys."""
+    meta, _ = read_header(path)
+    return {k: v for k, v in meta.items() if not k.startswith("GGUF.")}
 
 
 def config_from_metadata(meta: dict[str, Any], tensor_names: set[str],
@@ -147,116 +141,103 @@ def config_from_metadata(meta: dict[str, Any], tensor_names: set[str],
     return cfg
 
 
-def _dequantize(tensor) -> np.ndarray:
-    if tensor.tensor_type == Q.F64:
-        return np.asarray(tensor.data).view(np.float64).astype(np.float32)
+def _dequantize(path: str, tensor: TensorInfo) -> np.ndarray:
+    """A tensor's float32 values, dequantised by the `gguf` package from the file's bytes."""
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=tensor.offset, shape=(tensor.nbytes,))
+    if tensor.kind == "F64":
+        return data.view(np.float64).astype(np.float32)
+    if len(tensor.shape) == 2:
+        data = data.reshape(tensor.shape[1], -1)
     try:
-        return dequantize(tensor.data, tensor.tensor_type)
+        return dequantize(data, Q[tensor.kind])
     except NotImplementedError:
         raise UnsupportedQuantization(
-            f"GGUF tensor {tensor.name!r} is stored as {tensor.tensor_type.name}, which cannot be "
+            f"GGUF tensor {tensor.name!r} is stored as {tensor.kind}, which cannot be "
             "dequantised; re-export it as F32, F16, BF16, Q8_0, Q4_0/1, Q5_0/1 or a K-quant") from None
 
 
-_NATIVE = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")  # held as their own codes
-# K-quant mixes (Q4_K_M, Q4_K_S) store a few matrices as Q5_K or Q6_K: 5- and 6-bit codes no
-# integer kernel here takes, so quant=native holds those dequantised (exactly) as float32
-_NATIVE_AS_FLOAT = ("Q5_K", "Q6_K")
 _FLOAT = ("F32", "F16", "BF16", "F64")
 
 
-def _native_tensor(tensor):
-    """A GGUF matrix as a `QuantTensor` of its own blocks (Q4_0, Q4_1, Q4_K, Q8_0), unpacked with
-    numpy (the blocks' layout as the gguf package's dequantiser reads it)."""
-    kind = tensor.tensor_type.name
-    k, n = int(tensor.shape[0]), int(tensor.shape[1])
-    g = k // 32
-    if kind == "Q4_K":
-        return _q4_k(np.asarray(tensor.data), n, k)
-    if kind in ("Q4_0", "Q4_1"):
-        size = 18 if kind == "Q4_0" else 20
-        b = np.asarray(tensor.data).reshape(n, g, size)
-        d = np.ascontiguousarray(b[..., 0:2]).view(np.float16)[..., 0].astype(np.float32)
-        off = 2 if kind == "Q4_0" else 4
-        qs = b[..., off:off + 16]
-        codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, k)
-        zero = None
-        if kind == "Q4_1":  # w = d q + m = d (q - 8) + (m + 8 d)
-            m = np.ascontiguousarray(b[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
-            zero = torch.from_numpy(m + 8.0 * d)
-        return QuantTensor("q4", torch.from_numpy(np.ascontiguousarray(codes)), torch.from_numpy(d), zero, 32, kind)
-    b = np.asarray(tensor.data).reshape(n, g, 34)  # Q8_0: w = d q
-    d = np.ascontiguousarray(b[..., 0:2]).view(np.float16)[..., 0].astype(np.float32)
-    codes = np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(n, k)
-    return QuantTensor("q8", torch.from_numpy(codes.copy()), torch.from_numpy(d), None, 32, kind)
-
-
-def _q4_k(data: np.ndarray, n: int, k: int) -> QuantTensor:
-    """Q4_K as group-32 int4, exactly. A 144-byte block holds 256 weights in 8 sub-blocks of
-    32: fp16 d and dmin, 6-bit scale sc_j and min m_j per sub-block (12 bytes), 4-bit codes q
-    (sub-blocks 2i and 2i+1 share 32 bytes, low and high nibble). w = d sc_j q - dmin m_j, which
-    is the int4 kernel's (q - 8) scale + zero with scale = d sc_j, zero = 8 scale - dmin m_j."""
-    b = data.reshape(n * (k // 256), 144)
-    d = np.ascontiguousarray(b[:, 0:2]).view(np.float16).astype(np.float32)  # [blocks, 1]
-    dmin = np.ascontiguousarray(b[:, 2:4]).view(np.float16).astype(np.float32)
-    sc, mins = Q4_K.get_scale_min(np.ascontiguousarray(b[:, 4:16]))  # [blocks, 8] each
-    scale = d * sc.astype(np.float32)
-    zero = 8.0 * scale - dmin * mins.astype(np.float32)
-    qs = b[:, 16:].reshape(-1, 4, 1, 32)
-    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(n, k)  # sub-block 2i low, 2i+1 high
-    return QuantTensor("q4", torch.from_numpy(np.ascontiguousarray(codes)),
-                       torch.from_numpy(np.ascontiguousarray(scale.reshape(n, k // 32))),
-                       torch.from_numpy(np.ascontiguousarray(zero.reshape(n, k // 32))), 32, "Q4_K")
+def _block_rows(path: str, tensor: TensorInfo) -> BlockRows:
+    """A quantised GGUF matrix as its own blocks, mapped from the file (`BlockRows`)."""
+    kind = tensor.kind
+    if kind not in GGML_TYPES or len(tensor.shape) != 2:
+        raise UnsupportedQuantization(
+            f"GGUF tensor {tensor.name!r} is stored as {kind}, which the quantised formats cannot read in place "
+            f"(block types: {', '.join(k for k in GGML_TYPES if k not in _FLOAT)}); use quant=none "
+            "(dequantise to float)")
+    k, n = (int(d) for d in tensor.shape)
+    return BlockRows.from_file(path, tensor.offset, kind, (n, k))
 
 
 def read_gguf(path: str, native: bool = False):
-    """(config dict, {hf name: float32 tensor}, Tokenizer) of a GGUF file. With `native`, matrices
-    stored as Q4_0, Q4_1, Q4_K or Q8_0 come as `QuantTensor`s of their own blocks instead (float
-    tensors, and Q5_K / Q6_K matrices dequantised, stay float; any other block type is an
-    `UnsupportedQuantization` naming the tensor)."""
-    if not os.path.isfile(path):
-        raise MissingFile(f"no such GGUF file: {path}")
-    try:
-        reader = GGUFReader(path)
-    except Exception as exc:
-        raise LoadError(f"{path}: not a readable GGUF file ({exc})") from None
-    meta = read_metadata(reader)
-    names = {t.name for t in reader.tensors}
-    embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
-    if embed is None:
-        raise LoadError(f"{path}: GGUF has no token_embd.weight tensor")
-    config = config_from_metadata(meta, names, embed_rows=int(embed.shape[-1]))
+    """(config dict, {hf name: tensor}, Tokenizer) of a GGUF file: float32 tensors, or with
+    `native` every quantised matrix as its own blocks (`BlockRows`, mapped from the file; the
+    engine decodes them for its kernels or reads rows of them in place) and the float ones as
+    float32. A block type the row reader does not take is an `UnsupportedQuantization`
+    naming the tensor."""
+    tensors, config, tokenizer = _open(path)
     permute = config["model_type"] == "llama"
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
-    weights: dict[str, torch.Tensor] = {}
-    every = max(1, len(reader.tensors) // 4)
-    for i, t in enumerate(reader.tensors):
+    weights: dict[str, torch.Tensor | BlockRows] = {}
+    every = max(1, len(tensors) // 4)
+    for i, t in enumerate(tensors):
         if not native and i % every == 0:  # converting takes seconds to minutes: a line a quarter
-            log.info("%s: dequantising tensor %d of %d", os.path.basename(path), i + 1, len(reader.tensors))
+            log.info("%s: dequantising tensor %d of %d", os.path.basename(path), i + 1, len(tensors))
         name = hf_name(t.name)
-        kind = t.tensor_type.name
-        if native and kind not in _FLOAT and not (kind in _NATIVE_AS_FLOAT and len(t.shape) == 2):
-            if kind not in _NATIVE or len(t.shape) != 2:
-                raise UnsupportedQuantization(
-                    f"GGUF tensor {t.name!r} is stored as {kind}, which quant=native cannot run as it is "
-                    f"(native block types: {', '.join(_NATIVE)}, and {', '.join(_NATIVE_AS_FLOAT)} held "
-                    "as float32); use quant=none (dequantise to float) or quant=int4 / int8 (requantise on load)")
-            w = _native_tensor(t)
-            fix = lambda x: x.contiguous()  # noqa: E731
-            if permute and name.endswith("q_proj.weight"):
-                fix = lambda x: unpermute(x, heads).contiguous()  # noqa: E731
-            elif permute and name.endswith("k_proj.weight"):
-                fix = lambda x: unpermute(x, kv).contiguous()  # noqa: E731
-            weights[name] = w.map_rows(fix)
-            continue
-        w = torch.from_numpy(np.array(_dequantize(t), dtype=np.float32))  # a writable copy
-        expected = tuple(int(d) for d in reversed(t.shape))
-        w = w.reshape(expected)
+        if native and t.kind not in _FLOAT:
+            w = _block_rows(path, t)
+        else:
+            w = torch.from_numpy(np.array(_dequantize(path, t), dtype=np.float32))  # a writable copy
+            w = w.reshape(tuple(int(d) for d in reversed(t.shape)))
         if permute and name.endswith(("q_proj.weight", "q_proj.bias")):
-            w = unpermute(w, heads)
+            w = _rows(w, lambda x: unpermute(x, heads))
         elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
-            w = unpermute(w, kv)
-        weights[name] = w.contiguous()
+            w = _rows(w, lambda x: unpermute(x, kv))
+        weights[name] = w if isinstance(w, BlockRows) else w.contiguous()
+    return config, weights, tokenizer
+
+
+def _rows(w, fn):
+    return w.map_rows(fn) if isinstance(w, BlockRows) else fn(w)
+
+
+def read_gguf_meta(path: str):
+    """(config dict, Tokenizer) of a GGUF file, from its metadata alone (no tensor is read)."""
+    _, config, tokenizer = _open(path)
+    return config, tokenizer
+
+
+def _open(path: str):
+    """(tensor infos, config dict, Tokenizer) of a GGUF file; LoadError if it is not one."""
+    if not os.path.isfile(path):
+        raise MissingFile(f"no such GGUF file: {path}")
+    meta, tensors = read_header(path)
+    embed = next((t for t in tensors if t.name == "token_embd.weight"), None)
+    if embed is None:
+        raise LoadError(f"{path}: GGUF has no token_embd.weight tensor")
+    config = config_from_metadata(meta, {t.name for t in tensors}, embed_rows=int(embed.shape[-1]))
     tokenizer = tokenizer_from_gguf(meta)
     config["eos_token_id"] = list(tokenizer.eos_token_ids) or config["eos_token_id"]
-    return config, weights, tokenizer
+    return tensors, config, tokenizer
+
+
+def write_gguf_meta(path: str, folder: str) -> None:
+    """What a GGUF file's cache entry holds besides the file's weights: config.json, the
+    tokenizer (tokenizer.json, tokenizer_config.json) and the file's identity (DERIVED_IDENTITY:
+    its size and a hash of its first and last MiB), which `folder_fingerprint` reads, since the
+    folder holds no weights to fingerprint."""
+    config, tokenizer = read_gguf_meta(path)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=1)
+    tokenizer.save(folder)
+    size = os.path.getsize(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        digest.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        digest.update(f.read())
+    with open(os.path.join(folder, DERIVED_IDENTITY), "w", encoding="utf-8") as f:
+        json.dump({"gguf": {"size": size, "first_last_mib_sha256": digest.hexdigest()}}, f, indent=1, sort_keys=True)

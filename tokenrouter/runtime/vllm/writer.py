@@ -36,7 +36,7 @@ import torch
 
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.backend.compiled import load_routers
-from tokenrouter.runtime.loader import resolve_folder
+from tokenrouter.runtime.loader import checkpoint_folder
 from tokenrouter.runtime.subserver.request import Request
 from tokenrouter.runtime.subserver.setup import LoadedWriter, SubserverSpec
 from tokenrouter.runtime.subserver.step import Decision
@@ -189,7 +189,7 @@ def load_vllm_writer(spec: SubserverSpec, phase_s: dict[str, float], models: dic
         raise ValueError(f"{spec.writer}: a writer served by vLLM keeps departed requests pending, "
                          f"not {spec.retention!r}")
     router = load_routers(program, device="cpu", dtype=torch.float32, base_dir=spec.base_dir)[spec.writer]
-    _, folder = resolve_folder(m.path)
+    _, folder = checkpoint_folder(m.path)
     shape = Shape.of(folder)
     writers = program.writers()
     if not codes.fits(shape.vocab_size, len(writers)):

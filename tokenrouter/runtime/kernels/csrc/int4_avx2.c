@@ -75,27 +75,7 @@
 #include <omp.h>
 #endif
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-#endif
-
-/* which path this build holds: 3 AVX-512 VNNI, 2 AVX-VNNI, 1 AVX2, 0 none. TR_I4X_ISA forces
- * a lower one (tests); TR_I4X_EMULATE_VNNI runs the AVX-VNNI path's structure with vpdpbusd
- * emulated on AVX2, TR_I4X_EMULATE_512 the AVX-512 path's (16 lanes as two ymm halves, vpdpbusd
- * emulated), so that hosts without those instructions test their code's indexing and order. */
-#ifndef TR_I4X_ISA
-#if defined(TR_I4X_EMULATE_512) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define TR_I4X_ISA 3
-#elif defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__) && defined(__F16C__) && defined(__FMA__)
-#define TR_I4X_ISA 3
-#elif (defined(__AVXVNNI__) || defined(TR_I4X_EMULATE_VNNI)) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define TR_I4X_ISA 2
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define TR_I4X_ISA 1
-#else
-#define TR_I4X_ISA 0
-#endif
-#endif
+#include "xquant.h"
 
 #define TILE 16                 /* outputs per packed tile */
 #define GROUP 32                /* inputs per group */
@@ -156,20 +136,6 @@ int tr_i4x_pack(const uint8_t *codes, const float *scale, const float *min, int6
 
 /* ------------------------------------------------------------------ activations */
 
-static inline float hmax8(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
-static inline __m256 load8(const void *x, int bf16, int64_t i) {
-    if (bf16)
-        return _mm256_castsi256_ps(
-            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)x + i))), 16));
-    return _mm256_loadu_ps((const float *)x + i);
-}
-
 static inline void store_i8(int8_t *dst, const __m256i qi[4]) {
     /* int32 -> int8 (values already in -127..127): packs interleave 128-bit lanes; a final
      * dword permute restores the order */
@@ -178,36 +144,16 @@ static inline void store_i8(int8_t *dst, const __m256i qi[4]) {
     _mm256_storeu_si256((__m256i *)dst, _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
-static inline int32_t hsum_i32(const __m256i qi[4]) {
-    const __m256i s = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    s4 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 1));
-    return _mm_cvtsi128_si32(s4);
-}
-
 /* One row of k inputs -> per group of 32 the integer codes Q = round(x / dx) with
  * dx = max|x| / L, and (dx, sx = dx * sum Q). 8-bit activations (q2 NULL): L = 127, Q is the
  * int8 code q1. 16-bit activations: L = 127 * 254 = 32258, Q = 254 q1 + q2 split into two int8
  * digits (q1 = round(Q / 254), q2 = Q - 254 q1, both in -127..127), so that the dot products
  * stay u8 x s8 and the product D = 254 D1 + D2 is exact. */
-#define XLEVELS16 32258 /* 127 * 254 */
 static void quantize_row(const void *x, int bf16, int64_t k, int8_t *q1, int8_t *q2, float *dxsx) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
     const float levels = q2 ? (float)XLEVELS16 : 127.0f;
     for (int64_t g = 0; g < k / GROUP; g++) {
-        __m256 v[4];
-        __m256 amax = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++) {
-            v[i] = load8(x, bf16, g * GROUP + 8 * i);
-            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
-        }
-        const float a = hmax8(amax);
-        const float dx = a / levels;
-        const __m256 id = _mm256_set1_ps(a > 0.0f ? levels / a : 0.0f);
         __m256i qi[4];
-        for (int i = 0; i < 4; i++) /* round to nearest even (the default MXCSR) */
-            qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
+        const float dx = quant_group(x, bf16, g * GROUP, levels, qi);
         dxsx[2 * g] = dx;
         dxsx[2 * g + 1] = dx * (float)hsum_i32(qi); /* |sum| <= 32 * 32258: exact in float */
         if (!q2) {
@@ -229,17 +175,8 @@ static void quantize_row(const void *x, int bf16, int64_t k, int8_t *q1, int8_t 
 
 /* ------------------------------------------------------------------ the product */
 
-static inline int32_t load4(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 #if TR_I4X_ISA == 3 && defined(TR_I4X_EMULATE_512)
-/* tests only: the AVX-512 path's 16-lane vectors as pairs of ymm */
-#define LANES 16
-typedef struct { __m256i a, b; } vi;
-typedef struct { __m256 a, b; } vf;
+/* tests only: the AVX-512 path's 16-lane vectors as pairs of ymm (xquant.h) */
 static inline vi e_load(const void *p) {
     vi r = {_mm256_loadu_si256((const __m256i *)p), _mm256_loadu_si256((const __m256i *)((const char *)p + 32))};
     return r;
@@ -247,26 +184,10 @@ static inline vi e_load(const void *p) {
 static inline vi e_and(vi x, vi y) { vi r = {_mm256_and_si256(x.a, y.a), _mm256_and_si256(x.b, y.b)}; return r; }
 static inline vi e_srl4(vi x) { vi r = {_mm256_srli_epi16(x.a, 4), _mm256_srli_epi16(x.b, 4)}; return r; }
 static inline vi e_set1_8(char c) { vi r = {_mm256_set1_epi8(c), _mm256_set1_epi8(c)}; return r; }
-static inline vi e_set1_32(int v) { vi r = {_mm256_set1_epi32(v), _mm256_set1_epi32(v)}; return r; }
-static inline vi e_zero(void) { vi r = {_mm256_setzero_si256(), _mm256_setzero_si256()}; return r; }
 static inline __m256i e_dp(__m256i acc, __m256i w, __m256i x) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
 }
 static inline vi e_dot(vi acc, vi w, vi x) { vi r = {e_dp(acc.a, w.a, x.a), e_dp(acc.b, w.b, x.b)}; return r; }
-static inline vf e_cvt(vi x) { vf r = {_mm256_cvtepi32_ps(x.a), _mm256_cvtepi32_ps(x.b)}; return r; }
-static inline vf e_half(const void *p) {
-    vf r = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
-            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const char *)p + 16)))};
-    return r;
-}
-static inline vf e_f1(float f) { vf r = {_mm256_set1_ps(f), _mm256_set1_ps(f)}; return r; }
-static inline vf e_fzero(void) { vf r = {_mm256_setzero_ps(), _mm256_setzero_ps()}; return r; }
-static inline vf e_mul(vf x, vf y) { vf r = {_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; return r; }
-static inline vf e_fma(vf x, vf y, vf z) {
-    vf r = {_mm256_fmadd_ps(x.a, y.a, z.a), _mm256_fmadd_ps(x.b, y.b, z.b)};
-    return r;
-}
-static inline void e_store(float *p, vf v) { _mm256_storeu_ps(p, v.a); _mm256_storeu_ps(p + 8, v.b); }
 static inline __m256i e_comb(__m256i d1, __m256i d2) {
     return _mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(d1, 8), _mm256_slli_epi32(d1, 1)), d2);
 }
@@ -276,50 +197,24 @@ static inline vi e_combine(vi d1, vi d2) { vi r = {e_comb(d1.a, d2.a), e_comb(d1
 #define VAND e_and
 #define VSRL16(x, n) e_srl4(x)
 #define VSET1_8 e_set1_8
-#define VBCAST32 e_set1_32
-#define VZERO e_zero
 #define VDOT e_dot
 #define VFINISH(acc) (acc)
-#define VCVT e_cvt
-#define VHALF e_half
-#define VF1 e_f1
-#define VFZERO e_fzero
-#define VMUL e_mul
-#define VFMA e_fma
-#define VSTORE e_store
 #elif TR_I4X_ISA == 3
 /* AVX-512 VNNI: one zmm holds a whole tile's 16 outputs */
-#define LANES 16
-typedef __m512i vi;
-typedef __m512 vf;
 #define VLOAD(p) _mm512_loadu_si512((const void *)(p))
 #define VAND _mm512_and_si512
 #define VSRL16 _mm512_srli_epi16
 #define VSET1_8 _mm512_set1_epi8
-#define VBCAST32 _mm512_set1_epi32
-#define VZERO _mm512_setzero_si512
 #define VDOT(acc, w, x) _mm512_dpbusd_epi32(acc, w, x)
 #define VFINISH(acc) (acc)
 /* 16-bit activations: D = 254 D1 + D2 (int32, exact) */
 #define VCOMBINE(d1, d2) \
     _mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(d1, 8), _mm512_slli_epi32(d1, 1)), d2)
-#define VCVT _mm512_cvtepi32_ps
-#define VHALF(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-#define VF1 _mm512_set1_ps
-#define VFZERO _mm512_setzero_ps
-#define VMUL _mm512_mul_ps
-#define VFMA _mm512_fmadd_ps
-#define VSTORE _mm512_storeu_ps
 #else
-#define LANES 8
-typedef __m256i vi;
-typedef __m256 vf;
 #define VLOAD(p) _mm256_loadu_si256((const __m256i *)(p))
 #define VAND _mm256_and_si256
 #define VSRL16 _mm256_srli_epi16
 #define VSET1_8 _mm256_set1_epi8
-#define VBCAST32 _mm256_set1_epi32
-#define VZERO _mm256_setzero_si256
 #if TR_I4X_ISA == 2
 #ifdef __AVXVNNI__
 #define VDOT(acc, w, x) _mm256_dpbusd_avx_epi32(acc, w, x)
@@ -336,13 +231,6 @@ typedef __m256 vf;
 #define VCOMBINE(d1, d2) \
     _mm256_add_epi32(_mm256_madd_epi16(d1, _mm256_set1_epi16(254)), _mm256_madd_epi16(d2, _mm256_set1_epi16(1)))
 #endif
-#define VCVT _mm256_cvtepi32_ps
-#define VHALF(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
-#define VF1 _mm256_set1_ps
-#define VFZERO _mm256_setzero_ps
-#define VMUL _mm256_mul_ps
-#define VFMA _mm256_fmadd_ps
-#define VSTORE _mm256_storeu_ps
 #endif
 #define HALVES (TILE / LANES) /* vectors per tile: 2 (ymm) or 1 (zmm) */
 
@@ -403,18 +291,7 @@ tile_rows(const int8_t *xq, const int8_t *xq2, const float *xs, int64_t k, int64
                 acc[r] = VFMA(m, VF1(d[1]), acc[r]);
             }
         }
-        const int64_t c0 = col + h * LANES;
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            float *o = out + (r0 + r) * out_stride + c0;
-            if (c0 + LANES <= ncols) {
-                VSTORE(o, acc[r]);
-            } else if (c0 < ncols) { /* the last tile of an N that is not a multiple of 16 */
-                float tmp[LANES];
-                VSTORE(tmp, acc[r]);
-                memcpy(o, tmp, (size_t)(ncols - c0) * sizeof(float));
-            }
-        }
+        store_rows(acc, R, out, out_stride, r0, col + h * LANES, ncols);
     }
 }
 

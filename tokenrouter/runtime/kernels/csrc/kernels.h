@@ -21,7 +21,14 @@ void tr_rope_write(const void *qkv, int qkv_bf16, int64_t qkv_stride, int64_t ro
 int64_t tr_i4x_scratch_bytes(int64_t rows, int64_t k);
 int tr_i4x_mm(const void *x, int x_bf16, int64_t x_stride, int64_t rows, int64_t k, int xbits, const uint8_t *w,
               int64_t n, float *out, int64_t out_stride, void *scratch, int threads);
+int64_t tr_i8x_scratch_bytes(int64_t rows, int64_t k);
+int tr_i8x_mm(const void *x, int x_bf16, int64_t x_stride, int64_t rows, int64_t k, int xbits, const uint8_t *w,
+              int64_t n, float *out, int64_t out_stride, void *scratch, int threads);
 int tr_int4dp_mm(const void *x, int x_bf16, int64_t x_stride, int64_t rows, int64_t k, const uint32_t *codes,
                  const uint16_t *sm, int64_t n, float *out, int64_t out_stride, int threads, int amx);
+/* gguf_rows.c: ggml block types (TR_CODES: int8 codes with float32 scales, head_rescore.c) */
+#define TR_CODES (-1)
+int tr_gguf_supported(int type);
+int tr_gguf_dequant_row(int type, const uint8_t *row, int64_t k, float *y);
 
 #endif

