@@ -219,7 +219,8 @@ def structured_spec(req: CommonRequest) -> tuple[Structured | None, str]:
         if kind == "json_object":
             return Structured(kind="json"), "response_format"
         if kind == "json_schema":
-            schema = (rf.get("json_schema") or {}).get("schema")
+            given = rf.get("json_schema")
+            schema = given.get("schema") if isinstance(given, dict) else None
             if not isinstance(schema, (dict, bool)):
                 raise BadRequest("response_format json_schema needs json_schema.schema, an object", "response_format")
             return Structured(kind="json_schema", spec=json.dumps(schema)), "response_format"
