@@ -175,6 +175,9 @@ class Validator:
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
             logit_bias=self._logit_bias(req.logit_bias), logprobs=logprobs,
             structured=await self.structured(req))
+        if fields["structured"] is not None and req.ignore_eos:
+            raise BadRequest("ignore_eos cannot hold with structured output: the output ends where its grammar "
+                             "does (at the end-of-sequence token)", "ignore_eos")
         try:
             params = SamplingParams(**fields)
             return params.with_eos(self.tok.eos_token_ids, req.ignore_eos)
