@@ -18,9 +18,9 @@ What each subserver gets comes from the program's serving schedule:
 Processes use the `spawn` start method (a forked torch is not safe), are daemons (they
 end with a normal exit of the parent), and also watch their parent, so a killed frontend
 leaves no orphans. The OS tells the frontend at once when one ends (`watch_exits`: the
-event loop reads each process's pidfd, or its multiprocessing sentinel where there is none). A vLLM writer over several ranks starts a process per rank, which a
-daemon may not: it is not one, and is killed at exit instead (vLLM's rank processes end
-with it). `stop` asks nicely (the frontend's shutdown message), then terminates,
+event loop reads each process's pidfd, or its multiprocessing sentinel where there is
+none). A vLLM writer over several ranks starts a process per rank, which a daemon may
+not: it is not one, and is killed at exit instead (vLLM's rank processes end with it). `stop` asks nicely (the frontend's shutdown message), then terminates,
 then kills.
 
 `open_runtime` starts a program's subservers with a `Launcher` and a `Frontend` connected
