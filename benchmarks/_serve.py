@@ -10,6 +10,7 @@ benchmarks/faults.py` puts benchmarks/ first on sys.path).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 import socket
@@ -88,3 +89,12 @@ def pct(xs: list[float], q: float, digits: int | None = None) -> float | None:
         return None
     x = sorted(xs)[min(len(xs) - 1, int(q * len(xs)))]
     return x if digits is None else round(x, digits)
+
+
+async def stopped_within(stop: asyncio.Event, seconds: float) -> bool:
+    """Wait until `stop` is set or `seconds` pass: whether it was set (a sampler's period)."""
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+        return True
+    except asyncio.TimeoutError:
+        return False

@@ -44,7 +44,8 @@ import subprocess
 import sys
 import time
 
-from _serve import free_port, metrics, parse_with_serve_args, pct, start_serve, stop_serve, wait_healthy
+from _serve import (free_port, metrics, parse_with_serve_args, pct, start_serve, stop_serve, stopped_within,
+                    wait_healthy)
 from tokenrouter.runtime.host import host_info, load_average
 
 TOPICS = ["the printing press", "vaccines", "why the sky is blue", "chess openings", "compilers",
@@ -143,11 +144,8 @@ async def _sample(url: str, proc: subprocess.Popen, series: list, stats: dict, t
             except httpx.HTTPError as exc:
                 row["metrics_error"] = str(exc)
             series.append(row)
-            try:
-                await asyncio.wait_for(stop.wait(), every)
+            if await stopped_within(stop, every):
                 return
-            except asyncio.TimeoutError:
-                pass
 
 
 async def _killer(url: str, every: float, kills: list, stats: dict, t0: float, duration: float) -> None:

@@ -373,6 +373,38 @@ def faults_run() -> Table:
                  + "\n\n" + idle + "\n\n" + aband)
 
 
+def contention_run(run: str) -> Table:
+    """benchmarks/contention.py: serve under load while hogs convert a model and write to disk;
+    every answer by status, the restarts and the liveness gaps, the fuzzed bodies."""
+    rel = f"{RESULTS}/contention/{run}/contention.json"
+    d = load(rel)
+    q, lat, live, fz, hogs = d["requests"], d["latency_s"], d["liveness"], d["fuzz"], d["hogs"]
+    gb = 1e9
+    hog = "; ".join(f"**{k}**: {h['what']} ({h['rounds']} rounds, {h['bytes_written'] / gb:,.0f} GB written)"
+                    for k, h in hogs.items())
+    ans = q["answers"]
+    other_4xx = sum(n for k, n in ans.items() if k[0] == "4")
+    load_ = rows(["duration", "clients", "answers", "200", "4xx", "5xx", "503 shed", "503 outage", "restarts",
+                  "latency p50 / p99 (200s)"],
+                 [[f"{d['duration_s']:.0f} s", str(d["concurrency"]), f"{sum(ans.values()):,}",
+                   f"{ans.get('200', 0):,}", str(other_4xx), f"**{q['server_errors']}**", str(q["shed_503"]),
+                   f"**{q['outage_503']}**", f"**{sum((live['restarts'] or {}).values()):.0f}**",
+                   f"{lat['p50']:.1f} s / {lat['p99']:.1f} s"]])
+    gaps = rows(["subserver", "restarts", "longest heartbeat gap", "longest gap without progress"],
+                [[f"`{w}`", f"{live['restarts'][w]:.0f}", f"{live['heartbeat_gap_max_s'][w]:.2f} s",
+                  f"{live['progress_gap_max_s'][w]:.2f} s"] for w in sorted(live["restarts"])])
+    fuzzed = fz["by_status"]
+    fuzz = rows(["fuzzed bodies (at concurrency 8, during the run)", "200", "400", "other 4xx", "5xx"],
+                [[f"{fz['bodies']:,}", f"{fuzzed.get('200', 0):,}", f"{fuzzed.get('400', 0):,}",
+                  str(sum(n for k, n in fuzzed.items() if k[0] == "4" and k != "400")),
+                  f"**{len(fz['server_errors'])}**"]])
+    host = (f"The hogs, each its own process at normal priority, beside other agents' work on the same "
+            f"host: {hog}. Load average up to {d['load_1m_max']:.1f}, memory available down to "
+            f"{d['mem_available_gb_min']:.1f} GB.")
+    return Table([rel], caption(rel, d, d["command"], "one run") + "\n\n" + host + "\n\n" + load_ + "\n\n"
+                 + gaps + "\n\n" + fuzz)
+
+
 def same_host(docs: list[dict], rels: list[str]) -> None:
     hosts = {(host_of(d)["cpu"], host_of(d)["cores"]) for d in docs}
     if len(hosts) != 1:
@@ -531,6 +563,8 @@ TABLES: dict[str, Callable[[], Table]] = {
     "soak-kills": lambda: soak_run("kill30"),
     "soak-mmap32": lambda: soak_run("mmap32"),
     "faults": faults_run,
+    "contention-small-model": lambda: contention_run("convert-0.5b"),
+    "contention-large-model": lambda: contention_run("convert-1.5b"),
     "eval-demo": lambda: eval_summary("demo"),
     "eval-lens16": lambda: eval_summary("lens16"),
     "eval-rstitch": lambda: eval_summary("rstitch"),

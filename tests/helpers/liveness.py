@@ -41,17 +41,31 @@ def stream_tokens(c: httpx.Client, body: dict, started: threading.Semaphore) -> 
     return r.status_code, err, ids
 
 
+LOAD_BODY = {"max_tokens": 200, "temperature": 0, "seed": 0, "ignore_eos": True}
+
+
+def load_prompt(i: int) -> str:
+    return f"load {i}"
+
+
 def stream_load(url, n, results, started):
-    """n long streamed requests; record (status, error text, end time) for each."""
+    """n long greedy streamed requests (`LOAD_BODY`, prompt `load_prompt(i)`); record
+    (status, error text, end time, token ids) for each."""
     def one(i):
         with httpx.Client(base_url=url, timeout=120) as c:
-            status, err, _ = stream_tokens(c, {"prompt": f"load {i}", "max_tokens": 200, "temperature": 0,
-                                               "ignore_eos": True}, started)
-            results.append((status, err, time.monotonic()))
+            status, err, ids = stream_tokens(c, {"prompt": load_prompt(i), **LOAD_BODY}, started)
+            results.append((status, err, time.monotonic(), ids))
     ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in ts:
         t.start()
     return ts
+
+
+def load_reference(program, tokenizer, n) -> set[tuple[int, ...]]:
+    """The single-request reference's tokens for the n prompts of `stream_load`."""
+    ref = Reference(program)
+    params = SamplingParams(max_tokens=LOAD_BODY["max_tokens"])
+    return {tuple(ref.generate(tokenizer.encode(load_prompt(i)), params).tokens) for i in range(n)}
 
 
 def check_against_reference(url, program, tokenizer, prompts):
@@ -68,12 +82,18 @@ def check_against_reference(url, program, tokenizer, prompts):
 
 def kill_under_load(url, pid, n=4, then=None, timeout=60):
     """Kill -9 `pid` while n long streamed requests run, call `then()` (a restart of a remote
-    subserver, say), and wait for them: [(status, error text or None, end time)]."""
+    subserver, say), and wait for them: [(status, error text or None, end time, token ids)]."""
+    return signal_under_load(url, pid, signal.SIGKILL, n, then, timeout)
+
+
+def signal_under_load(url, pid, signum, n=4, then=None, timeout=60):
+    """Send `signum` to `pid` while n long streamed requests run (`stream_load`), call
+    `then()`, and wait for them: [(status, error text or None, end time, token ids)]."""
     results, started = [], threading.Semaphore(0)
     ts = stream_load(url, n, results, started)
     for _ in range(n):
         assert started.acquire(timeout=60), f"the load did not start: {results}"
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid, signum)
     if then is not None:
         then()
     for t in ts:

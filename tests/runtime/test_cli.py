@@ -71,6 +71,7 @@ def test_serve_cli_end_to_end(pair, tmp_path):
     (["DEMO", "--subserver", "llm"], "--bind"),
     (["DEMO", "--host", "0.0.0.0"], "--api-key"),
     (["DEMO", "--max-running", "0"], "at least 1"),
+    (["DEMO", "--stall-window", "0"], "--stall-window must be positive"),
 ])
 def test_serve_cli_bad_input_is_a_clear_error(pair, tmp_path, args, message):
     tiny.example_program("demo", str(tmp_path), pair)
@@ -80,3 +81,16 @@ def test_serve_cli_bad_input_is_a_clear_error(pair, tmp_path, args, message):
     assert r.returncode != 0
     assert message in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_serve_liveness_flags_default_to_the_runtime_defaults():
+    """`--stall-window` and `--heartbeat-timeout` are read without importing the runtime: their
+    defaults are the liveness module's, written twice, and must stay equal."""
+    import argparse
+
+    from tokenrouter.commands import serve
+    from tokenrouter.runtime.frontend import liveness
+    parser = argparse.ArgumentParser()
+    serve.configure(parser)
+    args = parser.parse_args(["x.route"])
+    assert args.stall_window == liveness.STALL_WINDOW_S and args.heartbeat_timeout == liveness.HEARTBEAT_TIMEOUT_S

@@ -121,7 +121,7 @@ def test_a_local_stranger_on_tcp_is_refused_and_counted_and_changes_nothing(prog
 
 def test_same_user_forgeries_over_ipc_are_dropped_by_state_and_incarnation(program):
     opts = LaunchOptions(mode="process", num_blocks=240)
-    with _served_with_a_stranger(program, opts, liveness={"heartbeat_timeout_s": 2.0}) as (srv, stranger):
+    with _served_with_a_stranger(program, opts, liveness={"stall_window_s": 2.0}) as (srv, stranger):
         socks = stranger.push(srv.launcher.addresses)
         models = httpx.get(srv.url + "/v1/models", timeout=10).json()
         # a second ready cannot reconfigure anything
@@ -141,13 +141,13 @@ def test_same_user_forgeries_over_ipc_are_dropped_by_state_and_incarnation(progr
         os.kill(pid, signal.SIGSTOP)
         stopped = time.monotonic()
         try:
-            while httpx.get(srv.url + "/health", timeout=5).status_code == 200:
+            while (health := httpx.get(srv.url + "/health", timeout=5)).status_code == 200:
                 socks["frontend"].send(wire.encode(wire.Heartbeat(writer="llm", pid=pid, inc=99)))
                 assert time.monotonic() - stopped < 10, "a stopped subserver stayed up"
                 time.sleep(0.2)
         finally:
             os.kill(pid, signal.SIGCONT)
-        assert "no heartbeat" in httpx.get(srv.url + "/health", timeout=5).text
+        assert "stopped or hung" in health.text
         assert _dropped(srv.url, "frontend", "stale") >= 1
         _wait(lambda: httpx.get(srv.url + "/health", timeout=5).status_code == 200, 60, "the restart")
         assert srv.launcher.pids()["llm"] != pid
@@ -167,7 +167,7 @@ def _latencies(url, n, tag):
 
 def test_a_storm_of_deeply_nested_frames_to_every_socket_declares_nothing_down(program):
     opts = LaunchOptions(mode="process", num_blocks=240)
-    with _served_with_a_stranger(program, opts, liveness={"heartbeat_timeout_s": 3.0}) as (srv, stranger):
+    with _served_with_a_stranger(program, opts, liveness={"stall_window_s": 3.0}) as (srv, stranger):
         socks = stranger.push(srv.launcher.addresses)
         before = _latencies(srv.url, 8, "before")
         socks["frontend"].send(NESTED)  # the frame that used to kill the frontend's receive loop

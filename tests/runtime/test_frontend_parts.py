@@ -60,27 +60,30 @@ def test_a_watch_recovers_what_a_death_took_restarts_and_gives_up_through_its_ca
                   lost=lambda name, inc: calls.append(("lost", name, inc)), release=release, wake=wake,
                   drained=lambda: drained[0], alive=lambda: dict(alive),
                   restart=lambda name: calls.append(("restart", name)),
-                  heartbeat_timeout_s=1.0, max_restarts=1, on_fatal=lambda msg: calls.append(("fatal", msg)))
+                  heartbeat_timeout_s=1.0, stall_window_s=2.0, max_restarts=1,
+                  on_fatal=lambda msg: calls.append(("fatal", msg)))
         w.reported_ready("a", 11, 101)
         w.reported_ready("b", 12, 102)
         assert w.all_up and not w.down() and w.accepts("a", 101) and not w.accepts("a", 102)
         w.start().cancel()  # the frontend's start; the checks are driven by hand below
-        # silence while the receive loop has a backlog is not a death; silence after it read
-        # everything is, and so is silence for four timeouts whatever the backlog
-        w.live["a"].last_seen = w.live["b"].last_seen = time.monotonic() - 2.5
+        # no progress while the receive loop has a backlog is not a hang; no progress after it
+        # read everything is, and so is none for two windows whatever the backlog
+        for lv in (w.live["a"], w.live["b"]):
+            lv.last_seen = lv.progress_at = time.monotonic() - 2.5
         drained[0] = w.live["a"].last_seen + 0.5
         await w.check()
         assert w.all_up and calls == []
         drained[0] = time.monotonic()
-        w.seen("b")
+        w.seen("b", wire.Heartbeat(writer="b", pid=12, inc=102, waiting=True))
         await w.check()
-        assert w.down() == ["subserver a is down (no heartbeat for 2.5 s)"] and calls == [("lost", "a", 101),
-                                                                                          ("wake",)]
+        assert w.down() == ["subserver a is down (silent for 2.5 s: stopped or hung (the stall window is 2 s))"]
+        assert calls == [("lost", "a", 101), ("wake",)]
         assert not w.accepts("a", 101) and w.is_dead("a", 101)  # a dead incarnation stays dead
         w.reported_ready("a", 13, 103)
         assert w.all_up and w.accepts("a", 103)
-        w.live["a"].last_seen, drained[0] = time.monotonic() - 5, 0.0
-        w.seen("b")
+        w.live["a"].last_seen = w.live["a"].progress_at = time.monotonic() - 4.5
+        drained[0] = 0.0
+        w.seen("b", wire.Heartbeat(writer="b", pid=12, inc=102, waiting=True))
         await w.check()
         assert calls[-2] == ("lost", "a", 103)
         w.reported_ready("a", 15, 105)
@@ -204,7 +207,7 @@ def test_a_silent_subserver_thread_is_starved_not_dead():
 
         def watch(restart):
             w = Watch(["a"], end_all=lambda msg: 0, lost=lambda *a: None, release=noop, wake=noop,
-                      alive=lambda: {"a": True}, restart=restart, heartbeat_timeout_s=0.01)
+                      alive=lambda: {"a": True}, restart=restart, heartbeat_timeout_s=0.01, stall_window_s=0.01)
             w.reported_ready("a", 1, 7)
             w.start().cancel()
             return w
@@ -215,5 +218,67 @@ def test_a_silent_subserver_thread_is_starved_not_dead():
         await processes.check()
         assert threads.live["a"].up and not threads.fatal  # another thread held the GIL
         assert not processes.live["a"].up  # a silent process is down
+
+    asyncio.run(run())
+
+
+def _beat(turns=0, cpu_ms=0, waiting=False, writer="a", inc=7):
+    return wire.Heartbeat(writer=writer, pid=1, inc=inc, turns=turns, waiting=waiting, cpu_ms=cpu_ms)
+
+
+def test_a_subserver_is_judged_by_its_progress_not_by_a_clock():
+    """Past the stall window: computing (CPU time moves), idle (waiting for work), or heard
+    late but moving, a process is up; silent, or heard with nothing moving, it is down. A
+    stats reply (the messaging loop) is no progress. A remote subserver is down after the
+    heartbeat timeout of silence too, and stuck after the window like a local one."""
+    async def noop(*a):
+        pass
+
+    def watch(alive, **kw):
+        w = Watch(["a"], end_all=lambda msg: 0, lost=lambda *a: None, release=noop, wake=noop,
+                  alive=lambda: alive, restart=lambda name: None, **kw)
+        w.reported_ready("a", 1, 7)
+        w.start().cancel()
+        return w
+
+    async def feed(w, beats, every=0.05):
+        for b in beats:
+            w.seen("a", b)
+            await asyncio.sleep(every)
+            await w.check()
+            if not w.all_up:
+                return  # declared down (the next check would restart it)
+
+    async def run():
+        window = 0.3
+
+        async def judged(beats, every=0.05):
+            w = watch({"a": True}, stall_window_s=window)
+            await feed(w, beats, every)
+            return w
+
+        busy = await judged([_beat(turns=4, cpu_ms=100 + 5 * i) for i in range(12)])  # one step of 0.6 s
+        idle = await judged([_beat(turns=4, cpu_ms=100, waiting=True) for _ in range(12)])
+        late = await judged([_beat(turns=4 + i) for i in range(3)], every=0.25)  # every beat late, each moving
+        stuck = await judged([_beat(turns=4, cpu_ms=100) for _ in range(12)])
+        stats = await judged([wire.StatsReply(id=1, writer="a", inc=7, stats={}) for _ in range(12)])
+        silent = watch({"a": True}, stall_window_s=window)
+        await asyncio.sleep(window + 0.05)
+        await silent.check()
+        assert busy.all_up and idle.all_up and late.all_up
+        assert not stuck.all_up and "stuck: its heartbeats say its decoding loop made no progress" in stuck.down()[0]
+        assert not silent.all_up and "silent for" in silent.down()[0] and "stopped or hung" in silent.down()[0]
+        assert not stats.all_up and "silent for" in stats.down()[0]  # the messaging loop answers; no heartbeat
+        assert busy.gaps()["a"]["progress"] < window and late.gaps()["a"]["heartbeat"] >= 0.25
+
+        remote_silent = watch({}, heartbeat_timeout_s=0.1, stall_window_s=window)
+        remote_stuck = watch({}, heartbeat_timeout_s=0.1, stall_window_s=window)
+        await feed(remote_stuck, [_beat(turns=4, cpu_ms=100) for _ in range(3)])
+        assert remote_stuck.all_up  # heard, stuck for less than the window
+        await asyncio.sleep(0.15)
+        await remote_silent.check()
+        assert not remote_silent.all_up and "no heartbeat for" in remote_silent.down()[0]
+        await feed(remote_stuck, [_beat(turns=4, cpu_ms=100) for _ in range(6)])
+        assert not remote_stuck.all_up and "stuck" in remote_stuck.down()[0]
 
     asyncio.run(run())

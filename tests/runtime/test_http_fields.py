@@ -13,6 +13,8 @@ import shutil
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.helpers import tiny
 from tests.helpers import vllm as vh
@@ -254,3 +256,64 @@ def test_every_field_of_vllms_requests_is_implemented_refused_or_without_effect(
         assert not set(theirs.model_fields) - set(ours.model_fields) - known, theirs.__name__
     message_keys = set(CustomChatCompletionMessageParam.__annotations__)
     assert not message_keys - set(protocol.ChatMessage.model_fields) - set(fields.MESSAGE_UNSUPPORTED)
+
+
+# ------------------------------------------------------------------ wrong types
+
+# every field either request schema declares, and every field `fields.py` judges, on either
+# endpoint (so each also gets the other's fields, which it does not define), and every key
+# of a chat message
+EVERY_FIELD = sorted(set(protocol.CompletionRequest.model_fields) | set(protocol.ChatRequest.model_fields)
+                     | set(fields.UNSUPPORTED) | set(fields.NO_EFFECT))
+MESSAGE_KEYS = sorted(set(protocol.ChatMessage.model_fields) | set(fields.MESSAGE_UNSUPPORTED))
+ODD_TEXT = st.sampled_from(["", "null", "\ud800", "a" * 5000, "NaN", "json_schema", "text", "user", "none"])
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(1 << 70), max_value=1 << 70)
+    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12) | ODD_TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12) | ODD_TEXT, inner, max_size=4)
+    | st.fixed_dictionaries({"type": inner}, optional={"text": inner, "json_schema": inner, "schema": inner}),
+    max_leaves=12)
+WHERE = [(path, f) for path in ("/v1/completions", "/v1/chat/completions", "/tokenize") for f in EVERY_FIELD] + \
+    [(path, f"messages[].{k}") for path in ("/v1/chat/completions", "/tokenize") for k in MESSAGE_KEYS]
+
+
+ONCE_A_500 = [  # bodies that got a 500 before their fields were checked by type
+    ("/v1/completions", {"messages": 2147483647}, 200),  # a field completions does not define: unknown
+    ("/v1/completions", {"messages": "null"}, 200),
+    ("/v1/completions", {"messages": [{"role": 5}]}, 200),
+    ("/v1/completions", {"response_format": {"type": "json_schema", "json_schema": "x"}, "store": 1}, 400),
+    ("/v1/chat/completions", {"structured_outputs": {"choice": "not json"}}, 400),
+    ("/v1/chat/completions", {"structured_outputs": {"\ud800": True}}, 400),  # quoted back in the error
+]
+
+
+@pytest.mark.parametrize("path, given, status", ONCE_A_500, ids=[json.dumps(g)[:40] for _, g, _ in ONCE_A_500])
+def test_bodies_that_once_got_a_500_get_their_answer(srv, path, given, status):
+    r = httpx.post(srv.url + path, content=json.dumps({**BASE[path], **given}),
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == status, r.text
+    if status == 400:
+        assert r.json()["error"]["param"] in given
+
+
+def _no_server_error(srv, path: str, body: dict, stream: bool) -> None:
+    raw = json.dumps({**body, "stream": stream} if path != "/tokenize" else body)  # NaN and Infinity too
+    r = httpx.post(srv.url + path, content=raw, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code < 500 and '"server_error"' not in r.text, (path, raw[:300], r.status_code, r.text[:300])
+
+
+@pytest.mark.slow  # about 2,000 requests
+@pytest.mark.parametrize("path, field", WHERE, ids=[f"{p} {f}" for p, f in WHERE])
+def test_a_value_of_any_type_in_any_field_is_never_a_server_error(srv, path, field):
+    @settings(max_examples=10, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(value=JSON, other=st.none() | st.tuples(st.sampled_from(EVERY_FIELD), JSON), stream=st.booleans())
+    def check(value, other, stream):
+        body = dict(BASE[path])
+        if other is not None:  # sometimes another field is wrong too
+            body[other[0]] = other[1]
+        if field.startswith("messages[]."):
+            body["messages"] = [{**HI[0], field.split(".", 1)[1]: value}]
+        else:
+            body[field] = value
+        _no_server_error(srv, path, body, stream)
+    check()

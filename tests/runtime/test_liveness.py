@@ -1,10 +1,20 @@
-"""Subservers that die: kill -9 under load. Requests in flight survive it (see also
-test_recovery.py); while it is down /health and /metrics say which one, and new requests get
-503 with `Retry-After`; a local subserver is restarted and serving resumes with the
-reference's greedy tokens; when restarts are exhausted what is in flight ends with 503 naming
-the cause. A remote one (over CURVE-authenticated tcp on loopback) is noticed by its missing
-heartbeats, and its requests finish when a new process of it reports ready."""
+"""Subservers that die, stop or hang, against real processes over HTTP.
 
+kill -9 under load: requests in flight survive it (see also test_recovery.py); the death is
+noticed in under a second (the OS says so); while it is down /health and /metrics say which
+one, and new requests get 503 with `Retry-After`; a local subserver is restarted and serving
+resumes with the reference's greedy tokens; when restarts are exhausted what is in flight
+ends with 503 naming the cause; two subservers' deaths are two log lines. A subserver
+stopped (SIGSTOP) for less than the stall window is not restarted and its requests complete;
+stopped past it, it is replaced within the bound and nothing is lost. A decoding loop that
+computes for longer than the window (a long step) is busy, not stuck; one blocked for longer
+is stuck and replaced. A remote one (over CURVE-authenticated tcp on loopback) is noticed by
+its missing heartbeats, and its requests finish when a new process of it reports ready."""
+
+import io
+import logging
+import os
+import signal
 import subprocess
 import time
 
@@ -12,10 +22,16 @@ import httpx
 import pytest
 
 from tests.helpers import tiny
-from tests.helpers.liveness import check_against_reference, kill_under_load
+from tests.helpers.liveness import check_against_reference, kill_under_load, load_reference, signal_under_load
 from tests.helpers.ports import free_port
 from tests.helpers.serving import CLI, ServerThread, metrics
 from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.frontend.liveness import PERIOD_S
+from tokenrouter.runtime.logs import LineFormatter, RepeatFilter
+from tokenrouter.runtime.subserver.links import HEARTBEAT_S
+
+WINDOW = 6.0  # the stall window of these tests (the default, 30 s, would make them slow)
+BOUND = WINDOW + PERIOD_S + HEARTBEAT_S + 1.0  # the documented bound, with a second for a loaded test host
 
 
 def _wait_health(url, ok: bool, timeout: float):
@@ -33,7 +49,7 @@ def test_kill_9_of_a_local_subserver_then_automatic_recovery_then_restarts_exhau
     program = tiny.coin(pair, 0.3)
     fatal = []
     srv = ServerThread(program, LaunchOptions(mode="process", num_blocks=240, concurrency=8),
-                       liveness={"heartbeat_timeout_s": 3.0, "max_restarts": 3, "on_fatal": fatal.append})
+                       liveness={"max_restarts": 3, "on_fatal": fatal.append})
     try:
         check_against_reference(srv.url, program, srv.tokenizer, ["before 1", "before 2"])
         old = srv.launcher.pids()["llm"]
@@ -68,7 +84,7 @@ def test_kill_9_of_a_local_subserver_then_automatic_recovery_then_restarts_exhau
         srv.fe.watch.live["slm"].failures = 0
         results = kill_under_load(srv.url, srv.launcher.pids()["slm"])
         assert fatal and "giving up" in fatal[0]
-        for status, err, _ in results:
+        for status, err, *_ in results:
             assert err is not None and '"unavailable"' in err and "giving up" in err, err
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 3}, timeout=10)
         assert r.status_code == 503 and r.headers.get("retry-after") and "giving up" in r.text
@@ -77,6 +93,122 @@ def test_kill_9_of_a_local_subserver_then_automatic_recovery_then_restarts_exhau
         assert metrics(srv.url)["tokenrouter_subserver_up", (("model", "slm"),)] == 0
     finally:
         srv.close()
+
+
+def _restarts(srv, writer):
+    return metrics(srv.url)["tokenrouter_subserver_restarts_total", (("model", writer),)]
+
+
+@pytest.fixture(scope="module")
+def coin(pair):
+    return tiny.coin(pair, 0.3)
+
+
+@pytest.fixture()
+def held(coin):
+    """A server whose subservers take test hooks, with a stall window of `WINDOW`."""
+    srv = ServerThread(coin, LaunchOptions(mode="process", num_blocks=400, concurrency=8, test_hooks=True),
+                       liveness={"stall_window_s": WINDOW, "max_restarts": 3})
+    yield srv
+    srv.close()
+
+
+@pytest.mark.slow
+def test_kill_9_is_noticed_in_under_a_second_and_two_deaths_are_two_log_lines(held):
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)  # what `tokenrouter serve` writes: one filter against floods
+    handler.setFormatter(LineFormatter("tokenrouter"))
+    handler.addFilter(RepeatFilter())
+    logging.getLogger().addHandler(handler)
+    try:
+        for writer in ("slm", "llm"):
+            pid = held.launcher.pids()[writer]
+            t_kill = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+            deadline = t_kill + 10
+            while held.fe.watch.live[writer].down_at < t_kill and time.monotonic() < deadline:
+                time.sleep(0.01)
+            noticed = held.fe.watch.live[writer].down_at - t_kill
+            print(f"\nkill -9 of {writer} noticed after {noticed:.3f} s")
+            assert 0 <= noticed < 1.0, noticed
+            assert "its process exited" in held.fe.watch.live[writer].reason or held.fe.watch.live[writer].up
+            _wait_health(held.url, ok=True, timeout=60)
+    finally:
+        logging.getLogger().removeHandler(handler)
+    lines = buf.getvalue().splitlines()
+    down = [line for line in lines if " is down (" in line and "recovering its requests" in line]
+    assert [line.split()[3] for line in down] == ["slm", "llm"], lines  # within a minute, yet not folded
+    assert not any("more like this" in line for line in down), down
+    check_against_reference(held.url, held.program, held.tokenizer, ["after two deaths"])
+
+
+@pytest.mark.slow
+def test_a_subserver_stopped_shorter_than_the_stall_window_is_not_restarted(held):
+    want = load_reference(held.program, held.tokenizer, 4)
+    pid = held.launcher.pids()["llm"]
+
+    def pause():  # stopped for half the window, under load, then resumed
+        time.sleep(WINDOW / 2)
+        os.kill(pid, signal.SIGCONT)
+
+    results = signal_under_load(held.url, pid, signal.SIGSTOP, then=pause)
+    assert [r[:2] for r in results] == [(200, None)] * 4, results
+    assert {tuple(r[3]) for r in results} == want  # every request completed, with the reference's tokens
+    assert held.launcher.pids()["llm"] == pid and _restarts(held, "llm") == 0 and held.fe.watch.all_up
+    gap = held.fe.watch.gaps()["llm"]["progress"]
+    assert WINDOW / 2 - 1.0 < gap < WINDOW, gap  # it was seen standing still, for less than the window
+
+
+@pytest.mark.slow
+def test_a_subserver_stopped_past_the_stall_window_is_replaced_within_the_bound_losing_nothing(held):
+    want = load_reference(held.program, held.tokenizer, 4)
+    pid = held.launcher.pids()["llm"]
+    timing = {}
+
+    def wait_for_the_verdict():
+        t_stop = time.monotonic()
+        while held.fe.watch.live["llm"].up and time.monotonic() - t_stop < 3 * WINDOW:
+            time.sleep(0.02)
+        timing["noticed"] = held.fe.watch.live["llm"].down_at - t_stop
+        timing["reason"] = held.fe.watch.live["llm"].reason
+
+    results = signal_under_load(held.url, pid, signal.SIGSTOP, then=wait_for_the_verdict)
+    print(f"\nstopped past the window of {WINDOW} s: declared down after {timing['noticed']:.2f} s")
+    assert WINDOW - 1.0 < timing["noticed"] < BOUND, timing
+    assert "silent for" in timing["reason"] and "stopped or hung" in timing["reason"], timing
+    assert [r[:2] for r in results] == [(200, None)] * 4, results  # nothing lost
+    assert {tuple(r[3]) for r in results} == want
+    assert held.launcher.pids()["llm"] != pid and _restarts(held, "llm") == 1
+    with pytest.raises(ProcessLookupError):  # the stopped process was killed, not left behind
+        for _ in range(100):
+            os.kill(pid, 0)
+            time.sleep(0.05)
+    assert held.wait_blocks_free() == {"slm": 0, "llm": 0}
+
+
+@pytest.mark.slow
+def test_a_long_step_is_busy_and_a_blocked_decoding_loop_is_stuck(held):
+    """The decoding loop held twice the window: computing (CPU time moves, heartbeats keep
+    coming from their own thread) it is left alone; blocked (no CPU, no turns) it is replaced."""
+    pids = held.launcher.pids()
+    held.call(held.fe.debug_hold("slm", 2 * WINDOW, busy=True))  # the start writer: every request waits
+    t0 = time.monotonic()
+    r = httpx.post(held.url + "/v1/completions", json={"prompt": "through a long step", "max_tokens": 12,
+                                                       "temperature": 0, "seed": 0}, timeout=120)
+    assert r.status_code == 200 and time.monotonic() - t0 > WINDOW  # it waited for the step, and was served
+    assert held.launcher.pids()["slm"] == pids["slm"] and _restarts(held, "slm") == 0
+    assert held.fe.watch.gaps()["slm"]["heartbeat"] < WINDOW / 2  # heartbeats were never starved
+    pid = pids["llm"]
+
+    held.call(held.fe.debug_hold("llm", 10 * WINDOW, busy=False))
+    t_hold = time.monotonic()
+    while held.fe.watch.live["llm"].up and time.monotonic() - t_hold < 3 * WINDOW:
+        time.sleep(0.02)
+    lv = held.fe.watch.live["llm"]
+    assert not lv.up and "stuck" in lv.reason and lv.down_at - t_hold < BOUND, (lv.reason, lv.down_at - t_hold)
+    _wait_health(held.url, ok=True, timeout=60)
+    assert held.launcher.pids()["llm"] != pid and _restarts(held, "llm") == 1
+    check_against_reference(held.url, held.program, held.tokenizer, ["after a hang"])
 
 
 def _netns_available() -> bool:

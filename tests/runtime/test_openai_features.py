@@ -240,6 +240,22 @@ def test_a_json_schema_is_enforced_on_both_writers_at_concurrency_8(srv, ref):
     assert choice["text"] in ("yes", "no")
 
 
+def test_where_the_grammar_ends_the_output_ends(srv, ref):
+    """`min_tokens` past the grammar's end gives way to it (the reference's tokens, finish
+    "stop"); `ignore_eos`, which cannot hold with a grammar, is a 400. Both were a 500."""
+    for given, spec in (({"structured_outputs": {"choice": ["yes", "no"]}}, Structured(kind="choice",
+                                                                                        spec='["yes", "no"]')),
+                        ({"response_format": {"type": "json_object"}}, Structured(kind="json"))):
+        c = post(srv, "/v1/completions", {"prompt": "pick", "max_tokens": 40, "temperature": 0, "min_tokens": 30,
+                                          **given})["choices"][0]
+        params = SamplingParams(max_tokens=40, min_tokens=30, structured=spec).with_eos(srv.tokenizer.eos_token_ids)
+        want = ref.generate(srv.tokenizer.encode("pick"), params)
+        assert c["token_ids"] == want.tokens and c["finish_reason"] == "stop" and len(want.tokens) < 30, c
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "pick", "max_tokens": 4, "ignore_eos": True,
+                                                         **given}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "ignore_eos", r.text
+
+
 # ------------------------------------------------------------------ endpoints, names, CORS
 
 def test_models_tokenize_detokenize_and_served_names(srv):

@@ -76,8 +76,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quant", action="append", metavar="Q|NAME=Q",
                         help="override the models' weight format (all, or one model): " + QUANT_HELP)
     net = parser.add_argument_group("liveness and hosts")
-    net.add_argument("--heartbeat-timeout", type=float, default=3.0, metavar="S",
-                     help="a subserver silent this long is down: its requests fail (default 3 s)")
+    net.add_argument("--stall-window", type=float, default=30.0, metavar="S",
+                     help="a subserver whose decoding loop shows no progress this long (stopped, deadlocked) is "
+                          "declared hung and replaced; a busy one (its CPU time moves) or one whose heartbeats are "
+                          "late never is (default 30 s; docs/runtime.md, Faults and liveness)")
+    net.add_argument("--heartbeat-timeout", type=float, default=10.0, metavar="S",
+                     help="a remote subserver (--remote) not heard from this long is down; its requests wait for "
+                          "its return (default 10 s). A local one's death comes from the OS")
     net.add_argument("--max-restarts", type=int, default=5,
                      help="failed restarts in a row of a local subserver before serve exits non-zero (default 5)")
     net.add_argument("--curve-keys", metavar="DIR", default=None,
@@ -164,8 +169,8 @@ def run(args: argparse.Namespace) -> int:
             for w, addr in opts.addresses.items():  # what this process will bind
                 if w == args.subserver or (not args.subserver and (w == "frontend" or w not in opts.remote)):
                     check_bind(addr, sec)
-        if args.heartbeat_timeout <= 0 or args.max_restarts < 0:
-            raise ValueError("--heartbeat-timeout must be positive and --max-restarts at least 0")
+        if args.heartbeat_timeout <= 0 or args.stall_window <= 0 or args.max_restarts < 0:
+            raise ValueError("--heartbeat-timeout and --stall-window must be positive and --max-restarts at least 0")
         from tokenrouter.runtime.frontend.launch import require_engines
         here_not = tuple(w for w in program.writers() if w != args.subserver) if args.subserver else opts.remote
         require_engines(program, here_not)  # vLLM, where a writer served here needs it
@@ -266,7 +271,8 @@ def _run_http(args, program, opts, limits) -> int:
     @asynccontextmanager
     async def runtime():
         launcher, fe = await open_runtime(program, opts, heartbeat_timeout_s=args.heartbeat_timeout,
-                                          max_restarts=args.max_restarts, on_fatal=on_fatal)
+                                          stall_window_s=args.stall_window, max_restarts=args.max_restarts,
+                                          on_fatal=on_fatal)
         try:
             print(f"tokenrouter: serving {name!r} ({', '.join(fe.writers)}) on http://{args.host}:{args.port}",
                   file=sys.stderr, flush=True)

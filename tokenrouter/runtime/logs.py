@@ -16,9 +16,12 @@ flood of invalid frames, a client storm, descriptors running out) would otherwis
 same line, or the same traceback, tens of thousands of times a second and fill the disk.
 `RepeatFilter` lets the first warning or error of each kind through, counts the rest for `window_s`,
 and adds "(N more like this in the last S s)" to the next one it lets through. A record's
-kind is its logger, level, message template (before its arguments are filled in) and
-exception type, so "dropped a frame: %s" is one kind whatever the frame. `configure` puts
-it on its handler; `quiet_repeats` puts it on every handler in use (uvicorn's too).
+kind is its logger, level, message template (before its arguments are filled in),
+exception type and *subject*, so "dropped a frame: %s" is one kind whatever the frame, but
+a message about a thing (a subserver: `log.error("subserver %s is down", w,
+extra=about(w))`) is folded only with the same message about the same thing: two
+subservers' deaths are two lines. `configure` puts it on its handler; `quiet_repeats` puts
+it on every handler in use (uvicorn's too).
 """
 
 from __future__ import annotations
@@ -69,6 +72,12 @@ def configure(prefix: str, level_name: str | None = None) -> None:
     root.setLevel(max(ours, logging.WARNING))
 
 
+def about(subject: str) -> dict[str, str]:
+    """A log call's `extra` naming what its message is about (`RepeatFilter` folds repeats
+    per subject)."""
+    return {"subject": subject}
+
+
 class RepeatFilter(logging.Filter):
     def __init__(self, window_s: float = WINDOW_S):
         super().__init__()
@@ -79,7 +88,7 @@ class RepeatFilter(logging.Filter):
         if record.levelno < logging.WARNING:
             return True  # progress lines repeat their template by design ("%s: warming up")
         exc = record.exc_info[0].__name__ if record.exc_info and record.exc_info[0] else None
-        kind = (record.name, record.levelno, str(record.msg), exc)
+        kind = (record.name, record.levelno, str(record.msg), exc, getattr(record, "subject", None))
         now = time.monotonic()
         seen = self.kinds.get(kind)
         if seen is not None and now - seen[0] < self.window_s:

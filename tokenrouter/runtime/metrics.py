@@ -236,6 +236,16 @@ def _frontend_families(subservers: dict[str, dict[str, Any]], frontend: dict[str
     for w, n in sorted(frontend.get("restarts", {}).items()):
         fam.add_metric([w], n)
     yield fam
+    for key, name, help_ in (
+            ("heartbeat", "tokenrouter_subserver_heartbeat_gap_max_seconds",
+             "The longest gap between two heartbeats of the subserver the frontend read (their jitter)."),
+            ("progress", "tokenrouter_subserver_progress_gap_max_seconds",
+             "The longest gap between two signs of progress of the subserver's decoding loop (the stall window "
+             "must outlast it).")):
+        fam = GaugeMetricFamily(name, help_, labels=["model"])
+        for w, g in sorted(frontend.get("gaps", {}).items()):
+            fam.add_metric([w], round(g[key], 3))
+        yield fam
     fam = CounterMetricFamily("tokenrouter_requests_resumed_total",
                               "Requests lost with a dead subserver and resumed at this writer from the frontend's tokens.",
                               labels=["model"])

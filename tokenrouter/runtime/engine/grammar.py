@@ -62,7 +62,10 @@ def grammar_text(spec: Structured) -> str:
         return llg.LLMatcher.grammar_from_regex(spec.spec)
     if spec.kind == "lark":
         return llg.LLMatcher.grammar_from_lark(spec.spec)
-    choices = json.loads(spec.spec)  # kind == "choice"
+    try:  # kind == "choice"
+        choices = json.loads(spec.spec)
+    except ValueError as exc:
+        raise GrammarError(f"choice is not JSON: {exc}") from None
     if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
         raise GrammarError("choice is a non-empty list of strings")
     return llg.LLMatcher.grammar_from_regex("|".join(f"(?:{re.escape(c)})" for c in choices))

@@ -10,7 +10,7 @@ Per row, in this order (the same as vLLM's):
 | repetition penalty r | every token in the prompt or the output: a positive logit is divided by r, a negative one multiplied |
 | frequency penalty f, presence penalty p | `logit -= f * count + p * (count > 0)`, counts over the output tokens |
 | logit bias | added to the logits of the tokens named |
-| `min_tokens` | the stop ids are -inf until the output has that many tokens |
+| `min_tokens` | the stop ids are -inf until the output has that many tokens, unless the request's grammar allows nothing else (where its grammar ends, the output ends) |
 | structured output | every token the request's grammar does not allow is -inf (`grammar.py`) |
 
 Each row is changed alone (row-wise operations only), so a request's result does not depend
@@ -73,8 +73,10 @@ def _process_row(x: torch.Tensor, row: LogitsRow) -> None:
         bias = torch.tensor([b for _, b in p.logit_bias], dtype=x.dtype)
         keep = ids < vocab
         x.index_add_(0, ids[keep], bias[keep])
+    allowed = row.grammar.allowed(vocab) if row.grammar is not None else None
     if len(output) < p.min_tokens and p.stop_token_ids:
         stop = torch.tensor([t for t in p.stop_token_ids if t < vocab], dtype=torch.int64)
-        x[stop] = float("-inf")
-    if row.grammar is not None:
-        x.masked_fill_(~row.grammar.allowed(vocab).to(x.device), float("-inf"))
+        if allowed is None or allowed.index_fill(0, stop, False).any():
+            x[stop] = float("-inf")
+    if allowed is not None:
+        x.masked_fill_(~allowed.to(x.device), float("-inf"))

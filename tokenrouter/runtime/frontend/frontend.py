@@ -42,7 +42,7 @@ from tokenrouter.protocol.state import route_seed_of
 from tokenrouter.runtime.frontend.admission import KvAdmission, blocks_needed
 from tokenrouter.runtime.frontend.control import ControlPlane, RuntimeUnavailable
 from tokenrouter.runtime.frontend.endpoint import Endpoint
-from tokenrouter.runtime.frontend.liveness import HEARTBEAT_TIMEOUT_S, MAX_RESTARTS, Watch
+from tokenrouter.runtime.frontend.liveness import HEARTBEAT_TIMEOUT_S, MAX_RESTARTS, STALL_WINDOW_S, Watch
 from tokenrouter.runtime.frontend.recovery import Recovery
 from tokenrouter.runtime.frontend.streams import Delta, Final, RequestStream
 from tokenrouter.runtime.frontend.text import TextStream
@@ -58,8 +58,8 @@ class Frontend:
     def __init__(self, start_writer: str, addresses: dict[str, str], ctx: zmq.Context | None = None,
                  alive: Callable[[], dict[str, bool]] | None = None,
                  restart: Callable[[str], None] | None = None,
-                 heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S, max_restarts: int = MAX_RESTARTS,
-                 on_fatal: Callable[[str], None] | None = None, security=None,
+                 heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S, stall_window_s: float = STALL_WINDOW_S,
+                 max_restarts: int = MAX_RESTARTS, on_fatal: Callable[[str], None] | None = None, security=None,
                  pids: Callable[[], dict[str, int]] | None = None):
         self.start_writer = start_writer
         self.addresses = addresses
@@ -69,7 +69,8 @@ class Frontend:
         self.reqs: dict[str, RequestStream] = {}
         self.watch = Watch(self.writers, end_all=self._fail_all, lost=self._lost, release=self._release_at,
                            wake=self.admission.wake, drained=self.endpoint.drained, alive=alive, restart=restart,
-                           heartbeat_timeout_s=heartbeat_timeout_s, max_restarts=max_restarts, on_fatal=on_fatal)
+                           heartbeat_timeout_s=heartbeat_timeout_s, stall_window_s=stall_window_s,
+                           max_restarts=max_restarts, on_fatal=on_fatal)
         self.recovery = Recovery(start_writer, self.writers, self.reqs, send=self.endpoint.post,
                                  incarnation=self._inc, flush=self._flush, end=self._end,
                                  max_model_len=lambda: self.max_model_len)
@@ -230,6 +231,9 @@ class Frontend:
     async def debug_fail(self, writer: str, count: int = 1) -> None:
         self.endpoint.post(writer, wire.DebugFail(to=self._inc(writer), count=count))
 
+    async def debug_hold(self, writer: str, seconds: float, busy: bool) -> None:
+        self.endpoint.post(writer, wire.DebugHold(to=self._inc(writer), seconds=seconds, busy=busy))
+
     async def stats(self, timeout: float = 5.0) -> dict[str, dict[str, Any]]:
         """A snapshot of every subserver's counters (those that answer in time)."""
         sid = next(self._stats_ids)
@@ -253,7 +257,7 @@ class Frontend:
         return {"finished": dict(self.finished), "running": sum(1 for r in self.reqs.values() if not r.ended),
                 "queued": self.admission.queued, "writers": list(self.writers),
                 "up": {w: lv.up for w, lv in self.watch.live.items()},
-                "restarts": {w: lv.restarts for w, lv in self.watch.live.items()},
+                "restarts": {w: lv.restarts for w, lv in self.watch.live.items()}, "gaps": self.watch.gaps(),
                 "resumed": dict(self.recovery.resumed), "lost_tokens_refilled": self.recovery.lost_tokens,
                 "frames_dropped": dict(self.endpoint.frames_dropped), "loop_restarts": self.endpoint.loop_restarts,
                 "prompt_tokens": self.metrics.prompt_tokens, "generation_tokens": self.metrics.generation_tokens}
@@ -314,7 +318,7 @@ class Frontend:
         if not self.watch.accepts(w, msg.inc):
             self.control.refuse(w, msg.inc)
             return
-        self.watch.seen(w)
+        self.watch.seen(w, msg)
         if isinstance(msg, wire.Tokens):
             for rid, pos, tok, nxt in msg.items:
                 live = self.reqs.get(rid)

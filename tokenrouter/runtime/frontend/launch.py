@@ -20,9 +20,10 @@ What each subserver gets comes from the program's serving schedule:
 
 Processes use the `spawn` start method (a forked torch is not safe), are daemons (they
 end with a normal exit of the parent), and also watch their parent, so a killed frontend
-leaves no orphans. A vLLM writer over several ranks starts a process per rank, which a
-daemon may not: it is not one, and is killed at exit instead (vLLM's rank processes end
-with it). `stop` asks nicely (the frontend's shutdown message), then terminates,
+leaves no orphans. The OS tells the frontend at once when one ends (`watch_exits`: the
+event loop reads each process's pidfd, or its multiprocessing sentinel where there is
+none). A vLLM writer over several ranks starts a process per rank, which a daemon may
+not: it is not one, and is killed at exit instead (vLLM's rank processes end with it). `stop` asks nicely (the frontend's shutdown message), then terminates,
 then kills.
 
 `open_runtime` starts a program's subservers with a `Launcher` and a `Frontend` connected
@@ -46,6 +47,7 @@ import zmq
 
 from tokenrouter.compiler import ir
 from tokenrouter.runtime.cores import SPIN_ENV, Ledger, environment, host_cores
+from tokenrouter.runtime.logs import about
 from tokenrouter.runtime.frontend.frontend import Frontend
 from tokenrouter.runtime.subserver.setup import SubserverSpec
 from tokenrouter.runtime.subserver.process import run_process, run_thread
@@ -206,6 +208,7 @@ class Launcher:
         self.ctx = None
         self._procs: dict[str, Any] = {}
         self._threads: dict[str, threading.Thread] = {}
+        self._exits: tuple[asyncio.AbstractEventLoop, Any] | None = None  # (loop, on_exit) of `watch_exits`
 
     @property
     def local(self) -> list[str]:
@@ -238,6 +241,34 @@ class Launcher:
         self._procs[w] = p
         if not daemon:  # ended at exit as a daemon would be, before multiprocessing joins it
             atexit.register(_kill, p)
+        self._watch_exit(w, p)
+
+    def watch_exits(self, loop: asyncio.AbstractEventLoop, on_exit) -> None:
+        """From now on call `on_exit(writer)` in `loop` as soon as a local subserver process
+        ends, a restarted one included: the OS says so (the process's pidfd turns readable)."""
+        self._exits = (loop, on_exit)
+        for w, p in self._procs.items():
+            self._watch_exit(w, p)
+
+    def _watch_exit(self, w: str, p) -> None:  # any thread (a restart runs in an executor)
+        if self._exits is None:
+            return
+        loop, on_exit = self._exits
+        try:
+            fd, own = os.pidfd_open(p.pid), True
+        except (AttributeError, OSError):  # no pidfd (not Linux 5.3+): the sentinel, readable at its exit
+            fd, own = p.sentinel, False
+
+        def ended() -> None:
+            loop.remove_reader(fd)
+            if own:
+                os.close(fd)
+            on_exit(w)
+        try:
+            loop.call_soon_threadsafe(loop.add_reader, fd, ended)
+        except RuntimeError:  # the loop is closed: nobody is watching any more
+            if own:
+                os.close(fd)
 
     def restart(self, w: str) -> None:
         """Replace writer `w`'s process (kill what is left of the old one first). The new
@@ -247,7 +278,7 @@ class Launcher:
             if old.is_alive():
                 old.kill()
             old.join(5)
-        log.warning("starting a new subserver process for %s", w)
+        log.warning("starting a new subserver process for %s", w, extra=about(w))
         self._spawn(w)
 
     def alive(self) -> dict[str, bool]:
@@ -265,7 +296,7 @@ class Launcher:
         for w, p in self._procs.items():
             p.join(max(0.1, deadline - time.monotonic()))
             if p.is_alive():
-                log.warning("subserver %s did not stop; terminating it", w)
+                log.warning("subserver %s did not stop; terminating it", w, extra=about(w))
                 p.terminate()
                 p.join(3)
             if p.is_alive():
@@ -292,7 +323,7 @@ def _kill(p) -> None:
 async def open_runtime(program: ir.Program, opts: LaunchOptions | None = None, timeout: float = 180.0,
                        **liveness) -> tuple[Launcher, Frontend]:
     """Start the subservers of `program` and a connected `Frontend` in the running loop.
-    `liveness`: heartbeat_timeout_s, max_restarts, on_fatal (see `Frontend`)."""
+    `liveness`: heartbeat_timeout_s, stall_window_s, max_restarts, on_fatal (see `Frontend`)."""
     launcher = Launcher(program, opts).start()
     if any(uses_vllm(program, w) for w in launcher.local):
         timeout = max(timeout, VLLM_START_TIMEOUT_S)
@@ -300,6 +331,7 @@ async def open_runtime(program: ir.Program, opts: LaunchOptions | None = None, t
                   launcher.addresses, ctx=launcher.ctx, alive=launcher.alive,
                   restart=launcher.restart if launcher.opts.mode == "process" else None,
                   security=launcher.security, pids=launcher.pids, **liveness)
+    launcher.watch_exits(asyncio.get_running_loop(), fe.watch.exited)
     try:
         await fe.start(timeout)
     except BaseException:

@@ -47,6 +47,7 @@ from typing import Callable
 
 from tokenrouter.protocol.state import PeerMessage
 from tokenrouter.runtime.frontend.streams import Final, RequestStream
+from tokenrouter.runtime.logs import about
 from tokenrouter.runtime.transport import wire
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,7 @@ class Recovery:
         for w in asked:
             self.send(w, wire.PeerDown(to=self.incarnation(w), round=rnd.id, writer=writer, inc=inc, have=have))
         log.warning("subserver %s (incarnation %x) died: asking %s what they hold of %d requests",
-                    writer, inc, ", ".join(sorted(asked)) or "nobody", len(have))
+                    writer, inc, ", ".join(sorted(asked)) or "nobody", len(have), extra=about(writer))
         self._maybe_decide(rnd)
 
     def on_census(self, msg: wire.Census) -> None:
@@ -210,7 +211,7 @@ class Recovery:
         for live in lost:
             self._resume(rnd, live)
         log.warning("subserver %s died: %d requests resumed, %d went on untouched", rnd.writer, len(lost),
-                    sum(1 for live in self.reqs.values() if not live.ended) - len(lost))
+                    sum(1 for live in self.reqs.values() if not live.ended) - len(lost), extra=about(rnd.writer))
 
     def _top(self, rnd: Round, rid: str) -> wire.CensusEntry | None:
         entries = rnd.entries.get(rid, [])

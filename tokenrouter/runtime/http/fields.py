@@ -97,9 +97,12 @@ NO_EFFECT: dict[str, str] = {
 
 def check(body: BaseModel) -> None:
     """Refuse (400) a body that sets a field, or a message key, this server does not
-    implement; warn about the fields nobody defined (all of them, in one line)."""
+    implement; warn about the fields nobody defined (all of them, in one line). Only what
+    the body's schema declares is read as typed: a field it does not define (`messages` on
+    /v1/completions) is an unknown value of any type, never iterated."""
     unknown = _refuse(body.model_extra or {}, UNSUPPORTED, "")
-    for m in getattr(body, "messages", None) or ():
+    messages = body.messages if "messages" in type(body).model_fields else None
+    for m in messages or ():
         unknown += [n for n in _refuse(m.model_extra or {}, MESSAGE_UNSUPPORTED, "messages") if n not in unknown]
     if unknown:
         log.warning("request fields ignored (not in vLLM's request schema): %s", ", ".join(unknown))

@@ -39,8 +39,14 @@ class DeadlineExceeded(Exception):
 
 def error_response(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
                    headers: dict[str, str] | None = None, code: str | None = None):
-    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}},
+    """The OpenAI error body. Its message and param may quote the request, which may hold
+    text with no UTF-8 form (a lone surrogate): such characters are written escaped."""
+    return JSONResponse({"error": {"message": _utf8(message), "type": type_, "param": _utf8(param), "code": code}},
                         status_code=status, headers=headers)
+
+
+def _utf8(text: str | None) -> str | None:
+    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def error_body(status: int, message: str, type_: str, code: str | None = None) -> tuple[int, bytes]:

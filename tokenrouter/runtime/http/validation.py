@@ -175,6 +175,9 @@ class Validator:
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
             logit_bias=self._logit_bias(req.logit_bias), logprobs=logprobs,
             structured=await self.structured(req))
+        if fields["structured"] is not None and req.ignore_eos:
+            raise BadRequest("ignore_eos cannot hold with structured output: the output ends where its grammar "
+                             "does (at the end-of-sequence token)", "ignore_eos")
         try:
             params = SamplingParams(**fields)
             return params.with_eos(self.tok.eos_token_ids, req.ignore_eos)
@@ -219,7 +222,8 @@ def structured_spec(req: CommonRequest) -> tuple[Structured | None, str]:
         if kind == "json_object":
             return Structured(kind="json"), "response_format"
         if kind == "json_schema":
-            schema = (rf.get("json_schema") or {}).get("schema")
+            given = rf.get("json_schema")
+            schema = given.get("schema") if isinstance(given, dict) else None
             if not isinstance(schema, (dict, bool)):
                 raise BadRequest("response_format json_schema needs json_schema.schema, an object", "response_format")
             return Structured(kind="json_schema", spec=json.dumps(schema)), "response_format"

@@ -3,9 +3,10 @@
 to the frontend and the peers (the decoding loop), `reply` to the frontend (the messaging
 loop's answers to `stats`) and the heartbeat thread's own socket.
 
-The heartbeat tells the frontend this process is alive (see `frontend/liveness.py`) while
-its messaging loop runs: a process that can no longer hear the frontend stops beating, so it
-is declared down and replaced.
+The heartbeat tells the frontend this process is alive, and what its decoding loop did
+(`progress.py`; the frontend judges it, `frontend/liveness.py`), while its messaging loop
+runs: a process that can no longer hear the frontend stops beating, so it is declared down
+and replaced. The thread needs nothing of the decoding loop, so a long step never delays it.
 """
 
 from __future__ import annotations
@@ -49,18 +50,19 @@ class Links:
         self.receiver = Receiver(self._ctx, self.address, on_frame, name=f"msg-{self.writer}",
                                  security=self.security, on_refused=on_refused)
 
-    def start_heartbeat(self, frame: bytes) -> None:
-        """Send `frame` (the encoded heartbeat) every `HEARTBEAT_S` while the messaging loop runs."""
+    def start_heartbeat(self, frame: Callable[[], bytes]) -> None:
+        """Send `frame()` (the encoded heartbeat, as of now) every `HEARTBEAT_S` while the
+        messaging loop runs."""
         self._beat_thread = threading.Thread(target=self._heartbeat, args=(frame,), name=f"beat-{self.writer}",
                                              daemon=True)
         self._beat_thread.start()
 
-    def _heartbeat(self, frame: bytes) -> None:
+    def _heartbeat(self, frame: Callable[[], bytes]) -> None:
         while not self._beating.wait(HEARTBEAT_S):
             if not self.receiver.alive:
                 log.error("%s: the messaging loop stopped; no more heartbeats", self.writer)
                 return
-            self._beat.send(FRONTEND, frame)
+            self._beat.send(FRONTEND, frame())
 
     def close(self) -> None:
         """Stop the heartbeat and the messaging loop, close every socket (and end the context

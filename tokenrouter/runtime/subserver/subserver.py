@@ -16,7 +16,8 @@ Faults stay inside a request: a frame that fails validation is dropped and count
 (`frames_dropped{reason}`), a message whose handling raises fails only its request, and a
 step that raises fails the requests of that step; the loops keep running. A heartbeat
 thread tells the frontend this process is alive (`links.py`), while its messaging loop
-runs. The launcher starts a subserver as a thread or a process (`process.py`).
+runs, and how far the decoding loop got (`progress.py`). The launcher starts a subserver as
+a thread or a process (`process.py`).
 
 How a handoff addresses its peer, and what a peer's death means here (its handoffs fenced
 off, a census for the frontend, departures parked until it is back) are `peers.py`. A handoff or resume older than what is
@@ -44,6 +45,7 @@ from tokenrouter.runtime.subserver.links import Links
 from tokenrouter.runtime.metrics import PHASES, SubserverStats
 from tokenrouter.runtime.subserver.policies import retention_policy, transport_policy
 from tokenrouter.runtime.subserver.peers import Peers
+from tokenrouter.runtime.subserver.progress import Progress, hold
 from tokenrouter.runtime.subserver.request import Request
 from tokenrouter.runtime.subserver.scheduler import Scheduler
 from tokenrouter.runtime.subserver.step import LOOP_ERROR, StepRunner
@@ -94,6 +96,7 @@ class Subserver:
         self.inbox = Inbox(self.writer, self.incarnation, spec.test_hooks, self._answer_stats, self._dropped)
         self.peers = Peers(self.writer, self.program, self.router)
         self._stop = False
+        self.progress = Progress()  # what the heartbeat tells of the decoding loop
 
         self.links = Links(spec, self.transport.peers(self.writer, spec.addresses), ctx)
         self.out = self.links.out  # decoding loop only
@@ -110,8 +113,9 @@ class Subserver:
         """Run until a shutdown message arrives."""
         self.links.listen(self.inbox.on_frame, on_refused=lambda: self._dropped("unauthenticated"))
         self.out.send(FRONTEND, wire.encode(self.ready_message()))
-        self.links.start_heartbeat(wire.encode(wire.Heartbeat(writer=self.writer, pid=os.getpid(),
-                                                              inc=self.incarnation)))
+        self.progress.attach()
+        self.links.start_heartbeat(lambda: wire.encode(self.progress.heartbeat(self.writer, os.getpid(),
+                                                                               self.incarnation)))
         try:
             self._decode_loop()
         finally:
@@ -134,6 +138,7 @@ class Subserver:
     # -------------------------------------------------------- decoding loop
     def _decode_loop(self) -> None:
         while True:
+            self.progress.turn()
             msgs = self.inbox.take()
             t0 = time.perf_counter()
             for m in msgs:
@@ -155,7 +160,8 @@ class Subserver:
                         if rid in self.reqs:
                             self._fail_safely(rid, f"{type(exc).__name__}: {exc}")
                 continue
-            self.inbox.wait(None if d.wait_until is None else max(0.0, (d.wait_until - time.monotonic_ns()) / 1e9))
+            with self.progress.waiting():
+                self.inbox.wait(None if d.wait_until is None else max(0.0, (d.wait_until - time.monotonic_ns()) / 1e9))
 
     # ------------------------------------------------------------ messages
     def _apply_safely(self, m: wire.Message) -> None:
@@ -205,6 +211,8 @@ class Subserver:
                 self.stats.max_wait_s = m.max_wait_ms / 1000
         elif isinstance(m, wire.DebugFail):
             self.runner.fail_next += m.count
+        elif isinstance(m, wire.DebugHold):
+            hold(m.seconds, m.busy)
 
     def _new_seq(self) -> int:
         self._seq_counter += 1

@@ -23,7 +23,7 @@ from an incarnation the frontend declared dead (`peer_down`).
 
 Directions:
   frontend -> subserver: submit, announce, release, stats, shutdown, configure, debug_fail,
-                         peers, peer_down, resume
+                         debug_hold, peers, peer_down, resume
   subserver -> subserver: handoff
   subserver -> frontend:  ready, heartbeat, tokens, done, stats_reply, census,
                           handoff (`relay` transport only)
@@ -53,6 +53,7 @@ TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
 Count = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
 Counts = Annotated[dict[Name, Count], Field(max_length=256)]
 Incarnation = Annotated[int, Field(ge=1, lt=1 << 63)]  # a subserver process's random id (`new_incarnation`)
+Total = Annotated[int, Field(ge=0, lt=1 << 63)]  # a running total (a process's loop turns, CPU milliseconds)
 MAX_REQUESTS = 1 << 20  # requests one message may list (a census, a peer_down's checkpoints)
 
 
@@ -204,13 +205,18 @@ class Ready(_Msg):
 
 class Heartbeat(_Msg):
     """A subserver is alive (sent every `HEARTBEAT_S` from its own thread, so a long step
-    does not delay it); the frontend declares a subserver down when it hears nothing from
-    it for its heartbeat timeout. `inc` tells a restarted process from the old one."""
+    does not delay it), and what its decoding loop did (`subserver/progress.py`): the turns
+    it finished, whether it waits for messages, the CPU time its thread used. The frontend
+    tells "alive and busy" from "alive but stuck" by them (`frontend/liveness.py`). `inc`
+    tells a restarted process from the old one."""
 
     t: Literal["heartbeat"] = "heartbeat"
     writer: Name
     pid: Count
     inc: Incarnation
+    turns: Total = 0
+    waiting: bool = False
+    cpu_ms: Total = 0
 
 
 Logprob = Annotated[float, Field(ge=-1e9, le=0.0, allow_inf_nan=False)]
@@ -283,14 +289,26 @@ class DebugFail(_Msg):
     count: int = Field(default=1, ge=1, le=1000)
 
 
+class DebugHold(_Msg):
+    """Test hook: the decoding loop holds for `seconds` before it goes on, either computing
+    (`busy`: a long step) or blocked without using the CPU (a deadlock that ends), to prove
+    that the frontend tells the two apart. Refused without test hooks, as `debug_fail`."""
+
+    t: Literal["debug_hold"] = "debug_hold"
+    to: Incarnation
+    seconds: float = Field(ge=0, le=600, allow_inf_nan=False)
+    busy: bool = False
+
+
 #: Messages that exist for the tests only.
-TEST_ONLY = ("debug_fail",)
+TEST_ONLY = ("debug_fail", "debug_hold")
 
 Message = Union[Submit, Announce, Release, Handoff, Resume, Ready, Heartbeat, Tokens, Done, Stats, StatsReply,
-                Shutdown, Configure, DebugFail, Peers, PeerDown, Census]
+                Shutdown, Configure, DebugFail, DebugHold, Peers, PeerDown, Census]
 
 #: What the frontend sends a subserver: each names the incarnation it is for (`to`).
-TO_SUBSERVER = (Submit, Announce, Release, Resume, Stats, Shutdown, Configure, DebugFail, Peers, PeerDown)
+TO_SUBSERVER = (Submit, Announce, Release, Resume, Stats, Shutdown, Configure, DebugFail, DebugHold, Peers,
+                PeerDown)
 #: What a subserver takes: each names the incarnation it is for (`to`).
 ADDRESSED = (*TO_SUBSERVER, Handoff)
 #: What a subserver sends the frontend: each names the sender (`writer`) and its incarnation (`inc`).
