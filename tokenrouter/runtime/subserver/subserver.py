@@ -13,15 +13,12 @@ What a departing request leaves behind and how handoffs travel are `policies.py`
 with its KV and peer to peer here; `rematch` and `relay` for the baselines.
 
 Faults stay inside a request: a frame that fails validation is dropped and counted
-(`frames_dropped{reason}`), a message whose handling raises fails only its request, and a
-step that raises fails the requests of that step; the loops keep running. A heartbeat
-thread tells the frontend this process is alive (`links.py`), while its messaging loop
-runs, and how far the decoding loop got (`progress.py`). The launcher starts a subserver as
-a thread or a process (`process.py`).
-
-How a handoff addresses its peer, and what a peer's death means here (its handoffs fenced
-off, a census for the frontend, departures parked until it is back) are `peers.py`. A handoff or resume older than what is
-known here of its request (`hops`) is dropped and counted as `stale`.
+(`frames_dropped{reason}`), a message whose handling raises fails only its request, a step
+that raises fails that step's requests; the loops keep running. A heartbeat thread tells the
+frontend this process is alive (`links.py`) and how far the decoding loop got (`progress.py`).
+The launcher starts a subserver as a thread or a process (`process.py`). How a handoff
+addresses its peer and what a peer's death means here are `peers.py`. A handoff or resume
+older than what is known here of its request (`hops`) is dropped and counted as `stale`.
 """
 
 from __future__ import annotations
