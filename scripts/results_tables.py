@@ -405,6 +405,43 @@ def contention_run(run: str) -> Table:
                  + gaps + "\n\n" + fuzz)
 
 
+
+# ------------------------------------------------------------------ benchmarks/bench_cores.py
+
+
+CORES_WORDS = {"small_alone": "small model alone", "large_alone": "large model alone",
+               "split": "fixed halves (cores // writers threads each)", "all": "every writer all cores, OpenMP spinning",
+               "all_passive": "every writer all cores, idle workers sleep", "share": "**by need** (`runtime/cores.py`)",
+               "share_spin": "by need, OpenMP spinning", "lockstep": "one process, one pool, stepped in turn"}
+
+
+def cores_table(scenarios: list[tuple[str, str]]) -> Table:
+    """bench_cores.py runs of one host side by side: per mechanism, each scenario's median
+    tokens/s with its rounds' range and its ratio to the small model alone (or to the large
+    model alone where the small was not run)."""
+    rels = [f"{RESULTS}/cores/{name}.json" for _, name in scenarios]
+    docs = [load(r) for r in rels]
+    same_host(docs, rels)
+    names = [c for c in CORES_WORDS if any(c in d["median_tokens_per_s"] for d in docs)]
+    header = ["cores held"] + [f"{label}: tok/s (rounds)" for label, _ in scenarios]
+    body = []
+    for c in names:
+        row = [CORES_WORDS[c]]
+        for d in docs:
+            med = d["median_tokens_per_s"].get(c)
+            if med is None:
+                row.append("-")
+                continue
+            base = "small_alone" if "small_alone" in d["median_tokens_per_s"] else "large_alone"
+            ratio = f", {med / d['median_tokens_per_s'][base]:.2f}x {base.split('_')[0]}" if c != base else ""
+            row.append(f"{med:.1f} ({span([x['tokens_per_s'] for x in d['per_round'][c]])}){ratio}")
+        body.append(row)
+    runs = "; ".join(f"{label}: `{rerun(d['command'])}` (N = {d['concurrency']}, {d['rounds']} rounds of at least "
+                     f"{d['min_s']:g} s, outputs agree: {d['outputs_agree']})" for (label, _), d in zip(scenarios, docs))
+    text = f"*{host_words(docs[0], rels[0])}; {runs} ({', '.join(rels)}).*\n\n" + rows(header, body)
+    return Table(rels, text)
+
+
 def same_host(docs: list[dict], rels: list[str]) -> None:
     hosts = {(host_of(d)["cpu"], host_of(d)["cores"]) for d in docs}
     if len(hosts) != 1:

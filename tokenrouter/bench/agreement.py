@@ -14,6 +14,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+import torch
+
+from tokenrouter.bench.llamacpp import LlamaCppServer
 from tokenrouter.extras import require
 
 # chat questions whose answers are code: the comparison's default prompts
@@ -26,7 +29,6 @@ def llamacpp_top_logprobs(gguf: str, prompts: list[list[int]], steps: int, top: 
     """Per prompt (token ids): llama.cpp's `steps` greedy tokens and, at each, {token:
     log-probability} of its `top` best, from one server with one slot."""
     httpx = require("bench", "httpx", "the llama.cpp comparison")
-    from tokenrouter.bench.llamacpp import LlamaCppServer
     srv = LlamaCppServer(gguf, parallel=1, threads=threads, ctx_per_slot=max(len(p) for p in prompts) + steps + 16,
                          timeout=timeout)
     out = []
@@ -48,7 +50,6 @@ def llamacpp_top_logprobs(gguf: str, prompts: list[list[int]], steps: int, top: 
 def teacher_forced_logprobs(engine, prompts: list[list[int]], forced: list[list[int]]) -> list[Any]:
     """Per prompt: the engine's log-probabilities [len(forced), V] (float64) at each position
     of `forced` (a prefill of the prompt, then a decode step per forced token)."""
-    import torch
     out = []
     for i, (p, toks) in enumerate(zip(prompts, forced)):
         rows = [engine.step([(i, p)]).logits[0]]

@@ -101,8 +101,7 @@ class Subserver:
     # ----------------------------------------------------------------- life
     def ready_message(self, error: str | None = None) -> wire.Ready:
         return wire.Ready(writer=self.writer, pid=os.getpid(), inc=self.incarnation, block_size=self.engine.block_size,
-                          blocks_total=self.engine.blocks_total,
-                          max_model_len=self.max_model_len, vocab_size=self.vocab_size,
+                          blocks_total=self.engine.blocks_total, max_model_len=self.max_model_len, vocab_size=self.vocab_size,
                           threads=self.stats.threads, batch_threshold=self.spec.batch_threshold,
                           max_wait_ms=self.spec.max_wait_ms, error=error)
 
@@ -127,10 +126,8 @@ class Subserver:
 
     def snapshot(self) -> dict[str, Any]:
         used, total = self.engine.kv_usage()
-        return self.stats.snapshot(blocks_used=used, blocks_free=total - used,
-                                   engine_computed_tokens=self.engine.computed_tokens,
-                                   pending=self.sched.count("pending"),
-                                   ready=len(self.sched.ready()), requests=len(self.reqs))
+        return self.stats.snapshot(blocks_used=used, blocks_free=total - used, engine_computed_tokens=self.engine.computed_tokens,
+                                   pending=self.sched.count("pending"), ready=len(self.sched.ready()), requests=len(self.reqs))
 
     # -------------------------------------------------------- decoding loop
     def _decode_loop(self) -> None:
