@@ -136,9 +136,7 @@ def main(argv=None) -> int:
     tok = program_tokenizer(program)
     n, cores = args.concurrency, host_cores()
     if args.prompts:
-        with open(args.prompts, encoding="utf-8") as f:
-            asks = [json.loads(line)["prompt"] for line in f if line.strip()]
-        texts = [tok.apply_chat_template([{"role": "user", "content": a}], add_generation_prompt=True) for a in asks]
+        texts = workload.chat_prompts(args.prompts, tok, max(64, 8 * n))
     else:
         texts = workload.prompts(max(64, 8 * n))
     ids = [tok.encode(t) for t in texts]

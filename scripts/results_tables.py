@@ -442,8 +442,41 @@ def cores_table(scenarios: list[tuple[str, str]]) -> Table:
     return Table(rels, text)
 
 
+def headline_coder() -> Table:
+    """The README's headline: the coder pair on HumanEval (pass@1, the large model's share of
+    the tokens) with each configuration's serving speed at N = 8 (bench_cores.py, one run)."""
+    ev_rel, sp_rel = f"{EVAL}/coder_entropy/summary.json", f"{RESULTS}/cores/coder_n8.json"
+    ev, sp = load(ev_rel), load(sp_rel)
+    same_host([ev, sp], [ev_rel, sp_rel])
+    tps = sp["median_tokens_per_s"]
+    tau = ev["meta"]["bound_params"]["tau"]["value"]
+
+    def score(c: dict) -> list[str]:
+        return [f"{100 * c['accuracy']:.1f}% ({c['correct']} of {c['answered']})", pct(c["large_share"])]
+
+    def speed(name: str) -> str:
+        r = [x["tokens_per_s"] for x in sp["per_round"][name]]
+        return f"{tps[name]:.1f} ({span(r)})"
+
+    cfg = ev["configs"]
+    body = [["small alone (Qwen2.5-Coder-0.5B-Instruct)", *score(cfg["small"]), speed("small_alone")],
+            ["large alone (Qwen2.5-Coder-1.5B-Instruct)", *score(cfg["large"]), speed("large_alone")],
+            [f"**routed**: entropy rule, tau = {tau:g} (`examples/coder/entropy.route`)", *score(cfg["routed"]),
+             speed("share")]]
+    body += [[f"routed, tau = {p['value']:g}", *score(p), "-"] for p in ev.get("sweep", {}).get("points", [])]
+    m = ev["meta"]
+    text = (f"*{host_words(sp, sp_rel)}. HumanEval: all {m['n_prompts']} problems, greedy, at most "
+            f"{m['max_tokens']} tokens, each answer run against its tests in the sandbox "
+            f"(`{rerun(m.get('command') or 'tokenrouter eval examples/coder/entropy.route --tasks humaneval')}`, "
+            f"{ev_rel}). Speed: {sp['concurrency']} requests in flight, {sp['max_tokens']} tokens each on "
+            f"code prompts, {sp['rounds']} rounds of at least {sp['min_s']:g} s, the median and the rounds' range "
+            f"(`{rerun(sp['command'])}`, {sp_rel}).*")
+    return Table([ev_rel, sp_rel], text + "\n\n" + rows(["configuration", "HumanEval pass@1",
+                                                          "large model's tokens", "tok/s at N = 8"], body))
+
+
 def same_host(docs: list[dict], rels: list[str]) -> None:
-    hosts = {(host_of(d)["cpu"], host_of(d)["cores"]) for d in docs}
+    hosts = {(host_of(d)["cpu"], str(host_of(d)["cores"])) for d in docs}
     if len(hosts) != 1:
         raise SystemExit(f"one table holds one host, but {', '.join(rels)} come from {sorted(hosts)}")
 
@@ -459,6 +492,8 @@ EVAL_COMMANDS = {
     "native": "tokenrouter eval benchmarks/demo_pair/native.route --limit 40 --max-tokens 24 --sweep tau=0.3:0.6:2",
     "native_speed": "tokenrouter eval benchmarks/demo_pair/native.route --limit 8 --max-tokens 16 --concurrency 1,8",
     "demo_quiet": "tokenrouter eval examples/demo.route --limit 40 --max-tokens 24 --concurrency 1,8",
+    "coder_entropy": "tokenrouter eval examples/coder/entropy.route --tasks humaneval --sweep tau=0.05:0.2:2 "
+                     "--concurrency 8",
 }
 
 
@@ -600,6 +635,8 @@ TABLES: dict[str, Callable[[], Table]] = {
     "soak-kills": lambda: soak_run("kill30"),
     "soak-mmap32": lambda: soak_run("mmap32"),
     "faults": faults_run,
+    "cores-bench-pair": lambda: cores_table([("no handoffs (`handoff=0`)", "bench_handoff0_n8"),
+                                             ("the program's 5% handoffs", "bench_n8")]),
     "contention-small-model": lambda: contention_run("convert-0.5b"),
     "contention-large-model": lambda: contention_run("convert-1.5b"),
     "eval-demo": lambda: eval_summary("demo"),

@@ -68,6 +68,7 @@ class BenchOptions:
     # grows with the square of the output length (--long: 1; None: as many as the others)
     official_waves: int | None = None
     llama_server: str | None = None  # a llama-server built on this host for the llama.cpp peers (None: the wheel's)
+    prompts: str | None = None  # a .jsonl of {"prompt": ...} asked through the chat template (None: workload.prompts)
 
 
 def _log(msg: str) -> None:
@@ -174,7 +175,9 @@ def _prepare(opts: BenchOptions) -> Setup:
     tok = program_tokenizer(program)
     levels = sorted(set(opts.concurrency))
     cap = {n: max(workload.requests_for(n, opts.requests), opts.max_requests_waves * n) for n in levels}
-    ids = [tok.encode(p) for p in workload.prompts(max(cap.values()))]
+    count = max(cap.values())
+    texts = workload.chat_prompts(opts.prompts, tok, count) if opts.prompts else workload.prompts(count)
+    ids = [tok.encode(p) for p in texts]
     sampling = workload.sampling(opts.max_tokens)
     started = time.time()
     measured = [c for c in opts.configs if c not in C.DERIVED]

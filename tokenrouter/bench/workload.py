@@ -9,6 +9,8 @@ program's coin flips), so the configurations route alike too.
 
 from __future__ import annotations
 
+import json
+
 from tokenrouter.protocol.sampling import SamplingParams
 
 TOPICS = ("the history of the printing press", "how vaccines train the immune system", "why the sky is blue",
@@ -21,6 +23,17 @@ TOPICS = ("the history of the printing press", "how vaccines train the immune sy
 def prompts(n: int) -> list[str]:
     """n distinct prompts of similar length (no shared prefix beyond the template words)."""
     return [f"Variant {i}: write a short explanation of {TOPICS[i % len(TOPICS)]}." for i in range(n)]
+
+
+def chat_prompts(path: str, tok, n: int) -> list[str]:
+    """n prompts from a .jsonl of {"prompt": ...} (cycled when it holds fewer), each asked as
+    one user message through the program's chat template."""
+    with open(path, encoding="utf-8") as f:
+        asks = [json.loads(line)["prompt"] for line in f if line.strip()]
+    if not asks:
+        raise ValueError(f"{path}: no prompts")
+    return [tok.apply_chat_template([{"role": "user", "content": asks[i % len(asks)]}], add_generation_prompt=True)
+            for i in range(n)]
 
 
 def sampling(max_tokens: int) -> SamplingParams:

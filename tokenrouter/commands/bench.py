@@ -44,6 +44,9 @@ def configure(parser) -> None:
     parser.add_argument("--out", default="bench-results/bench",
                         help="folder for summary.json, details.json and plots (default bench-results/bench, a "
                              "scratch folder git ignores)")
+    parser.add_argument("--prompts", metavar="P.jsonl",
+                        help="a .jsonl of {\"prompt\": ...}, each asked through the program's chat template (e.g. "
+                             "data/prompts/code_heldout.jsonl for the coder pair; default: the bench's own prompts)")
     parser.add_argument("--requests", type=int, default=None,
                         help="requests per measurement, at least 2 x concurrency (default 64)")
     parser.add_argument("--max-tokens", type=int, default=None, help="tokens per request (default 256)")
@@ -98,6 +101,8 @@ def _options(args):
     params, models = bindings(args)
     if args.threads < 1:
         raise ValueError("--threads must be >= 1")
+    if args.prompts and not os.path.isfile(args.prompts):
+        raise ValueError(f"no such prompts file: {args.prompts}")
     if args.profile and not os.path.isfile(args.profile):
         raise ValueError(f"no such profile: {args.profile}")
     if args.llama_server:
@@ -109,7 +114,8 @@ def _options(args):
                         configs=parse_configs(args.configs or q["configs"]), sweep=sweep, steady_s=steady, profile=args.profile,
                         progress=not args.no_progress, model_paths=models or None, params=params,
                         threads=args.threads, out_dir=args.out, quant=args.quant,
-                        official_waves=q.get("official_waves"), llama_server=args.llama_server)
+                        official_waves=q.get("official_waves"), llama_server=args.llama_server,
+                        prompts=args.prompts)
 
 
 def print_report(details: dict) -> None:
