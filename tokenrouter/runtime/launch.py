@@ -9,7 +9,8 @@ What each subserver gets comes from the program's serving schedule:
   min(4, concurrency // 2 or 1) for the others;
 * max wait: the schedule's, else 20 ms;
 * CPU threads: the schedule's (or `--threads`) for a writer that names them, fixed for its
-  life; every other local writer on tokenrouter's engine shares the host's cores by need
+  life; every other local writer whose engine steps on torch threads (tokenrouter's:
+  `Capabilities.shares_cores`) on the CPU shares the host's cores by need
   (`runtime/cores.py`: a ledger of who is stepping now, created here, one byte per
   writer; `LaunchOptions.cores` = "split" gives the old fixed even split and "all" every
   writer every core, for the benchmarks that compare them); shown in /metrics;
@@ -24,8 +25,8 @@ end with a normal exit of the parent), and also watch their parent, so a killed 
 leaves no orphans. The OS tells the frontend at once when one ends (`watch_exits`: the
 event loop reads each process's pidfd, or its multiprocessing sentinel where there is
 none). A writer over several tensor-parallel ranks starts a process per rank, which a
-daemon may not: it is not one, and is killed at exit instead (its rank processes end with it). `stop` asks nicely (the frontend's shutdown message), then terminates,
-then kills.
+daemon may not: it is not one, and is killed at exit instead (its rank processes end with
+it). `stop` asks nicely (the frontend's shutdown message), then terminates, then kills.
 
 `open_runtime` starts a program's subservers with a `Launcher` and a `Frontend` connected
 to them, in the running event loop (`tokenrouter serve`, the offline API, the tests);
