@@ -181,11 +181,12 @@ def engines(state: CheckState) -> None:
                       hint=f"serve it with engine = {_engines_that(lambda c: c.tensor_parallel)}, or drop "
                            "tensor_parallel")
         if sym.quant not in caps.quants:
-            owner = next(r for r in registry.registered() if sym.quant in r.capabilities.quants)
-            state.err("E801", f"model '{name}': quant = {sym.quant} is a weight format of "
-                      f"{owner.capabilities.title}, not {caps.title}'s", attrs["quant"].value.span,
+            owner = next((r for r in registry.registered() if sym.quant in r.capabilities.quants), None)
+            whose = f"a weight format of {owner.capabilities.title}, not" if owner else "not a weight format of"
+            state.err("E801", f"model '{name}': quant = {sym.quant} is {whose} {caps.title}'s",
+                      attrs["quant"].value.span if "quant" in attrs else sym.span,
                       hint=f"drop quant ({caps.title} runs the checkpoint's own weights), or serve it with "
-                           f"engine = {owner.name}" if caps.quants == ("none",) else
+                           f"engine = {owner.name}" if owner and caps.quants == ("none",) else
                       f"{caps.title} runs quant = {words(caps.quants)}")
         if sym.dtype not in caps.dtypes:
             where = attrs["dtype"].value.span if "dtype" in attrs else sym.span
