@@ -40,7 +40,7 @@ from tokenrouter.bench import workload
 from tokenrouter.compiler.pipeline import load_program
 from tokenrouter.runtime.baselines.lockstep import Lockstep
 from tokenrouter.runtime.cores import host_cores
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.host import host_info, load_average
 from tokenrouter.runtime.loader import model_facts, program_tokenizer
 from tokenrouter.runtime.offline import LLM

@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     from tokenrouter.compiler.pipeline import load_program
     from tokenrouter.runtime.baselines.naive import naive_options, no_delay_options
     from tokenrouter.runtime.engine.sampler import SamplingParams
-    from tokenrouter.runtime.frontend.launch import LaunchOptions, batch_thresholds, served_writers
+    from tokenrouter.runtime.launch import LaunchOptions, batch_thresholds, served_writers
     from tokenrouter.runtime.loader import program_tokenizer
 
     program = load_program(args.program, model_facts=model_facts)

@@ -1,7 +1,8 @@
 """The import rules of docs/architecture.md, read from the source with `ast` (nothing is imported):
 
-- a layer imports only the layers before it: dsl -> protocol (what the compiler, the
-  generated routers and the runtime share) -> compiler -> runtime -> tuner ->
+- a layer imports only the layers before it: dsl -> engines (the engines' registry and
+  capabilities, on extras) -> protocol (what the compiler, the generated routers and the
+  runtime share) -> compiler -> runtime -> tuner ->
   fit | eval | bench (side by side, not each other) -> commands and cli.py; so the dsl does
   not import the compiler, the compiler not the runtime, the runtime not the tuner, and
   nothing outside commands/ and cli.py imports tokenrouter.commands;
@@ -28,7 +29,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tokenrouter"
 TESTS = Path(__file__).resolve().parent
 
 # the order of the layers; fit, eval and bench share a rank and must not import each other
-RANK = {"extras": 0, "dsl": 0, "protocol": 0.5, "compiler": 1, "runtime": 2, "tuner": 3, "fit": 4, "eval": 4, "bench": 4,
+RANK = {"extras": 0, "dsl": 0, "engines": 0.25, "protocol": 0.5, "compiler": 1, "runtime": 2, "tuner": 3, "fit": 4, "eval": 4, "bench": 4,
         "commands": 5}
 
 
@@ -246,12 +247,16 @@ def test_the_checks_see_what_they_are_for(tmp_path):
 # module or inside a function, so no two of them form a cycle. host, cache, metrics, logs, memory and cores import
 # nothing of the runtime; the kernels (C library, bindings, weight formats, measured plans)
 # only those; the engine runs the kernels; the loader builds engines' inputs (and derives
-# models with an engine); the transport moves messages and knows no model; subservers load
-# writers and step engines; vllm is a subserver's engine served by vLLM (it implements the
-# subserver's engine interface); the frontend launches subservers; http serves the frontend; the
-# offline API, the single-request reference and the baselines sit on top, side by side.
+# models with an engine); the transport moves messages and knows no model; the frontend (submit,
+# streams, liveness, recovery) needs only the transport, and the subservers load writers and
+# step engines, side by side; the engines' adapters sit above the subserver (native is
+# tokenrouter's engine, vllm an engine served by vLLM: each implements the subserver's engine
+# interface, and the subserver finds its writer's engine by name in `tokenrouter/engines.py`);
+# the launcher starts subservers and connects a frontend to them; http serves the frontend;
+# the offline API, the single-request reference and the baselines sit on top, side by side.
 RUNTIME_ORDER = (("host", "cache", "metrics", "logs", "memory", "cores"), ("kernels",), ("engine",), ("loader",),
-                 ("transport",), ("subserver",), ("vllm",), ("frontend",), ("http",), ("offline", "reference", "baselines"))
+                 ("transport",), ("frontend", "subserver"), ("native", "vllm"), ("launch",), ("http",),
+                 ("offline", "reference", "baselines"))
 RUNTIME_RANK = {part: rank for rank, parts in enumerate(RUNTIME_ORDER) for part in parts}
 
 

@@ -7,7 +7,7 @@ from tokenrouter.bench import tuning, workload
 from tokenrouter.bench.runlengths import runs_of
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.pipeline import load_program
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.loader import model_facts
 from tokenrouter.tuner.profile import Curve, ModelProfile, Profile
 
@@ -36,7 +36,7 @@ def test_single_model_program_has_one_writer_and_round_trips(bench_program):
     assert not one.transitions and not one.bounds
     assert C.writers(one) == ["large"]
     assert ir.Program.from_json(one.to_json()) == one
-    on = C.on_vllm(bench_program, large)
+    on = C.on_engine(bench_program, large, "vllm")
     assert (on.model(large).engine, on.model(small).engine) == ("vllm", "native")
 
 

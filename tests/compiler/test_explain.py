@@ -117,7 +117,7 @@ def test_explain_names_a_routers_weights_file_and_inputs_and_a_measured_plan(tmp
     from tests.helpers.fitting import write_program
     from tokenrouter.commands.explain import kernel_plan_notes
     from tokenrouter.compiler.pipeline import load_program
-    from tokenrouter.runtime.frontend.launch import LaunchOptions, plan
+    from tokenrouter.runtime.launch import LaunchOptions, plan
     from tokenrouter.runtime.loader import load_model
 
     monkeypatch.setenv("TOKENROUTER_CACHE", str(tmp_path / "cache"))

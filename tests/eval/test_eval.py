@@ -20,7 +20,7 @@ from tokenrouter.eval.evaluate import evaluate, parse_sweep
 from tokenrouter.eval.taskset import spread
 from tokenrouter.extras import MissingExtra
 from tokenrouter.runtime.engine.sampler import SamplingParams
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.reference import Reference
 from tokenrouter.runtime.loader import model_facts
 from tokenrouter.runtime.loader import program_tokenizer

@@ -17,7 +17,7 @@ import httpx
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from tokenrouter.runtime.frontend.launch import LaunchOptions, close_runtime, open_runtime
+from tokenrouter.runtime.launch import LaunchOptions, close_runtime, open_runtime
 from tokenrouter.runtime.http.app import Limits, build_app
 from tokenrouter.runtime.http.connections import server_config
 from tokenrouter.runtime.loader import program_tokenizer

@@ -1,10 +1,12 @@
 """`SamplingParams`, the one sampling type from HTTP to the sampler and the wire: strict and
-bounded, immutable, the one end-of-sequence rule; and the route seed a request without one gets."""
+bounded, immutable, the one end-of-sequence rule, the one end-of-request rule; and the route
+seed a request without one gets."""
 
 import pytest
 from pydantic import ValidationError
 
-from tokenrouter.protocol.sampling import (DEFAULT_MAX_TOKENS, MAX_STOP_IDS, SamplingParams, invalid_because)
+from tokenrouter.protocol.sampling import (DEFAULT_MAX_TOKENS, MAX_STOP_IDS, SamplingParams, end_reason,
+                                           invalid_because)
 from tokenrouter.protocol import handoff
 from tokenrouter.protocol.state import PeerMessage, RouteState, route_seed_of
 
@@ -87,3 +89,16 @@ def test_a_request_without_a_route_seed_gets_a_stable_one_from_its_id():
     seeds = {route_seed_of(f"cmpl-{i}") for i in range(1000)}
     assert len(seeds) == 1000 and all(0 <= s < 1 << 63 for s in seeds)
     assert route_seed_of("cmpl-0") == 0x49D93934F43ED963  # the same on every host, in every run
+
+
+def test_the_end_of_request_rule():
+    p = SamplingParams(max_tokens=4, stop_token_ids=(7, 9))
+    assert end_reason(9, 1, 10, p, 100) == "stop"  # a stop token ends it, before any length
+    assert end_reason(9, 4, 100, p, 100) == "stop"
+    assert end_reason(3, 4, 10, p, 100) == "length"  # max_tokens
+    assert end_reason(3, 2, 100, p, 100) == "length"  # the context limit
+    assert end_reason(3, 3, 99, p, 100) is None
+    assert end_reason(None, 0, 5, p, 100) is None  # no token yet (the frontend's recovery asks so)
+    assert end_reason(None, 4, 5, p, 100) == "length"
+    assert end_reason(7, 1, 10, p, 100, stop=frozenset({3})) is None  # the caller's own stop set
+    assert end_reason(3, 1, 10, p, 100, stop=frozenset({3})) == "stop"

@@ -7,7 +7,7 @@ from tests.helpers import tiny
 from tokenrouter.runtime.baselines.lockstep import Lockstep
 from tokenrouter.runtime.baselines.naive import naive_options
 from tokenrouter.runtime.engine.sampler import SamplingParams
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.offline import LLM
 from tokenrouter.runtime.reference import Reference
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import tiny
 from tests.helpers.serving import ServerThread, metrics
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.http.app import Limits
 from tokenrouter.runtime.http.connections import ConnectionLimits
 

@@ -24,7 +24,7 @@ from tests.helpers import tiny
 from tests.helpers.liveness import check_against_reference
 from tests.helpers.ports import free_port
 from tests.helpers.serving import ServerThread, metrics
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.transport import wire
 
 pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests.helpers import tiny
 from tokenrouter.runtime.cores import SPIN_ENV, CoreShare, Ledger, LedgerSpec, environment, host_cores, share
-from tokenrouter.runtime.frontend.launch import LaunchOptions, plan, sharing_writers
+from tokenrouter.runtime.launch import LaunchOptions, plan, sharing_writers
 from tokenrouter.runtime.offline import LLM, SamplingParams
 
 

@@ -7,7 +7,7 @@ import httpx
 
 from tests.helpers import tiny
 from tests.helpers.serving import ServerThread
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.launch import LaunchOptions
 
 
 def test_chat_without_a_template_names_what_to_add_to_the_model_folder(pair, tmp_path):

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from tests.helpers import tiny
 from tests.helpers import vllm as vh
 from tests.helpers.serving import ServerThread
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.http import fields, protocol
 
 BOS = 0  # <|endoftext|>, which this tokenizer puts before a prompt

@@ -15,7 +15,7 @@ from tests.helpers import tiny
 from tests.helpers.fuzz import N_BODIES, bodies
 from tests.helpers.serving import ServerThread
 from tokenrouter.protocol.sampling import MAX_STOP_IDS
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.launch import LaunchOptions
 
 pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them
 

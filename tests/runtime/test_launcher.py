@@ -5,7 +5,7 @@ import pytest
 from tests.helpers import tiny
 from tokenrouter.compiler import ir
 from tokenrouter.runtime.cores import host_cores
-from tokenrouter.runtime.frontend.launch import LaunchOptions, batch_thresholds, plan, served_writers
+from tokenrouter.runtime.launch import LaunchOptions, batch_thresholds, plan, served_writers
 
 
 def test_auto_defaults_and_schedule_values(pair):

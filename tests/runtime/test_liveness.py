@@ -25,7 +25,7 @@ from tests.helpers import tiny
 from tests.helpers.liveness import check_against_reference, kill_under_load, load_reference, signal_under_load
 from tests.helpers.ports import free_port
 from tests.helpers.serving import CLI, ServerThread, metrics
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.frontend.liveness import PERIOD_S
 from tokenrouter.runtime.logs import LineFormatter, RepeatFilter
 from tokenrouter.runtime.subserver.links import HEARTBEAT_S

@@ -22,7 +22,7 @@ from tests.helpers import tiny
 from tests.helpers.liveness import check_against_reference, kill_under_load
 from tests.helpers.ports import free_port
 from tests.helpers.serving import CLI, ServerThread
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.transport.security import Security, generate_keys
 from tokenrouter.runtime.transport.sockets import Sender
 

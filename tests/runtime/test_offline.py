@@ -5,7 +5,7 @@ import pytest
 from tests.helpers import tiny
 from tests.helpers.ports import free_port
 from tokenrouter.runtime.engine.sampler import SamplingParams
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.offline import LLM
 from tokenrouter.runtime.reference import Reference
 
@@ -57,7 +57,7 @@ def test_tcp_endpoints_with_a_separately_started_subserver(pair, tmp_path):
 
     import zmq
 
-    from tokenrouter.runtime.frontend.launch import plan
+    from tokenrouter.runtime.launch import plan
     from tokenrouter.runtime.subserver.subserver import Subserver
     from tokenrouter.runtime.transport.security import SecurityError, generate_keys, stop_authenticator
 

@@ -17,7 +17,7 @@ from tests.helpers import tiny
 from tests.helpers.serving import ServerThread, complete_many, scrape, stream_completion
 from tokenrouter.protocol.sampling import SamplingParams, Structured
 from tokenrouter.protocol.step import FeatureNeeds
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.http.app import Limits
 from tokenrouter.runtime.reference import Reference
 

@@ -16,7 +16,7 @@ from tests.helpers import tiny
 from tests.helpers.ports import free_port
 from tokenrouter.protocol.state import PeerMessage
 from tokenrouter.runtime.transport import wire
-from tokenrouter.runtime.frontend.launch import LaunchOptions, plan
+from tokenrouter.runtime.launch import LaunchOptions, plan
 from tokenrouter.runtime.subserver.subserver import Subserver
 from tokenrouter.runtime.transport.security import Security, secure_bind, secure_connect, stop_authenticator
 

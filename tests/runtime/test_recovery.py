@@ -15,7 +15,7 @@ from tests.helpers import tiny
 from tests.helpers.liveness import stream_tokens
 from tests.helpers.serving import ServerThread, metrics
 from tokenrouter.runtime.engine.sampler import SamplingParams
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.reference import Reference
 
 pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them

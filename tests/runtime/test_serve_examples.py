@@ -12,7 +12,7 @@ import pytest
 from tests.helpers import tiny
 from tests.helpers.serving import ServerThread, assert_outputs_equal, complete_many
 from tokenrouter.runtime.engine.sampler import SamplingParams
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.reference import Reference
 
 pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them

@@ -17,7 +17,7 @@ from tokenrouter.runtime.transport import wire
 from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.engine.options import EngineOptions
 from tokenrouter.runtime.engine.sampler import SamplingParams
-from tokenrouter.runtime.frontend.launch import LaunchOptions, plan
+from tokenrouter.runtime.launch import LaunchOptions, plan
 from tokenrouter.runtime.loader import load_model
 from tokenrouter.runtime.reference import Reference
 from tokenrouter.runtime.subserver.subserver import Subserver

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tokenrouter.cli import main
-from tokenrouter.tuner.steps import served_engine
+from tokenrouter.runtime.native import served_engine
 from tokenrouter.tuner.profile import Profile
 
 

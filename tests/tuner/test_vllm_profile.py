@@ -1,7 +1,7 @@
 """A writer served by vLLM is profiled on vLLM: `tokenrouter profile` on a tiny program whose
 large writer has `engine = vllm` times that writer's steps through its `VllmWriter` (as its
 subserver steps it), co-located with the small writer and as the small writer's co-located
-peer, and `tokenrouter tune` reads the profile. The steps themselves (`tuner.steps.VllmSteps`)
+peer, and `tokenrouter tune` reads the profile. The steps themselves (`runtime.vllm.steps.VllmSteps`)
 are checked in a process of their own: an extend of k tokens per request is a returning
 chunk vLLM computes k tokens of, and decodes run requests vLLM keeps stepping.
 """

@@ -16,7 +16,8 @@ Keys (also those of `summary.json`):
 - `llamacpp_large`: the large model alone on one stock llama.cpp server (no routing);
 - `official`: the algorithms' own serving loop, CITER's, in `transformers` (`bench/official.py`);
 - `tokenrouter_vllm`: `tokenrouter` with the large writer served by vLLM (`engine = vllm`,
-  `runtime/vllm/`), the same B_i;
+  `runtime/vllm/`), the same B_i (`tokenrouter_ENGINE`: the large writer on that
+  registered engine, `on_engine`);
 - `vllm_large`: the large model alone on one stock vLLM server (`bench/vllm_peers.py`);
 - `vllm_std`: standard serving from stock vLLM: a vLLM server per model with prefix caching
   and the per-token dispatcher (`bench/vllm_peers.py`, `bench/dispatch.py`);
@@ -29,9 +30,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from tokenrouter import engines
 from tokenrouter.compiler import ir
 from tokenrouter.runtime.baselines.naive import naive_options, no_pending_options
-from tokenrouter.runtime.frontend.launch import served_writers
+from tokenrouter.runtime.launch import served_writers
 
 CONFIGS = ("tokenrouter", "no_delay", "no_pending", "lockstep", "naive", "large_only", "small_only",
            "llamacpp_std", "llamacpp_large", "official", "tokenrouter_vllm", "vllm_large", "vllm_std", "bound")
@@ -53,13 +55,14 @@ QUICK = ("tokenrouter", "naive", "large_only", "small_only", "llamacpp_std", "ll
 
 def parse_configs(text: str | None) -> list[str]:
     """A comma-separated subset of CONFIGS (None or "all": every one but the vLLM ones; "quick":
-    QUICK; "vllm": tokenrouter on both engines and the stock vLLM peers), in CONFIGS order."""
+    QUICK; an engine's name, such as vllm: tokenrouter on the default engine and on that one,
+    and the stock peers of that project, `ENGINE_*`), in CONFIGS order."""
     if not text or text == "all":
         return [c for c in CONFIGS if c not in VLLM]
     if text == "quick":
         return [c for c in CONFIGS if c in QUICK]
-    if text == "vllm":
-        return [c for c in CONFIGS if c in ("tokenrouter", *VLLM)]
+    if engine_config(text) in CONFIGS:
+        return [c for c in CONFIGS if c in ("tokenrouter", engine_config(text)) or c.startswith(f"{text}_")]
     names = [x.strip() for x in text.split(",") if x.strip()]
     bad = [n for n in names if n not in CONFIGS]
     if bad:
@@ -89,9 +92,20 @@ def single_model(program: ir.Program, name: str) -> ir.Program:
                                routers=(), schedule=sched)
 
 
-def on_vllm(program: ir.Program, name: str) -> ir.Program:
-    """The program with model `name` served by vLLM."""
-    return dataclasses.replace(program, models=tuple(dataclasses.replace(m, engine="vllm") if m.name == name else m
+def engine_config(engine: str) -> str:
+    """The configuration that serves the large writer on `engine`."""
+    return f"tokenrouter_{engine}"
+
+
+def config_engine(name: str) -> str | None:
+    """The engine configuration `name` serves the large writer on (`tokenrouter_ENGINE`), or None."""
+    engine = name.removeprefix("tokenrouter_")
+    return engine if name != engine and engine in engines.names() else None
+
+
+def on_engine(program: ir.Program, name: str, engine: str) -> ir.Program:
+    """The program with model `name` served by `engine`."""
+    return dataclasses.replace(program, models=tuple(dataclasses.replace(m, engine=engine) if m.name == name else m
                                                       for m in program.models))
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from tokenrouter.compiler.pipeline import load_program
-from tokenrouter.runtime.frontend.launch import LaunchOptions, batch_thresholds
+from tokenrouter.runtime.launch import LaunchOptions, batch_thresholds
 from tokenrouter.runtime.loader import model_facts
 from tokenrouter.runtime.loader import program_tokenizer
 from tokenrouter.tuner import api, simulate

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from tokenrouter.compiler.pipeline import load_program, with_quant
 from tokenrouter.runtime.host import host_info, load_average
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.loader import checkpoint_folder, model_facts, resolve_folder
 from tokenrouter.runtime.loader.gguf_export import exported_gguf
 from tokenrouter.runtime.loader import program_tokenizer
@@ -116,8 +116,8 @@ def _start(c: str, opts: BenchOptions, setup: Setup, n: int):
         return RuntimeDeployment(one, dataclasses.replace(base, threads={one.start: opts.threads}))
     if c == "official":
         return CiterOfficial(program, threads=opts.threads)
-    if c == "tokenrouter_vllm":
-        return RuntimeDeployment(C.on_vllm(program, large), base)
+    if C.config_engine(c) is not None:
+        return RuntimeDeployment(C.on_engine(program, large, C.config_engine(c)), base)
     if c == "vllm_large":
         m = program.model(large)
         return VllmLarge(checkpoint_folder(m.path)[1], m.dtype, opts.threads, max(256, ctx), max(opts.concurrency))

@@ -1,7 +1,7 @@
 """The tuned B_i and the tuner's predictions for the benchmark.
 
 B_i come from the same calls `tokenrouter serve --profile` makes for `batch X = auto`
-(`tuner.program.auto_thresholds`, handed to `runtime.frontend.launch.batch_thresholds`), so the bench
+(`tuner.program.auto_thresholds`, handed to `runtime.launch.batch_thresholds`), so the bench
 runs exactly what the server would. The profile is read from `--profile` or measured
 here once (`tuner.measure.measure_profile`, the code behind `tokenrouter profile`).
 Predictions (`tuner.api.predict`) are kept next to the measurements so the report can
@@ -14,7 +14,7 @@ import dataclasses
 import math
 from typing import Any
 
-from tokenrouter.runtime.frontend.launch import batch_thresholds, served_writers
+from tokenrouter.runtime.launch import batch_thresholds, served_writers
 from tokenrouter.tuner import api
 from tokenrouter.tuner.measure import measure_profile
 from tokenrouter.tuner.profile import Profile

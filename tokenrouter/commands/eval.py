@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from tokenrouter.eval.tables import markdown
     from tokenrouter.extras import MissingExtra, require
     from tokenrouter.runtime.frontend.frontend import RuntimeUnavailable
-    from tokenrouter.runtime.frontend.launch import LaunchOptions
+    from tokenrouter.runtime.launch import LaunchOptions
     from tokenrouter.runtime.loader import LoadError, model_facts
 
     command = shlex.join(["tokenrouter", *sys.argv[1:]])

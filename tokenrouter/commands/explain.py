@@ -63,7 +63,7 @@ def run(args) -> int:
 def kernel_plan_notes(program) -> dict[str, list[str]]:
     """Per writer, the kernel plan of each model it steps, as cached on this host for the
     threads `serve` would give its subserver (nothing is loaded, converted or measured)."""
-    from tokenrouter.runtime.frontend.launch import LaunchOptions, plan
+    from tokenrouter.runtime.launch import LaunchOptions, plan
     from tokenrouter.runtime.loader import LoadError, cached_kernel_plan
 
     ensembles = {e.name: e.members for e in program.ensembles}

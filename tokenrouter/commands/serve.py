@@ -118,7 +118,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def _options(args):
     """(LaunchOptions, the --profile or None); B_i for `auto` are added once the program is
     loaded (`_tune`)."""
-    from tokenrouter.runtime.frontend.launch import LaunchOptions
+    from tokenrouter.runtime.launch import LaunchOptions
     from tokenrouter.tuner.profile import Profile
     profile = Profile.load(args.profile) if args.profile else None
     binds = _pairs(args.bind, "--bind") or None
@@ -134,7 +134,7 @@ def _options(args):
 def _tune(program, opts, profile) -> None:
     """The tuner's B_i for the program's `auto` writers, from --profile, handed to the
     launcher as numbers (without a profile the launcher's default applies)."""
-    from tokenrouter.runtime.frontend.launch import served_writers
+    from tokenrouter.runtime.launch import served_writers
     from tokenrouter.tuner.program import auto_thresholds
     opts.tuned_batch = auto_thresholds(program, profile, opts.concurrency, served_writers(program), opts.batch)
 
@@ -171,9 +171,9 @@ def run(args: argparse.Namespace) -> int:
                     check_bind(addr, sec)
         if args.heartbeat_timeout <= 0 or args.stall_window <= 0 or args.max_restarts < 0:
             raise ValueError("--heartbeat-timeout and --stall-window must be positive and --max-restarts at least 0")
-        from tokenrouter.runtime.frontend.launch import require_engines
+        from tokenrouter.runtime.launch import require_engines
         here_not = tuple(w for w in program.writers() if w != args.subserver) if args.subserver else opts.remote
-        require_engines(program, here_not)  # vLLM, where a writer served here needs it
+        require_engines(program, here_not)  # an engine's extra, where a writer served here needs it
         _tune(program, opts, profile)
     except RouteError as exc:
         print(str(exc), file=sys.stderr)
@@ -224,7 +224,7 @@ def _limits(args):
 
 
 def _run_subserver(args, program, opts) -> int:
-    from tokenrouter.runtime.frontend.launch import plan, writer_loader
+    from tokenrouter.runtime.launch import plan
     from tokenrouter.runtime.subserver.process import run_process
     if opts.addresses is None:
         print("error: --subserver needs --bind NAME=ADDR for the frontend and every writer", file=sys.stderr)
@@ -239,14 +239,14 @@ def _run_subserver(args, program, opts) -> int:
         return EXIT_USAGE
     spec = specs[args.subserver]
     spec.base_dir = os.path.dirname(os.path.abspath(args.file))
-    run_process(spec.to_dict(), writer_loader(program, args.subserver))
+    run_process(spec.to_dict())
     return EXIT_OK
 
 
 def _run_http(args, program, opts, limits) -> int:
     import uvicorn
 
-    from tokenrouter.runtime.frontend.launch import close_runtime, open_runtime
+    from tokenrouter.runtime.launch import close_runtime, open_runtime
     from tokenrouter.runtime.http.app import build_app
     from tokenrouter.runtime.http.connections import raise_descriptor_limit, server_config
     from tokenrouter.runtime.loader import LoadError, program_tokenizer

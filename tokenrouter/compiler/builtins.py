@@ -7,6 +7,7 @@ look like a path.
 
 from __future__ import annotations
 
+from tokenrouter import engines
 from tokenrouter.compiler.features import called
 
 LANGUAGE_VERSION = 1
@@ -20,9 +21,6 @@ DEFAULT_QUANT: dict[str, str] = {"qwen2.5-coder-0.5b-instruct": "native", "qwen2
 ROLES = ("small", "large", "member")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 QUANTS = ("none", "native", "int4", "int8")  # weight formats (runtime/kernels/quant.py)
-# a model's serving engine: ours (runtime/engine/), or vLLM (runtime/vllm/, docs/engines.md)
-ENGINES = ("native", "vllm")
-VLLM_DTYPES = ("float32", "bfloat16", "float16")  # the dtypes a vLLM writer runs in
 ACTIVATIONS = ("relu", "gelu", "silu", "tanh")
 ROUTER_ARCHS = ("mlp", "citer", "r2r")  # router networks' tensor layouts: compiler/weights/nets.py
 ENSEMBLE_MODES = ("average", "mixture")
@@ -50,10 +48,11 @@ SERVE_KEYS = {
 }
 
 
-def default_quant(model_path: str, engine: str = "native") -> str:
-    """The weight format of a model whose format nobody chose: `DEFAULT_QUANT` on tokenrouter's
-    engine, none otherwise (vLLM runs its own)."""
-    return DEFAULT_QUANT.get(model_path, "none") if engine == "native" else "none"
+def default_quant(model_path: str, engine: str = engines.DEFAULT) -> str:
+    """The weight format of a model whose format nobody chose: `DEFAULT_QUANT` where the
+    model's engine runs that format, none otherwise (the checkpoint's own weights)."""
+    quant = DEFAULT_QUANT.get(model_path, "none")
+    return quant if quant in engines.capabilities(engine).quants else "none"
 
 
 def looks_like_path(text: str) -> bool:

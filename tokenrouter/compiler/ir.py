@@ -28,6 +28,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Literal, Union
 
+from tokenrouter import engines
 from tokenrouter.compiler.features import FEATURES
 from tokenrouter.dsl.span import Span
 
@@ -185,9 +186,13 @@ class Model:
     span: Span | None = None
     # weight format: none (float) | native (a GGUF's own blocks) | int4 | int8 (quantised on load)
     quant: Literal["none", "native", "int4", "int8"] = "none"
-    # the engine that serves it: ours, or vLLM (docs/engines.md) over `tensor_parallel` ranks
-    engine: Literal["native", "vllm"] = "native"
+    # the engine that serves it, a registered name (`tokenrouter/engines.py`, docs/engines.md),
+    # over `tensor_parallel` ranks
+    engine: str = engines.DEFAULT
     tensor_parallel: int = 1
+
+    def __post_init__(self) -> None:
+        engines.registration(self.engine)  # `engines.UnknownEngine` for a name nobody registered
 
 
 @dataclass(frozen=True)
@@ -281,6 +286,11 @@ class Program:
     # -- convenience, all derived
     def model(self, name: str) -> Model:
         return next(m for m in self.models if m.name == name)
+
+    def engine_of(self, writer: str) -> str:
+        """The engine that steps `writer`: its model's, or for an ensemble the default one
+        (its members step together in one process)."""
+        return next((m.engine for m in self.models if m.name == writer), engines.DEFAULT)
 
     def writers(self) -> tuple[str, ...]:
         return tuple(m.name for m in self.models) + tuple(e.name for e in self.ensembles)

@@ -20,7 +20,7 @@ from tokenrouter.compiler import ir
 from tokenrouter.eval.configs import EvalError
 from tokenrouter.eval.taskset import spread
 from tokenrouter.runtime.engine.sampler import SamplingParams
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.loader import resolve_folder
 from tokenrouter.runtime.offline import LLM
 

@@ -19,12 +19,12 @@ What each group of fields is read by:
 |---|---|
 | `temperature`, `top_k`, `top_p`, `min_p`, `seed` | the sampler (`runtime/engine/sampler.py`) |
 | `presence_penalty`, `frequency_penalty`, `repetition_penalty`, `logit_bias`, `min_tokens`, `structured` | every writer's logits processing before the sampler (`runtime/engine/logits.py`), so every writer applies them alike |
-| `max_tokens`, `stop_token_ids` | the step runner, which ends a request at them |
+| `max_tokens`, `stop_token_ids` | the step runner, which ends a request at them (`end_reason`, also asked by the frontend's recovery and vLLM's logits processor) |
 | `stop`, `include_stop_str_in_output` | the frontend, on the detokenised text of every writer's tokens in order (`runtime/frontend/text.py`) |
 | `logprobs` | the step runner: the log-probabilities of each token under its writer's distribution |
 
 `DEFAULT_MAX_TOKENS` is the one default `max_tokens`; `with_eos` is the one
-end-of-sequence rule (HTTP and the offline API); `invalid_because` says in one line why
+end-of-sequence rule (HTTP and the offline API); `end_reason` the one end-of-request rule; `invalid_because` says in one line why
 parameters were refused (pydantic's `ValidationError`, a ValueError). Free of torch, so the HTTP side and the
 wire format use it without loading the engine.
 """
@@ -36,7 +36,7 @@ from typing import Annotated, Any, Iterable, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 __all__ = ["DEFAULT_MAX_TOKENS", "INT64", "MAX_LOGIT_BIAS", "MAX_LOGPROBS", "MAX_STOP_IDS", "MAX_STOP_STRINGS",
-           "MAX_TOKENS", "SamplingParams", "Structured", "TOKEN_ID_MAX", "invalid_because"]
+           "MAX_TOKENS", "SamplingParams", "Structured", "TOKEN_ID_MAX", "end_reason", "invalid_because"]
 
 #: `max_tokens` of a request that gives none: over HTTP (`tokenrouter serve
 #: --default-max-tokens`), in the offline API and on the wire.
@@ -121,6 +121,20 @@ class SamplingParams(BaseModel):
         if not ignore_eos:
             stop += [t for t in eos_token_ids if t not in stop]
         return self.replace(stop_token_ids=tuple(stop))
+
+
+def end_reason(token: int | None, n_out: int, n_tokens: int, params: SamplingParams, max_model_len: int,
+               stop: frozenset[int] | None = None) -> str | None:
+    """Why a request ends once `token` is committed (None: no token yet), leaving it `n_out`
+    output and `n_tokens` tokens in all: "stop" (a stop token, `stop` or the parameters'),
+    "length" (`max_tokens` or the context limit), or None. The one end-of-request rule: the
+    step runner asks it at each commit (`runtime/subserver/request.py`), vLLM's logits
+    processor where a chunk ends, and the frontend's recovery of a request it holds."""
+    if token is not None and token in (stop if stop is not None else params.stop_token_ids):
+        return "stop"
+    if n_out >= params.max_tokens or n_tokens >= max_model_len:
+        return "length"
+    return None
 
 
 def invalid_because(exc: ValidationError) -> tuple[str, str]:

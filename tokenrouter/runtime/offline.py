@@ -30,7 +30,7 @@ from tokenrouter.compiler import ir
 from tokenrouter.compiler.pipeline import load_program
 from tokenrouter.protocol.sampling import SamplingParams
 from tokenrouter.runtime.frontend.frontend import Delta
-from tokenrouter.runtime.frontend.launch import LaunchOptions, close_runtime, open_runtime
+from tokenrouter.runtime.launch import LaunchOptions, close_runtime, open_runtime
 from tokenrouter.runtime.loader import model_facts, program_tokenizer
 
 __all__ = ["LLM", "RequestOutput", "SamplingParams"]

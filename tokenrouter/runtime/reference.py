@@ -10,7 +10,7 @@ inputs (penalties, logit bias, structured output: `engine/logits.py`) are comput
 from the request's whole token list and a grammar state advanced token by token, never
 from the serving path's per-writer suffix bookkeeping. A model served by vLLM (`engine =
 vllm`) runs on vLLM here too, one fresh request per step (`runtime/vllm/logits.py`): the
-oracle of a writer is its own engine's forward.
+oracle of a writer is its own engine's forward (its `reference_model`, `tokenrouter/engines.py`).
 
 So a served request that matches this, token for token, has had its KV appended
 correctly on every visit (invariant 1) and was routed as the program says, whatever
@@ -24,17 +24,16 @@ from typing import Any
 
 import torch
 
+from tokenrouter import engines
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.backend.compiled import default_base_dir
 from tokenrouter.compiler.backend.interpreter import Interpreter, RequestStep
 from tokenrouter.compiler.needs import writer_needs
 from tokenrouter.protocol.step import FeatureNeeds
-from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.engine.grammar import Grammars, GrammarState
 from tokenrouter.runtime.engine.logits import LogitsRow, process_logits
 from tokenrouter.runtime.engine.sampler import SamplingParams, sample
-from tokenrouter.runtime.loader import checkpoint_folder, load_model, program_tokenizer, quant_options
-from tokenrouter.runtime.vllm.logits import VllmLogits
+from tokenrouter.runtime.loader import program_tokenizer
 
 
 @dataclass
@@ -61,47 +60,29 @@ class Reference:
 
     def __init__(self, program: ir.Program, models: dict[str, Any] | None = None,
                  base_dir: str | None = None, max_model_len: int | None = None, block_size: int = 16,
-                 vllm: dict[str, VllmLogits] | None = None):
-        """`models`: preloaded weights by model name; `vllm`: started engines of the models
-        served by vLLM, by name (else each is started here)."""
+                 started: dict[str, Any] | None = None):
+        """`models`: preloaded weights by model name; `started`: reference models already
+        started by the caller (an engine's `reference_model`), by name, else each is
+        started here on the model's own engine."""
         self.program = program
         self.interp = Interpreter(program, base_dir or default_base_dir(program))
-        self.engines: dict[str, Any] = {}
-        self.shared = dict(vllm or {})
-        for m in program.models:
-            if m.engine == "vllm":
-                self.engines[m.name] = self.shared.get(m.name) or VllmLogits(
-                    checkpoint_folder(m.path)[1], m.dtype, m.tensor_parallel, max_model_len)
-                continue
-            dtype = getattr(torch, m.dtype)
-            lm = (models or {}).get(m.name) or load_model(m.path, dtype=dtype, quant=m.quant)
-            length = max_model_len or lm.config.max_position_embeddings
-            # one sequence at a time: room for one full-length sequence is enough
-            kw = {"device": "cpu", "dtype": dtype, "block_size": block_size, "max_model_len": length,
-                  "num_blocks": -(-length // block_size) + 1}
-            self.engines[m.name] = Engine(lm.config, lm.weights, quant_options(lm, m.quant, **kw))
+        self.shared = dict(started or {})
+        self.engines: dict[str, Any] = {
+            m.name: self.shared.get(m.name) or engines.implementation(m.engine).reference_model(
+                m, models=models, max_model_len=max_model_len, block_size=block_size)
+            for m in program.models}
         self.ensembles = {e.name: e for e in program.ensembles}
-        self._seq = 0
         self.grammars = Grammars(load=lambda: program_tokenizer(program))
 
     def close(self) -> None:
-        """Stop the vLLM engines this reference started (tokenrouter's need nothing)."""
+        """Stop the reference models this reference started (a vLLM engine's worker)."""
         for name, eng in self.engines.items():
-            if isinstance(eng, VllmLogits) and eng is not self.shared.get(name):
+            if eng is not self.shared.get(name):
                 eng.close()
 
     def _forward(self, model: str, tokens: list[int], needs: FeatureNeeds):
         """Logits [V] and hidden {layer: [H]} at the last position, by a fresh prefill."""
-        eng = self.engines[model]
-        if isinstance(eng, VllmLogits):
-            return eng.logits(tokens), {}
-        self._seq += 1
-        sid = -self._seq  # never collides with anything else using this engine
-        try:
-            out = eng.step([(sid, list(tokens))], needs)
-        finally:
-            eng.free(sid)
-        return out.logits[0], {k: v[0] for k, v in out.hidden.items()}
+        return self.engines[model].forward(tokens, needs)
 
     def _step(self, writer: str, tokens: list[int], sampling: SamplingParams, pos: int, visit_tokens: int,
               route_seed: int, grammar: GrammarState | None = None) -> tuple[int, RequestStep]:

@@ -11,11 +11,12 @@ Each model is timed on the engine that serves it, through `steps.py` (one timing
 one implementation of its step/free/seq_len per engine): tokenrouter's `Engine`, or, for
 `engine = vllm`, its `VllmWriter` stepped by a `StepRunner` as its subserver steps it
 (vLLM's step with our logits processor sampling and routing; an extend is a step of
-returning chunks). A vLLM model is timed in a process of its own (`_measure_apart`), and
-the other process of a co-located measurement may be either engine.
+returning chunks). A model whose engine is one per process (vLLM's: its capabilities,
+`tokenrouter/engines.py`) is timed in a process of its own (`_measure_apart`), and the
+other process of a co-located measurement may be on either engine.
 
 Models that share the host's cores in serving (`runtime/cores.py`: every local writer on
-tokenrouter's engine without fixed `threads`) are timed sharing them the same way: each
+an engine that steps on torch threads, without fixed `threads`) are timed sharing them the same way: each
 model is measured in a process of its own started with the subservers' OpenMP setting
 (`cores.SPIN_ENV`), both processes hold a byte of one cores' ledger, so a step alone runs
 on every core and a step beside the other model's on its share, as in serving.
@@ -40,6 +41,7 @@ from dataclasses import asdict
 import torch
 from tqdm import tqdm
 
+from tokenrouter import engines
 from tokenrouter.compiler import ir
 from tokenrouter.runtime.cores import SPIN_ENV, CoreShare, Ledger, LedgerSpec, environment, host_cores
 from tokenrouter.tuner.profile import Curve, ModelProfile, Profile, machine_info, timestamp
@@ -216,7 +218,8 @@ def measure_profile(program, batch_sizes, *, extend_tokens=DEFAULT_EXTEND_TOKENS
     it, with the cores shared as serving shares them (`share`; `threads` fixes a model's)."""
     models = list(program.models)
     fixed = {**dict(program.schedule.threads), **dict(threads or {})}
-    sharing = [m.name for m in models if not fixed.get(m.name) and m.engine != "vllm"] if share else []
+    sharing = [m.name for m in models
+               if not fixed.get(m.name) and engines.capabilities(m.engine).shares_cores] if share else []
     cores = host_cores()
     threads = {m.name: fixed.get(m.name) or (cores if m.name in sharing or not share
                                              else max(1, cores // max(1, len(models)))) for m in models}
@@ -229,7 +232,7 @@ def measure_profile(program, batch_sizes, *, extend_tokens=DEFAULT_EXTEND_TOKENS
                           batch_sizes=list(batch_sizes), extend_tokens=list(extend_tokens), repeats=repeats,
                           warmup=warmup, threads=threads, progress=progress,
                           ledger={w: asdict(ledger.spec(w)) for w in sharing} if ledger else None)
-            if m.engine == "vllm" or m.name in sharing:
+            if engines.capabilities(m.engine).one_per_process or m.name in sharing:
                 out[m.name] = _measure_apart(program, m.name, env=SPIN_ENV if m.name in sharing else None, **kwargs)
             else:
                 out[m.name] = _measure_model(program, m.name, **kwargs)

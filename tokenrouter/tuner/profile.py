@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenrouter import engines
 from tokenrouter.tuner.errors import TuneError
 
 PROFILE_FORMAT = "tokenrouter-profile"
@@ -84,7 +85,7 @@ class ModelProfile:
     extend: dict[int, Curve] = field(default_factory=dict)  # tokens per request -> curve
     path: str = ""
     threads: int = 0
-    engine: str = "native"  # what stepped it: "native" (tokenrouter's engine) or "vllm"
+    engine: str = engines.DEFAULT  # the engine that stepped it (`tokenrouter/engines.py`)
 
     def step_ms(self, batch: int, co_located: bool = False, tokens: float = 1.0) -> float:
         """L_i(b): one step of `batch` requests feeding `tokens` tokens each on average
@@ -192,7 +193,7 @@ class Profile:
             except (KeyError, TypeError, ValueError) as exc:
                 raise ProfileError(f"{where}: model {name!r}: malformed decode entry ({exc})") from None
             models[name] = ModelProfile(name, alone, co, ext, str(entry.get("path", "")), int(entry.get("threads", 0)),
-                                        str(entry.get("engine", "native")))
+                                        str(entry.get("engine", engines.DEFAULT)))
         return Profile(models, dict(data.get("machine", {})), str(data.get("created", "")), str(data.get("source", "")))
 
     @staticmethod

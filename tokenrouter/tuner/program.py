@@ -1,7 +1,7 @@
 """What the tuner reads from a routing program: its models, start, handoff actions, the
 routing probabilities the program itself fixes, and its schedule; and the B_i it chooses
 for the program's `auto` writers (`auto_thresholds`), which `tokenrouter serve --profile`
-and the bench hand to the launcher as plain numbers (`runtime.frontend.launch`,
+and the bench hand to the launcher as plain numbers (`runtime.launch`,
 `LaunchOptions.tuned_batch`)."""
 
 from __future__ import annotations

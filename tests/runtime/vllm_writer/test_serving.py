@@ -15,7 +15,7 @@ from tests.helpers import tiny
 from tests.helpers import vllm as vh
 from tests.helpers.serving import ServerThread, assert_outputs_equal, complete_many
 from tokenrouter.runtime.engine.sampler import SamplingParams
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.loader import program_tokenizer
 from tokenrouter.runtime.reference import Reference
 

@@ -29,7 +29,7 @@ from tests.helpers import vllm as vh
 from tests.helpers.serving import ServerThread, complete_many, wait_until_healthy
 from tokenrouter.compiler.pipeline import load_program
 from tokenrouter.runtime.engine.sampler import SamplingParams
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.loader import model_facts, program_tokenizer, resolve_folder
 from tokenrouter.runtime.reference import Reference
 
@@ -67,7 +67,7 @@ def example_on_vllm(name: str, folder) -> str:
 
 def expected_outputs(program, llm_on_vllm) -> dict:
     tok = program_tokenizer(program)
-    ref = Reference(program, vllm={"llm": llm_on_vllm}, max_model_len=MAX_MODEL_LEN)
+    ref = Reference(program, started={"llm": llm_on_vllm}, max_model_len=MAX_MODEL_LEN)
     params = SamplingParams(max_tokens=MAX_TOKENS, stop_token_ids=tuple(tok.eos_token_ids))
     out = {p: ref.generate(tok.encode(p), params) for p in PROMPTS}
     assert sum(len(r.written_by) == 2 for r in out.values()) >= 8, "both models should write"

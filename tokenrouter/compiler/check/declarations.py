@@ -13,13 +13,14 @@ from __future__ import annotations
 import math
 import os
 
+from tokenrouter import engines as registry
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.builtins import (BUILTIN_MODELS, DTYPES, ENGINES, ENSEMBLE_MODES, LANGUAGE_VERSION, QUANTS,
-                                           ROLES, VLLM_DTYPES, default_quant, looks_like_path)
+from tokenrouter.compiler.builtins import (BUILTIN_MODELS, DTYPES, ENSEMBLE_MODES, LANGUAGE_VERSION, QUANTS, ROLES,
+                                           default_quant, looks_like_path)
 from tokenrouter.compiler.check import params as check_params
 from tokenrouter.compiler.check.symbols import (KIND_WORDS, CheckState, Symbol, as_int, bound_model_path,
                                                 resolve_path)
-from tokenrouter.compiler.features import FEATURES, LOGITS, called
+from tokenrouter.compiler.features import FEATURES, HEAD_ROW, HIDDEN, called
 from tokenrouter.dsl import ast
 from tokenrouter.dsl.diagnostics import Note, did_you_mean, words
 
@@ -101,7 +102,8 @@ def model(state: CheckState, item: ast.ModelDecl) -> None:
     role = state.choice(attrs["role"], ROLES, "role") if "role" in attrs else None
     dtype = state.choice(attrs["dtype"], DTYPES, "dtype") if "dtype" in attrs else "float32"
     quant = state.choice(attrs["quant"], QUANTS, "quant") if "quant" in attrs else None
-    sym.engine = (state.choice(attrs["engine"], ENGINES, "engine") if "engine" in attrs else "native") or "native"
+    sym.engine = (state.choice(attrs["engine"], registry.names(), "engine") if "engine" in attrs else None) \
+        or registry.DEFAULT
     if "tensor_parallel" in attrs:
         tp = as_int(attrs["tensor_parallel"].value, 1)
         if tp is None:
@@ -164,57 +166,79 @@ def emit_models(state: CheckState) -> None:
 
 
 def engines(state: CheckState) -> None:
-    """What a model's engine cannot give (E801), at the declaration that asks for it. A
-    vLLM engine serves one model in its own worker(s): it cannot be an ensemble member (the
-    members' logits meet in one step of one process), run tokenrouter's weight formats
-    (`quant`) or float64, or hand a router or head the model's hidden states or token
-    embeddings. tokenrouter's own engine has no tensor parallelism."""
+    """What a model's engine cannot give (E801), at the declaration that asks for it, read
+    from the engine's capabilities (`tokenrouter/engines.py`): tensor parallelism, its weight
+    formats (`quant`) and dtypes, membership of an ensemble (the members' logits meet in one
+    step of one process), and what its step hands a router or head (hidden states, token
+    embeddings)."""
     models = {n: s for n, s in state.symbols.items() if s.kind == "model" and s.ok}
     for name, sym in models.items():
         attrs = {a.key.text: a for a in sym.decl.attrs}
-        if sym.engine == "native" and sym.tensor_parallel > 1:
-            state.err("E801", f"model '{name}': tokenrouter's engine has no tensor parallelism",
-                      attrs["tensor_parallel"].value.span, hint="serve it with engine = vllm, or drop tensor_parallel")
-        if sym.engine != "vllm":
-            continue
-        if sym.quant != "none":
-            state.err("E801", f"model '{name}': quant = {sym.quant} is a weight format of tokenrouter's engine, "
-                      "not vLLM's", attrs["quant"].value.span,
-                      hint="drop quant (vLLM runs the checkpoint's own weights), or serve it with engine = native")
-        if sym.dtype not in VLLM_DTYPES:
-            state.err("E801", f"model '{name}': vLLM does not run {sym.dtype}", attrs["dtype"].value.span,
-                      hint=f"expected {words(VLLM_DTYPES)}")
-    vllm = {n for n, s in models.items() if s.engine == "vllm"}
+        caps = registry.capabilities(sym.engine)
+        if sym.tensor_parallel > 1 and not caps.tensor_parallel:
+            state.err("E801", f"model '{name}': {caps.title} has no tensor parallelism",
+                      attrs["tensor_parallel"].value.span,
+                      hint=f"serve it with engine = {_engines_that(lambda c: c.tensor_parallel)}, or drop "
+                           "tensor_parallel")
+        if sym.quant not in caps.quants:
+            owner = next((r for r in registry.registered() if sym.quant in r.capabilities.quants), None)
+            whose = f"a weight format of {owner.capabilities.title}, not" if owner else "not a weight format of"
+            state.err("E801", f"model '{name}': quant = {sym.quant} is {whose} {caps.title}'s",
+                      attrs["quant"].value.span if "quant" in attrs else sym.span,
+                      hint=f"drop quant ({caps.title} runs the checkpoint's own weights), or serve it with "
+                           f"engine = {owner.name}" if owner and caps.quants == ("none",) else
+                      f"{caps.title} runs quant = {words(caps.quants)}")
+        if sym.dtype not in caps.dtypes:
+            where = attrs["dtype"].value.span if "dtype" in attrs else sym.span
+            state.err("E801", f"model '{name}': {caps.title} does not run {sym.dtype}", where,
+                      hint=f"expected {words(caps.dtypes)}")
     for item in state.file.items:
         if not (isinstance(item, (ast.EnsembleDecl, ast.RouterDecl, ast.HeadDecl)) and state.is_first(item)):
             continue
         if isinstance(item, ast.EnsembleDecl):
             for arg in item.members:
-                if arg.label is not None and arg.label.text in vllm:
-                    state.err("E801", f"'{arg.label.text}' is served by vLLM, so it cannot be a member of "
+                sym = models.get(arg.label.text) if arg.label is not None else None
+                caps = registry.capabilities(sym.engine) if sym is not None else None
+                if caps is not None and not caps.ensembles:
+                    state.err("E801", f"'{arg.label.text}' is served by {caps.title}, so it cannot be a member of "
                               f"ensemble '{item.name.text}'", arg.label.span,
-                              hint="an ensemble's members are stepped together in one process; "
-                                   f"serve '{arg.label.text}' with engine = native")
-        elif item.model.text in vllm:
-            _vllm_reader(state, item)
+                              hint="an ensemble's members are stepped together in one process; serve "
+                                   f"'{arg.label.text}' with engine = {_engines_that(lambda c: c.ensembles)}")
+        elif item.model.text in models:
+            _reader(state, item, models[item.model.text].engine)
 
 
-def _vllm_reader(state: CheckState, item) -> None:
-    """A router or head on a vLLM model reads only what vLLM hands the logits processor:
-    the step's logits (so the features that read only them: entropy, top_prob, margin and
-    topk_logits), not hidden states or embeddings."""
-    on_logits = [f.name for f in called() if f.reads == (LOGITS,)]
-    hint = f"route on what the logits give ({', '.join(on_logits)}), or serve " \
-           f"'{item.model.text}' with engine = native"
+def _engines_that(can) -> str:
+    """The registered engines whose capabilities pass `can`, as a hint writes them."""
+    return " or ".join(r.name for r in registry.registered() if can(r.capabilities))
+
+
+def _reads(feature) -> set[str]:
+    """What a feature needs its engine's step to give (a head's row comes from its weights
+    file, read with the final hidden state)."""
+    return set(feature.reads) - {HEAD_ROW}
+
+
+def _reader(state: CheckState, item, engine: str) -> None:
+    """A router or head reads only what its model's engine hands out: a head the final
+    hidden state, a router the features whose reads the engine gives."""
+    caps = registry.capabilities(engine)
+    gives = set(caps.gives)
+    model = item.model.text
+    given = [f.name for f in called() if _reads(f) <= gives]
+    everything = _engines_that(lambda c: set(c.gives) >= set().union(*(_reads(f) for f in FEATURES.values())))
+    hint = f"route on what the {' and '.join(registry.GIVES_WORDS[g] for g in caps.gives)} give " \
+           f"({', '.join(given)}), or serve '{model}' with engine = {everything}"
     if isinstance(item, ast.HeadDecl):
-        state.err("E801", f"head '{item.name.text}' reads the hidden state of '{item.model.text}', which vLLM "
-                  "does not hand out", item.model.span, hint=hint)
+        if HIDDEN not in gives:
+            state.err("E801", f"head '{item.name.text}' reads the hidden state of '{model}', which {caps.title} "
+                      "does not hand out", item.model.span, hint=hint)
         return
     inputs = next((a.value for a in item.attrs if a.key.text == "inputs"), None)
     for node in getattr(inputs, "items", ()):
         name = node.name.text if isinstance(node, ast.Ref) else node.func.text if isinstance(node, ast.Call) else ""
-        if name in FEATURES and FEATURES[name].reads != (LOGITS,):
-            state.err("E801", f"router '{item.name.text}' reads {name} of '{item.model.text}', which vLLM does "
+        if name in FEATURES and not _reads(FEATURES[name]) <= gives:
+            state.err("E801", f"router '{item.name.text}' reads {name} of '{model}', which {caps.title} does "
                       "not hand out", node.span, hint=hint)
 
 

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenrouter import engines
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.builtins import BUILTIN_MODELS, LANGUAGE_VERSION
 from tokenrouter.compiler.check import params as check_params
@@ -40,7 +41,7 @@ class Symbol:
     role: str | None = None
     dtype: str = "float32"
     quant: str = "none"
-    engine: str = "native"  # model: its serving engine, and over how many ranks
+    engine: str = engines.DEFAULT  # model: its serving engine, and over how many ranks
     tensor_parallel: int = 1
 
 

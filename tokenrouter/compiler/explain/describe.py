@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from tokenrouter import engines
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.text import expr_text, input_text
 from tokenrouter.compiler.weights.files import input_widths
@@ -66,8 +67,9 @@ def writer_line(program: ir.Program, name: str) -> str:
         return f"ensemble ({e.mode} of {members}{extra})"
     m = program.model(name)
     fmt = m.dtype if m.quant == "none" else f"{m.dtype}, quant {m.quant}"
-    if m.engine == "vllm":
-        fmt += ", served by vLLM" + (f" over {m.tensor_parallel} tensor-parallel ranks" if m.tensor_parallel > 1 else "")
+    if m.engine != engines.DEFAULT:
+        fmt += f", served by {engines.capabilities(m.engine).title}" + (
+            f" over {m.tensor_parallel} tensor-parallel ranks" if m.tensor_parallel > 1 else "")
     return f"model {m.path} ({m.role}, {fmt})"
 
 
@@ -82,10 +84,9 @@ def model_lines(program: ir.Program, name: str) -> list[str]:
     place = dict(program.schedule.placement).get(name, "cpu")
     weights = (f"weights: {m.dtype}" if m.quant == "none" else
                f"weights: {QUANT_WORDS[m.quant]}; bfloat16 into each product, {m.dtype} between them")
-    if m.engine == "vllm":
-        ranks = f" over {m.tensor_parallel} tensor-parallel ranks" if m.tensor_parallel > 1 else ""
-        return [weights, f"engine: vLLM{ranks}"]
-    return [weights, f"engine: tokenrouter's own, on {place}"]
+    caps = engines.capabilities(m.engine)
+    ranks = f" over {m.tensor_parallel} tensor-parallel ranks" if m.tensor_parallel > 1 else ""
+    return [weights, f"engine: {caps.explain or caps.title}{ranks}" + (f", on {place}" if caps.placed else "")]
 
 
 def shown_path(path: str) -> str:

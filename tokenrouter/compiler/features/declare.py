@@ -24,14 +24,15 @@ from typing import Any, Callable, Protocol, Union
 
 from tokenrouter.dsl import ast
 from tokenrouter.dsl.diagnostics import words
+from tokenrouter.engines import EMBEDDING, HIDDEN, LOGITS
 
 INF = math.inf
 NAN = math.nan
 
 # What a feature reads of its model's step (`StepFeature.reads`).
-LOGITS = "logits"  # the next-token logits (so the distribution): every engine gives them
-HIDDEN = "hidden state"  # the hidden state after one layer (`StepFeature.layer` says which)
-EMBEDDING = "token embedding"  # the input embedding of the token just sampled
+# LOGITS (the next-token logits, so the distribution: every engine gives them), HIDDEN (the
+# hidden state after one layer: `StepFeature.layer` says which) and EMBEDDING (the input
+# embedding of the token just sampled) are what an engine's step can give (`tokenrouter/engines.py`).
 HEAD_ROW = "head row"  # an extra LM-head row from a weights file (with the final hidden state)
 
 

@@ -25,7 +25,8 @@ from tokenrouter.runtime.engine.engine import Engine
 from tokenrouter.runtime.loader import load_model, quant_options
 from tokenrouter.runtime.metrics import PHASES
 from tokenrouter.runtime.subserver.request import Request
-from tokenrouter.runtime.subserver.step import LOOP_ERROR, NativeWriter, StepRunner
+from tokenrouter.runtime.native import NativeWriter
+from tokenrouter.runtime.subserver.step import LOOP_ERROR, StepRunner
 
 
 @dataclass

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from tokenrouter.compiler import ir
-from tokenrouter.runtime.frontend.launch import LaunchOptions, served_writers
+from tokenrouter.runtime.launch import LaunchOptions, served_writers
 
 
 def naive_options(program: ir.Program, base: LaunchOptions | None = None) -> LaunchOptions:

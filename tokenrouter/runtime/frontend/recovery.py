@@ -45,6 +45,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
+from tokenrouter.protocol.sampling import end_reason
 from tokenrouter.protocol.state import PeerMessage
 from tokenrouter.runtime.frontend.streams import Final, RequestStream
 from tokenrouter.runtime.logs import about
@@ -97,12 +98,10 @@ def route_at(live: RequestStream, start_writer: str) -> RouteAt:
 
 
 def finished_at(live: RequestStream, max_model_len: int) -> str | None:
-    """Why a request is complete with the tokens it has ("stop" / "length"), if it is."""
-    if live.out and live.out[-1] in live.params.stop_token_ids:
-        return "stop"
-    if len(live.out) >= live.params.max_tokens or len(live.prompt) + len(live.out) >= max_model_len:
-        return "length"
-    return None
+    """Why a request is complete with the tokens it has ("stop" / "length"), if it is: the
+    end-of-request rule (`protocol/sampling.end_reason`) at its last token."""
+    return end_reason(live.out[-1] if live.out else None, len(live.out), len(live.prompt) + len(live.out),
+                      live.params, max_model_len)
 
 
 class Recovery:

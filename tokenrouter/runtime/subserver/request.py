@@ -9,7 +9,7 @@ A `Request` joins what the parts of a subserver need to know about one request:
     seq     its sequence id in this writer's engines, whose KV holds `state.tokens[:fed]`
     params  its `SamplingParams` (the same object as `state.sampling`), read by the
             sampler every step; `max_tokens` and `stop_token_ids` are its stop rules
-            (`end_reason`)
+            (`end_reason`, the one rule: `protocol/sampling.py`)
     grammar its structured-output state here (`engine/grammar.GrammarState`), made at its
             first step when its parameters ask for structured output
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tokenrouter.protocol.sampling import SamplingParams
+from tokenrouter.protocol.sampling import SamplingParams, end_reason
 from tokenrouter.protocol.state import RouteState
 from tokenrouter.runtime.engine.grammar import GrammarState
 
@@ -59,15 +59,3 @@ class Request:
         """Why the request ends after committing `token` ("stop" or "length"), if it does."""
         return end_reason(token, self.n_out, len(self.state.tokens), self.params, max_model_len, self.stop)
 
-
-def end_reason(token: int, n_out: int, n_tokens: int, params: SamplingParams, max_model_len: int,
-               stop: frozenset[int] | None = None) -> str | None:
-    """Why a request ends once `token` is committed, leaving it `n_out` output and
-    `n_tokens` tokens in all: "stop" (a stop token), "length" (`max_tokens` or the
-    context limit), or None. (Also asked inside vLLM's logits processor, which ends a
-    vLLM writer's chunk where the request will end.)"""
-    if token in (stop if stop is not None else params.stop_token_ids):
-        return "stop"
-    if n_out >= params.max_tokens or n_tokens >= max_model_len:
-        return "length"
-    return None

@@ -1,11 +1,11 @@
 """What a subserver is given, what it loads before serving, and how a failed start is reported.
 
 `SubserverSpec` is JSON-safe because it crosses the spawn boundary of a subserver process
-(`frontend/launch.py` makes one per writer). `load_writer` reads the program and loads the
-writer's compiled router and its `NativeWriter`: one of tokenrouter's engines per model it
-steps (the model, or an ensemble's members). A writer served by vLLM is loaded by
-`runtime/vllm/writer.py: load_vllm_writer` instead, which the launcher hands the subserver
-(the same `LoadedWriter`, another `WriterEngine`). When loading fails,
+(`launch/` makes one per writer). What a subserver loads is a `LoadedWriter`: the program,
+the writer's compiled router and a `WriterEngine` (`step.py`), made by its engine's
+`load_writer` (`writer_loader`: the engine the program names for the writer, looked up in
+the registry, `tokenrouter/engines.py`, and imported by name, so the subserver imports no
+engine above it: `runtime/native/` is tokenrouter's, `runtime/vllm/` vLLM's). When loading fails,
 `report_startup_failure` sends the frontend a `ready` message carrying the error, so
 `tokenrouter serve` says why instead of waiting.
 """
@@ -14,19 +14,15 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import traceback
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
-import torch
 import zmq
 
+from tokenrouter import engines
 from tokenrouter.compiler import ir
-from tokenrouter.compiler.backend.compiled import load_routers
-from tokenrouter.runtime.engine.engine import Engine
-from tokenrouter.runtime.loader import load_model, quant_options
-from tokenrouter.runtime.subserver.step import NativeWriter, WriterEngine
+from tokenrouter.runtime.subserver.step import WriterEngine
 from tokenrouter.runtime.transport import wire
 from tokenrouter.runtime.transport.security import Security
 from tokenrouter.runtime.transport.sockets import Sender
@@ -71,26 +67,10 @@ class LoadedWriter:
     engine: WriterEngine
 
 
-def load_writer(spec: SubserverSpec, phase_s: dict[str, float], models: dict[str, Any] | None = None) -> LoadedWriter:
-    """The writer's program, router and `NativeWriter` (`models`: preloaded weights, by
-    model name; `phase_s`: the step-phase counters its engine adds to)."""
-    program = ir.Program.from_json(spec.program_json)
-    ens = next((e for e in program.ensembles if e.name == spec.writer), None)
-    members = ens.members if ens else (spec.writer,)
-    dtype = getattr(torch, program.model(members[0]).dtype)
-    router = load_routers(program, device=spec.device, dtype=dtype, base_dir=spec.base_dir)[spec.writer]
-    engines = {}
-    for name in members:
-        pm = program.model(name)
-        mdt = getattr(torch, pm.dtype)
-        t0 = time.monotonic()
-        log.info("loading %s (%s, quant %s)", pm.path, pm.dtype, pm.quant)
-        m = (models or {}).get(name) or load_model(pm.path, dtype=mdt, quant=pm.quant)
-        engines[name] = Engine(m.config, m.weights, quant_options(
-            m, pm.quant, device=spec.device, dtype=mdt, block_size=spec.block_size, num_blocks=spec.num_blocks,
-            max_model_len=spec.max_model_len))
-        log.info("%s (quant %s) loaded in %.1f s", pm.path, pm.quant, time.monotonic() - t0)
-    return LoadedWriter(program, tuple(members), router, NativeWriter(spec.writer, members, engines, router, phase_s))
+def writer_loader(spec: SubserverSpec) -> Callable[..., LoadedWriter]:
+    """The `load_writer` of the engine that serves `spec`'s writer (an ensemble's members
+    step together on the default engine)."""
+    return engines.implementation(ir.Program.from_json(spec.program_json).engine_of(spec.writer)).load_writer
 
 
 def report_startup_failure(spec: SubserverSpec, exc: BaseException, ctx=None) -> None:

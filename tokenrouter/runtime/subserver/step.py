@@ -15,10 +15,11 @@ it is the oracle this is tested against).
              at the context limit; the others stay or depart, their next writer set
 
 The engine is a `WriterEngine`: feed, step (its results: a decision per request), park,
-release. It has two implementations: `NativeWriter` here (tokenrouter's engine), and
-`VllmWriter` (`runtime/vllm/`), where sample and route run inside vLLM's logits
-processor. Both sample and route through `sample_and_route`, and `StepRunner` commits
-their decisions the same way, so the routing semantics exist once.
+release. Each engine implements it in its own package (`tokenrouter/engines.py` registers
+them): `NativeWriter` (`runtime/native/`, tokenrouter's engine) and `VllmWriter`
+(`runtime/vllm/`), where sample and route run inside vLLM's logits processor. Both sample
+and route through `sample_and_route`, and `StepRunner` commits their decisions the same
+way, so the routing semantics exist once.
 
 Invariant 1 of docs/architecture.md holds by construction: a request's KV length is the
 engine's `fed`, and the step feeds exactly the tokens after it. A request with nothing to
@@ -152,72 +153,6 @@ class WriterEngine(Protocol):
         """Call `hook()` between the layers of each forward (a subserver sharing the host's
         cores re-reads its share there: `runtime/cores.py`); an engine that manages its own
         threads ignores it."""
-
-
-class NativeWriter:
-    """`WriterEngine` on tokenrouter's engine: a model, or an ensemble's members stepped on
-    the same batch and combined by the compiled `combine`."""
-
-    def __init__(self, writer: str, members: tuple[str, ...], engines: dict, router, phase_s: dict[str, float]):
-        self.writer, self.members = writer, tuple(members)
-        self.engines = {m: engines[m] for m in self.members}
-        self.ensemble = self.members != (writer,)
-        self.router = router
-        self.phase_s = phase_s  # the caller's step-phase counters, added to here
-        first = self.engines[self.members[0]]
-        self.max_model_len = min(e.max_model_len for e in self.engines.values())
-        self.vocab_size = first.config.vocab_size
-        self.block_size = first.block_size
-        self.blocks_total = min(e.blocks_total for e in self.engines.values())
-        self.computed_tokens = 0
-        self.items: list = []
-
-    def kv_usage(self) -> tuple[int, int]:
-        return (sum(e.blocks_used for e in self.engines.values()),
-                sum(e.blocks_total for e in self.engines.values()))
-
-    def refuses(self, r: Request) -> str | None:
-        return None
-
-    def fed(self, r: Request) -> int:
-        return self.engines[self.members[0]].seq_len(r.seq)
-
-    def feed(self, reqs: list[Request]) -> int:
-        self.items = [(r.seq, r.state.tokens[self.fed(r):]) for r in reqs]
-        if not all(e.can_append(self.items) for e in self.engines.values()):
-            raise RuntimeError(f"{self.writer}: KV cache full for a batch of {len(self.items)}")
-        n = sum(len(t) for _, t in self.items)
-        self.computed_tokens += n  # our engine computes exactly what it is fed
-        return n
-
-    def step(self, reqs: list[Request]) -> list[Decision | None]:
-        t0 = time.perf_counter()
-        outs = [self.engines[m].step(self.items, self.router.needs) for m in self.members]
-        self.phase_s["forward"] += time.perf_counter() - t0
-        rows = [RowFacts.of(r) for r in reqs]
-        if not self.ensemble:
-            return sample_and_route(self.router, outs[0].logits, rows, hidden=outs[0].hidden,
-                                    embed=self.engines[self.writer].embed, phase_s=self.phase_s)
-        positions, visit, seeds = row_tensors(rows)
-        member_logits = tuple(o.logits for o in outs)
-        logits = self.router.combine(StepTensors(logits=None, sampled=None, visit_tokens=visit, position=positions,
-                                                 request_seed=seeds, member_logits=member_logits))
-        return sample_and_route(self.router, logits, rows, member_logits=member_logits, phase_s=self.phase_s)
-
-    def park(self, r: Request) -> None:
-        """Nothing to do: the sequence keeps its blocks until it is freed."""
-
-    def release(self, r: Request) -> None:
-        self.free(r.seq)
-
-    def between_layers(self, hook) -> None:
-        for e in self.engines.values():
-            e.model.between_layers = hook
-
-    def free(self, seq) -> None:
-        """Free one engine sequence in every member (also for the `rematch` baselines' cache)."""
-        for e in self.engines.values():
-            e.free(seq)
 
 
 # ------------------------------------------------------------------ the step

@@ -46,7 +46,7 @@ from tokenrouter.runtime.subserver.progress import Progress, hold
 from tokenrouter.runtime.subserver.request import Request
 from tokenrouter.runtime.subserver.scheduler import Scheduler
 from tokenrouter.runtime.subserver.step import LOOP_ERROR, StepRunner
-from tokenrouter.runtime.subserver.setup import LoadedWriter, SubserverSpec, load_writer
+from tokenrouter.runtime.subserver.setup import LoadedWriter, SubserverSpec, writer_loader
 from tokenrouter.runtime.transport.wire import FRONTEND
 
 __all__ = ["Subserver", "SubserverSpec"]
@@ -57,8 +57,7 @@ _TOMBSTONES = 65536  # released request ids remembered, to drop handoffs still i
 
 
 class Subserver:
-    """`load` loads the writer (`setup.load_writer`: tokenrouter's engine; the launcher
-    passes `runtime/vllm`'s for a writer served by vLLM)."""
+    """`load` loads the writer (default: its engine's, `setup.writer_loader`)."""
 
     def __init__(self, spec: SubserverSpec, ctx=None, models: dict[str, Any] | None = None,
                  load: Callable[..., LoadedWriter] | None = None):
@@ -69,7 +68,7 @@ class Subserver:
         # the host's cores, shared by need with the other writers here (`runtime/cores.py`)
         self.cores = CoreShare(LedgerSpec(**spec.cores)) if spec.cores and spec.set_threads else None
         phase_s = {p: 0.0 for p in PHASES}
-        w = (load or load_writer)(spec, phase_s, models)
+        w = (load or writer_loader(spec))(spec, phase_s, models)
         self.program, self.members, self.router, self.engine = w.program, w.members, w.router, w.engine
         if self.cores is not None:
             self.engine.between_layers(self.cores.threads_now)  # a share that changes mid-step

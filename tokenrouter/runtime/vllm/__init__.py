@@ -1,4 +1,6 @@
-"""A writer served by vLLM (`model llm = "PATH" { engine = vllm  tensor_parallel = N }`).
+"""A writer served by vLLM (`model llm = "PATH" { engine = vllm  tensor_parallel = N }`):
+the implementation `tokenrouter/engines.py` registers for `engine = vllm`, beside
+tokenrouter's own (`runtime/native/`).
 
 The subserver stays ours (wire, scheduler, delayed batching, liveness, metrics); its
 `WriterEngine` is a `VllmWriter` (`writer.py`) that steps a `vllm` `LLMEngine` from the
@@ -18,18 +20,15 @@ subserver's decoding loop, its engine core in the subserver's process:
     release  an abort frees them
 
 `engine.py` starts the engine (options, environment); `logits.py` gives the
-single-request reference a vLLM model's logits by a fresh prefill. vLLM is the optional
-extra `vllm` (`tokenrouter/extras.py`): `require` says how to install it, in one line.
+single-request reference a vLLM model's logits by a fresh prefill; `steps.py` the tuner's
+steps. vLLM is the optional extra `vllm` (`tokenrouter/extras.py`), checked (one line
+naming it) before anything here imports it; vLLM itself is imported where it is used.
 """
 
 from __future__ import annotations
 
-from tokenrouter.extras import require as require_extra
+from tokenrouter.runtime.vllm.logits import reference_model
+from tokenrouter.runtime.vllm.steps import profile_steps
+from tokenrouter.runtime.vllm.writer import load_vllm_writer as load_writer
 
-WHAT = "a writer served by vLLM (engine = vllm)"
-
-
-def require() -> None:
-    """`extras.MissingExtra` (one line naming the extra) unless vLLM can be imported (its
-    package imports its parts lazily: this is quick)."""
-    require_extra("vllm", "vllm", WHAT)
+__all__ = ["load_writer", "profile_steps", "reference_model"]

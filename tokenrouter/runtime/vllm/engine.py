@@ -40,8 +40,10 @@ from typing import Any
 
 import torch
 
+from tokenrouter import engines
 from tokenrouter.extras import MissingExtra
-from tokenrouter.runtime.vllm import WHAT, require
+
+WHAT = "a writer served by vLLM (engine = vllm)"
 
 PROCESSOR = "tokenrouter.runtime.vllm.processor:RouteProcessor"
 DEFAULT_KV_BYTES = 1 << 30
@@ -127,7 +129,7 @@ def cpu_binding(tensor_parallel: int):
 
 def start_engine(cfg: EngineConfig):
     """A started `LLMEngine` for `cfg` (module docstring)."""
-    require()
+    engines.require("vllm")
     set_environment()
     try:
         from vllm.engine.arg_utils import EngineArgs

@@ -14,6 +14,7 @@ import itertools
 
 import torch
 
+from tokenrouter.runtime.loader import checkpoint_folder
 from tokenrouter.runtime.vllm.engine import EngineConfig, start_engine
 
 
@@ -53,3 +54,14 @@ class VllmLogits:
                     if out.isnan().any():
                         raise RuntimeError("vLLM returned logits for part of the vocabulary only")
                     return out
+
+    def forward(self, tokens: list[int], needs=None):
+        """The reference's forward: the logits [V] after `tokens`, and no hidden states
+        (vLLM hands out none)."""
+        return self.logits(tokens), {}
+
+
+def reference_model(model, *, models=None, max_model_len: int | None = None, block_size: int = 16) -> VllmLogits:
+    """The single-request reference's forward of `model` (an `ir.Model` served by vLLM);
+    `models` and `block_size` are tokenrouter's engine's, unused here."""
+    return VllmLogits(checkpoint_folder(model.path)[1], model.dtype, model.tensor_parallel, max_model_len)

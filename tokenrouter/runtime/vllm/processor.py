@@ -12,7 +12,7 @@ counts the tokens sampled since. Every step, for the rows that carry it:
     sample_and_route (subserver/step.py), the function tokenrouter's engine calls (the
                      writer refuses requests whose logits it would have to process first:
                      penalties, logit bias, structured output; and logprobs)
-    end_reason       (subserver/request.py): whether the committed token ends the request
+    end_reason       (protocol/sampling.py): whether the committed token ends the request
     force            the sampled token when the request stays and goes on, else the park
                      token (a stop id of the request: vLLM parks it with its KV); the
                      forced logit's value is the decision (`codes.py`)
@@ -29,8 +29,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.backend.compiled import load_routers
-from tokenrouter.protocol.sampling import SamplingParams
-from tokenrouter.runtime.subserver.request import end_reason
+from tokenrouter.protocol.sampling import SamplingParams, end_reason
 from tokenrouter.runtime.subserver.step import RowFacts, sample_and_route
 from tokenrouter.runtime.vllm.codes import KEY, encode
 

@@ -1,5 +1,5 @@
 """`VllmWriter`: the `WriterEngine` of a writer served by vLLM, and `load_vllm_writer`,
-which the launcher hands such a writer's subserver instead of `setup.load_writer`.
+this engine's `load_writer` (what such a writer's subserver loads).
 
 Each request is one resumable vLLM request under the request's id. Its `fed` is what
 vLLM's KV holds, kept as our engine keeps it: after each step, every token the request
@@ -185,9 +185,6 @@ def load_vllm_writer(spec: SubserverSpec, phase_s: dict[str, float], models: dic
     """The writer's program, router (its send and receive) and a started `VllmWriter`."""
     program = ir.Program.from_json(spec.program_json)
     m = program.model(spec.writer)
-    if spec.retention != "pending":
-        raise ValueError(f"{spec.writer}: a writer served by vLLM keeps departed requests pending, "
-                         f"not {spec.retention!r}")
     router = load_routers(program, device="cpu", dtype=torch.float32, base_dir=spec.base_dir)[spec.writer]
     _, folder = checkpoint_folder(m.path)
     shape = Shape.of(folder)

@@ -9,22 +9,24 @@ What each subserver gets comes from the program's serving schedule:
   min(4, concurrency // 2 or 1) for the others;
 * max wait: the schedule's, else 20 ms;
 * CPU threads: the schedule's (or `--threads`) for a writer that names them, fixed for its
-  life; every other local writer on tokenrouter's engine shares the host's cores by need
+  life; every other local writer whose engine steps on torch threads (tokenrouter's:
+  `Capabilities.shares_cores`) on the CPU shares the host's cores by need
   (`runtime/cores.py`: a ledger of who is stepping now, created here, one byte per
   writer; `LaunchOptions.cores` = "split" gives the old fixed even split and "all" every
   writer every core, for the benchmarks that compare them); shown in /metrics;
-* its engine: tokenrouter's, or vLLM for a model declared `engine = vllm`, whose
-  subserver loads its writer with `runtime/vllm/writer.py: load_vllm_writer`
-  (`writer_loader`); vLLM must be installed where such a writer runs (checked here, one
-  line naming the extra), and its start (import, weights) gets a longer start-up timeout.
+* its engine: the one its model names (`engine = NAME`, tokenrouter's by default), which
+  its subserver finds in the registry (`tokenrouter/engines.py`); what the launch needs of
+  it is its capabilities: its optional extra (checked here, one line naming it), whether
+  it shares the host's cores, keeps departed requests as asked (`retention`), starts a
+  process per rank (tensor parallelism), and takes longer to start.
 
 Processes use the `spawn` start method (a forked torch is not safe), are daemons (they
 end with a normal exit of the parent), and also watch their parent, so a killed frontend
 leaves no orphans. The OS tells the frontend at once when one ends (`watch_exits`: the
 event loop reads each process's pidfd, or its multiprocessing sentinel where there is
-none). A vLLM writer over several ranks starts a process per rank, which a daemon may
-not: it is not one, and is killed at exit instead (vLLM's rank processes end with it). `stop` asks nicely (the frontend's shutdown message), then terminates,
-then kills.
+none). A writer over several tensor-parallel ranks starts a process per rank, which a
+daemon may not: it is not one, and is killed at exit instead (its rank processes end with
+it). `stop` asks nicely (the frontend's shutdown message), then terminates, then kills.
 
 `open_runtime` starts a program's subservers with a `Launcher` and a `Frontend` connected
 to them, in the running event loop (`tokenrouter serve`, the offline API, the tests);
@@ -45,6 +47,7 @@ from typing import Any
 
 import zmq
 
+from tokenrouter import engines
 from tokenrouter.compiler import ir
 from tokenrouter.runtime.cores import SPIN_ENV, Ledger, environment, host_cores
 from tokenrouter.runtime.logs import about
@@ -54,13 +57,10 @@ from tokenrouter.runtime.subserver.process import run_process, run_thread
 from tokenrouter.runtime.transport.security import Security, stop_authenticator
 from tokenrouter.runtime.transport.sockets import cleanup_ipc, make_addresses
 from tokenrouter.runtime.transport.wire import FRONTEND
-from tokenrouter.runtime.vllm import require as require_vllm
-from tokenrouter.runtime.vllm.writer import load_vllm_writer
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_WAIT_MS = 20.0
-VLLM_START_TIMEOUT_S = 900.0  # importing vLLM and starting its engine takes minutes on a busy host
 
 
 @dataclass
@@ -121,33 +121,29 @@ def batch_thresholds(program: ir.Program, writers: list[str], concurrency: int,
     return out
 
 
-def uses_vllm(program: ir.Program, writer: str) -> bool:
-    """Whether `writer` is a model served by vLLM (ensembles run on tokenrouter's engine)."""
-    return any(m.name == writer and m.engine == "vllm" for m in program.models)
-
-
-def writer_loader(program: ir.Program, writer: str):
-    """What loads `writer` in its subserver: None for tokenrouter's engine (the default)."""
-    return load_vllm_writer if uses_vllm(program, writer) else None
+def capabilities(program: ir.Program, writer: str) -> engines.Capabilities:
+    """What the engine that steps `writer` can do (`tokenrouter/engines.py`)."""
+    return engines.capabilities(program.engine_of(writer))
 
 
 def require_engines(program: ir.Program, remote: tuple[str, ...] = ()) -> None:
     """Raise `extras.MissingExtra` (one line naming the extra) when a writer served here
-    needs vLLM and it is not installed."""
-    if any(uses_vllm(program, w) for w in served_writers(program) if w not in remote):
-        require_vllm()
+    needs an engine whose extra is not installed."""
+    for w in served_writers(program):
+        if w not in remote:
+            engines.require(program.engine_of(w))
 
 
 CORE_MODES = ("share", "split", "all")
 
 
 def sharing_writers(program: ir.Program, opts: LaunchOptions) -> list[str]:
-    """The local writers whose threads are not fixed and which run on tokenrouter's engine on
-    the CPU: those that share the cores (`runtime/cores.py`)."""
+    """The local writers whose threads are not fixed and whose engine steps on torch threads
+    on the CPU: those that share the cores (`runtime/cores.py`)."""
     fixed = {**dict(program.schedule.threads), **opts.threads}
     placement = dict(program.schedule.placement)
     return [w for w in served_writers(program) if w not in opts.remote and not fixed.get(w)
-            and not uses_vllm(program, w) and placement.get(w, "cpu").split(":")[0] not in ("cuda", "mps", "xpu")]
+            and capabilities(program, w).shares_cores and placement.get(w, "cpu").split(":")[0] not in ("cuda", "mps", "xpu")]
 
 
 def plan(program: ir.Program, opts: LaunchOptions, security=None, ledger: Ledger | None = None
@@ -171,6 +167,11 @@ def plan(program: ir.Program, opts: LaunchOptions, security=None, ledger: Ledger
     placement = dict(program.schedule.placement)
     local = [w for w in writers if w not in opts.remote]
     require_engines(program, opts.remote)
+    for w in writers:
+        kept = capabilities(program, w).retentions
+        if opts.retention not in kept:
+            raise ValueError(f"{w}: {capabilities(program, w).title} keeps departed requests "
+                             f"{' or '.join(kept)}, not {opts.retention!r}")
     cores = host_cores()
     specs = {}
     for w in writers:
@@ -218,8 +219,7 @@ class Launcher:
         if self.opts.mode == "thread":
             self.ctx = zmq.Context()
             for w in self.local:
-                t = threading.Thread(target=run_thread, args=(self.specs[w], self.ctx,
-                                                              writer_loader(self.program, w)),
+                t = threading.Thread(target=run_thread, args=(self.specs[w], self.ctx),
                                      name=f"subserver-{w}", daemon=True)
                 t.start()
                 self._threads[w] = t
@@ -232,10 +232,9 @@ class Launcher:
 
     def _spawn(self, w: str) -> None:
         mp = multiprocessing.get_context("spawn")
-        # a daemon cannot start processes: a vLLM writer over several ranks starts one per rank
-        daemon = not (uses_vllm(self.program, w) and self.program.model(w).tensor_parallel > 1)
-        p = mp.Process(target=run_process, args=(self.specs[w].to_dict(), writer_loader(self.program, w)),
-                       name=f"tokenrouter-{w}", daemon=daemon)
+        # a daemon cannot start processes: a writer over several ranks starts one per rank
+        daemon = not (capabilities(self.program, w).tensor_parallel and self.program.model(w).tensor_parallel > 1)
+        p = mp.Process(target=run_process, args=(self.specs[w].to_dict(),), name=f"tokenrouter-{w}", daemon=daemon)
         with environment(SPIN_ENV if self.ledger is not None else {}):
             p.start()
         self._procs[w] = p
@@ -325,8 +324,8 @@ async def open_runtime(program: ir.Program, opts: LaunchOptions | None = None, t
     """Start the subservers of `program` and a connected `Frontend` in the running loop.
     `liveness`: heartbeat_timeout_s, stall_window_s, max_restarts, on_fatal (see `Frontend`)."""
     launcher = Launcher(program, opts).start()
-    if any(uses_vllm(program, w) for w in launcher.local):
-        timeout = max(timeout, VLLM_START_TIMEOUT_S)
+    longer = [c.start_timeout_s for w in launcher.local if (c := capabilities(program, w)).start_timeout_s]
+    timeout = max([timeout, *longer])
     fe = Frontend(program.start if program.start in launcher.specs else launcher.local[0],
                   launcher.addresses, ctx=launcher.ctx, alive=launcher.alive,
                   restart=launcher.restart if launcher.opts.mode == "process" else None,
