@@ -20,7 +20,7 @@ from tests.helpers import tiny
 from tests.helpers import vllm as vh
 from tests.helpers.serving import ServerThread
 from tokenrouter.runtime.frontend.launch import LaunchOptions
-from tokenrouter.runtime.http import fields, protocol
+from tokenrouter.runtime.http import fields, schema
 
 BOS = 0  # <|endoftext|>, which this tokenizer puts before a prompt
 TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m.role }}{% if m.name %}{{ ':' + m.name }}{% endif %}"
@@ -249,13 +249,13 @@ def test_every_field_of_vllms_requests_is_implemented_refused_or_without_effect(
     from vllm.renderers.chat_utils import CustomChatCompletionMessageParam
 
     known = set(fields.UNSUPPORTED) | set(fields.NO_EFFECT)
-    for theirs, ours in [(CompletionRequest, protocol.CompletionRequest), (ChatCompletionRequest, protocol.ChatRequest),
-                         (tokenize.TokenizeCompletionRequest, protocol.TokenizeRequest),
-                         (tokenize.TokenizeChatRequest, protocol.TokenizeRequest),
-                         (tokenize.DetokenizeRequest, protocol.DetokenizeRequest)]:
+    for theirs, ours in [(CompletionRequest, schema.CompletionRequest), (ChatCompletionRequest, schema.ChatRequest),
+                         (tokenize.TokenizeCompletionRequest, schema.TokenizeRequest),
+                         (tokenize.TokenizeChatRequest, schema.TokenizeRequest),
+                         (tokenize.DetokenizeRequest, schema.DetokenizeRequest)]:
         assert not set(theirs.model_fields) - set(ours.model_fields) - known, theirs.__name__
     message_keys = set(CustomChatCompletionMessageParam.__annotations__)
-    assert not message_keys - set(protocol.ChatMessage.model_fields) - set(fields.MESSAGE_UNSUPPORTED)
+    assert not message_keys - set(schema.ChatMessage.model_fields) - set(fields.MESSAGE_UNSUPPORTED)
 
 
 # ------------------------------------------------------------------ wrong types
@@ -263,9 +263,9 @@ def test_every_field_of_vllms_requests_is_implemented_refused_or_without_effect(
 # every field either request schema declares, and every field `fields.py` judges, on either
 # endpoint (so each also gets the other's fields, which it does not define), and every key
 # of a chat message
-EVERY_FIELD = sorted(set(protocol.CompletionRequest.model_fields) | set(protocol.ChatRequest.model_fields)
+EVERY_FIELD = sorted(set(schema.CompletionRequest.model_fields) | set(schema.ChatRequest.model_fields)
                      | set(fields.UNSUPPORTED) | set(fields.NO_EFFECT))
-MESSAGE_KEYS = sorted(set(protocol.ChatMessage.model_fields) | set(fields.MESSAGE_UNSUPPORTED))
+MESSAGE_KEYS = sorted(set(schema.ChatMessage.model_fields) | set(fields.MESSAGE_UNSUPPORTED))
 ODD_TEXT = st.sampled_from(["", "null", "\ud800", "a" * 5000, "NaN", "json_schema", "text", "user", "none"])
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(1 << 70), max_value=1 << 70)

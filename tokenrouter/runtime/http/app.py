@@ -5,7 +5,7 @@ The app only translates: it validates a request (`validation.py`; HTTP 400 with 
 OpenAI-style error body for anything malformed, so a bad client never costs a traceback
 or the server), turns it into token ids and its `SamplingParams`, and returns what
 `Frontend.generate` yields as JSON or server-sent events (`completions.py`). The request
-bodies and error bodies are `protocol.py`; `limits.py` bounds the load. A body's `seed`
+bodies and error bodies are `schema.py`; `limits.py` bounds the load. A body's `seed`
 seeds both the sampler and the program's coin flips (the route seed); a request without
 one gets a route seed of its own from its request id.
 
@@ -43,7 +43,7 @@ from tokenrouter.runtime.http import fields
 from tokenrouter.runtime.http.completions import Choice, Server, choice_seed
 from tokenrouter.runtime.http.connections import ConnectionStats
 from tokenrouter.runtime.http.limits import Guard, Limits
-from tokenrouter.runtime.http.protocol import (BadRequest, ChatRequest, CompletionRequest, DeadlineExceeded,
+from tokenrouter.runtime.http.schema import (BadRequest, ChatRequest, CompletionRequest, DeadlineExceeded,
                                                DetokenizeRequest, Overloaded, Reply, TokenizeRequest, error_response)
 from tokenrouter.runtime.http.validation import chat_logprobs, completion_logprobs, template_variables
 from tokenrouter.runtime.metrics import CONTENT_TYPE, render

@@ -9,7 +9,7 @@ differ; choice 0 uses the seed itself, so n = 1 is unchanged.
 
 Every choice has `token_ids` and `token_writers` (the writer of each token) and every
 response `tokens_by_model` (how many tokens each model wrote; in the final chunk when
-streaming). What else the request asked to get back is its `Reply` (`protocol.py`): the
+streaming). What else the request asked to get back is its `Reply` (`schema.py`): the
 response id's tail (the client's request id), the prompt's token ids and rendered text (in
 the first chunk of each choice when streaming), logprob tokens named by id. The text comes
 from the frontend (`frontend/text.py`), which withholds stop strings. A client that
@@ -35,7 +35,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS, INT64, SamplingParams
 from tokenrouter.runtime.frontend.frontend import Delta, Final, Frontend, RuntimeUnavailable
 from tokenrouter.runtime.http.limits import Admission, Limits
-from tokenrouter.runtime.http.protocol import DeadlineExceeded, Reply, error_response
+from tokenrouter.runtime.http.schema import DeadlineExceeded, Reply, error_response
 from tokenrouter.runtime.http.validation import Validator
 
 _MIX = 0x9E3779B97F4A7C15

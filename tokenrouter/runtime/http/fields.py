@@ -1,7 +1,7 @@
 """The request fields this server does not implement, and what it does with each: none is
 dropped without a word.
 
-The request models (`protocol.py`) declare the fields that act here; whatever else a body
+The request models (`schema.py`) declare the fields that act here; whatever else a body
 holds is kept in the model's `model_extra` and judged against vLLM's request schemas
 (`CompletionRequest`, `ChatCompletionRequest`, the tokenize requests):
 
@@ -16,7 +16,7 @@ holds is kept in the model's `model_extra` and judged against vLLM's request sch
   filter, `logs.py`, writes that warning once a minute at most, with a count).
 
 The keys of a chat message go the same way (`MESSAGE_UNSUPPORTED`; the others that vLLM
-gives templates are declared in `protocol.ChatMessage`).
+gives templates are declared in `schema.ChatMessage`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tokenrouter.runtime.http.protocol import BadRequest
+from tokenrouter.runtime.http.schema import BadRequest
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import hmac
 from dataclasses import dataclass, field
 
 from tokenrouter.runtime.http.connections import ConnectionLimits
-from tokenrouter.runtime.http.protocol import Overloaded, error_body
+from tokenrouter.runtime.http.schema import Overloaded, error_body
 
 QUEUE_PER_RUNNING = 0.5  # the default --max-queue, as a multiple of --max-running
 

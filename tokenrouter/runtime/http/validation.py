@@ -24,7 +24,7 @@ from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS, MAX_LOGPROBS, Samp
 from tokenrouter.runtime.engine.grammar import Grammars
 from tokenrouter.runtime.frontend.frontend import Frontend
 from tokenrouter.runtime.http import fields
-from tokenrouter.runtime.http.protocol import (BadRequest, ChatMessage, ChatRequest, CommonRequest, CompletionRequest,
+from tokenrouter.runtime.http.schema import (BadRequest, ChatMessage, ChatRequest, CommonRequest, CompletionRequest,
                                                check_text)
 
 #: `chat_template_kwargs` a request may not set: the template's source, how it is applied, its messages

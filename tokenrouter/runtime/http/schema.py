@@ -1,4 +1,4 @@
-"""The OpenAI protocol as this server speaks it: request bodies, the shape of the response a
+"""The OpenAI request schema as this server speaks it: request bodies, the shape of the response a
 request asks for (`Reply`), errors and their JSON form.
 
 The request models declare the fields that act here. Extensions to the OpenAI schema, named
