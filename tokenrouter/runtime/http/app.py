@@ -13,11 +13,13 @@ Load is bounded (`Limits`): a body over `max_body_bytes` gets 413 before it is p
 tokenisation and chat templates run in worker threads (the event loop keeps answering
 /health), at most `max_running` requests run and `max_queue` more wait in FIFO order
 (beyond that: 503 with `Retry-After`), an optional deadline ends a request that runs too
-long (504), and with an `api_key` every /v1 endpoint but the model list, /tokenize and
-/detokenize want `Authorization: Bearer KEY` (/health, /version, /metrics and the model list
-stay open). The program is served under one or more names (`names`; the first is the one
-responses carry unless a request names another). CORS is off unless `allowed_origins` names
-origins. FastAPI's /docs, /redoc and /openapi.json are off.
+long (504), and with an `api_key` every /v1 endpoint but the model list, the completion
+routes without `/v1`, /tokenize and /detokenize want `Authorization: Bearer KEY` (/health,
+/version, /metrics and the model list stay open). The completion routes and the model list
+are served with and without `/v1` (llama-server's paths). The program is served under one
+or more names (`names`; the first is the one responses carry unless a request names
+another). CORS is off unless `allowed_origins` names origins. FastAPI's /docs, /redoc and
+/openapi.json are off.
 
 `build_app` puts the app together from its parts: the lifespan that runs the runtime
 (`Holder`), the error handlers, the status routes (health, models, metrics), the
@@ -138,7 +140,7 @@ def add_error_handlers(app: FastAPI, limits: Limits) -> None:
 
 
 def add_status_routes(app: FastAPI, holder: Holder, names: tuple[str, ...]) -> None:
-    """GET /health, /version, /v1/models, /v1/models/{id} and /metrics."""
+    """GET /health, /version, /v1/models, /v1/models/{id} (both also without `/v1`) and /metrics."""
 
     @app.get("/health")
     async def health():
@@ -163,11 +165,13 @@ def add_status_routes(app: FastAPI, holder: Holder, names: tuple[str, ...]) -> N
                 "writers": s.fe.writers, "max_model_len": s.fe.max_model_len}
 
     @app.get("/v1/models")
+    @app.get("/models")
     async def models():
         s = holder.serving()
         return {"object": "list", "data": [card(s, n) for n in names]}
 
     @app.get("/v1/models/{model_id:path}")
+    @app.get("/models/{model_id:path}")
     async def model(model_id: str):
         s = holder.serving()
         if model_id not in names:
@@ -224,9 +228,11 @@ def add_token_routes(app: FastAPI, holder: Holder) -> None:
 
 
 def add_completion_routes(app: FastAPI, holder: Holder) -> None:
-    """POST /v1/completions and /v1/chat/completions."""
+    """POST /v1/completions and /v1/chat/completions, also without `/v1` (as llama-server
+    serves them, for clients whose base URL lacks it)."""
 
     @app.post("/v1/completions")
+    @app.post("/completions")
     async def completions(body: CompletionRequest, request: Request):
         s = holder.serving()
         deadline = s.arrived()
@@ -242,6 +248,7 @@ def add_completion_routes(app: FastAPI, holder: Holder) -> None:
         return await s.run(request, choices, reply(body, request, chat=False), deadline)
 
     @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         s = holder.serving()
         deadline = s.arrived()
