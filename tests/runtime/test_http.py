@@ -118,13 +118,16 @@ def test_bad_requests_get_400_and_the_server_keeps_serving(srv, name, body, mess
 def test_bad_chat_request(srv):
     r = _post(srv, "/v1/chat/completions", {"model": "tiny", "messages": []})
     assert r.status_code == 400
-    r = _post(srv, "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]})
+    r = _post(srv, "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}], "max_tokens": 2,
+                                            "return_prompt_text": True})  # a custom role: the template's to render
+    assert r.status_code == 200 and r.json()["prompt_text"].startswith("<|im_start|>wizard\nx<|im_end|>")
+    r = _post(srv, "/v1/chat/completions", {"messages": [{"role": "", "content": "x"}]})
     assert r.status_code == 400
     r = httpx.post(srv.url + "/v1/chat/completions", content=b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
                    headers={"content-type": "application/json"})
     assert r.status_code == 400 and "not valid Unicode" in r.json()["error"]["message"]
     r = _post(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
-                                            "tools": [{"type": "function", "function": {"name": "f"}}]})
+                                            "tools": [{"type": "function", "function": {"nom": "f"}}]})
     assert r.status_code == 400 and "tools" in r.json()["error"]["message"]
     r = _post(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                             "response_format": {"type": "json_schema"}})
