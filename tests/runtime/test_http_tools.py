@@ -169,6 +169,8 @@ def test_a_custom_role_goes_to_the_template_and_one_it_cannot_render_is_a_400(sr
     assert got["prompt_text"].startswith("<|im_start|>wizard\ncast<|im_end|>\n")
     err = post(srv, {"messages": [*ASK, {"role": "narrator", "content": "x"}], "max_tokens": 2}, 400)["error"]
     assert err["param"] == "messages[1].role" and "'narrator'" in err["message"]
+    err = post(srv, {"messages": [{"role": "narrator", "content": ""}], "max_tokens": 2}, 400)["error"]
+    assert err["param"] == "messages[0].role" and "'narrator'" in err["message"]  # alone, and empty
 
 
 BAD = [

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from typing import Any
 
 from pydantic import ValidationError
@@ -135,8 +136,9 @@ class Validator:
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, variables: dict[str, Any]) -> str:
         """The messages through the chat template. A message of a role outside
-        `STANDARD_ROLES` must leave a trace: a template that raises on it, or renders the same
-        text without it (it drops roles it does not know), gets a 400 naming the role."""
+        `STANDARD_ROLES` must reach the prompt: a template that raises on it, or does not
+        write its text (it drops roles it does not know; probed with the text replaced by a
+        marker), gets a 400 naming the role."""
         def apply(ms: list[dict[str, Any]]) -> str:
             return self.tok.apply_chat_template(ms, add_generation_prompt=add_generation_prompt, **variables)
         custom = [i for i, m in enumerate(messages) if m["role"] not in STANDARD_ROLES]
@@ -148,13 +150,14 @@ class Validator:
                                  f" (or the conversation): {exc}", "messages") from None
             raise BadRequest(f"cannot apply the chat template: {exc}", "messages") from None
         for i in custom:
+            marker = f"[{uuid.uuid4().hex}]"
             try:
-                dropped = apply(messages[:i] + messages[i + 1:]) == text
+                written = marker in apply([*messages[:i], {**messages[i], "content": marker}, *messages[i + 1:]])
             except Exception:
-                dropped = False  # without it the template fails: it rendered it
-            if dropped:
+                written = False
+            if not written:
                 raise BadRequest(f"the model's chat template does not render a message with role "
-                                 f"{messages[i]['role']!r} (it leaves no trace in the prompt); use one of "
+                                 f"{messages[i]['role']!r} (its text does not reach the prompt); use one of "
                                  f"{', '.join(STANDARD_ROLES)}", f"messages[{i}].role")
         return text
 
