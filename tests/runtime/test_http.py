@@ -118,13 +118,16 @@ def test_bad_requests_get_400_and_the_server_keeps_serving(srv, name, body, mess
 def test_bad_chat_request(srv):
     r = _post(srv, "/v1/chat/completions", {"model": "tiny", "messages": []})
     assert r.status_code == 400
-    r = _post(srv, "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]})
+    r = _post(srv, "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}], "max_tokens": 2,
+                                            "return_prompt_text": True})  # a custom role: the template's to render
+    assert r.status_code == 200 and r.json()["prompt_text"].startswith("<|im_start|>wizard\nx<|im_end|>")
+    r = _post(srv, "/v1/chat/completions", {"messages": [{"role": "", "content": "x"}]})
     assert r.status_code == 400
     r = httpx.post(srv.url + "/v1/chat/completions", content=b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
                    headers={"content-type": "application/json"})
     assert r.status_code == 400 and "not valid Unicode" in r.json()["error"]["message"]
     r = _post(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
-                                            "tools": [{"type": "function", "function": {"name": "f"}}]})
+                                            "tools": [{"type": "function", "function": {"nom": "f"}}]})
     assert r.status_code == 400 and "tools" in r.json()["error"]["message"]
     r = _post(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                             "response_format": {"type": "json_schema"}})
@@ -214,6 +217,24 @@ def test_a_request_over_its_deadline_gets_504_and_frees_its_kv(srv):
     assert srv.wait_blocks_free() == {"slm": 0, "llm": 0}
 
 
+def test_the_paths_without_v1_serve_the_same_handlers(srv):
+    body = {"prompt": "paths", "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    with_v1, bare = _post(srv, "/v1/completions", body).json(), _post(srv, "/completions", body).json()
+    assert bare["object"] == "text_completion" and bare["choices"][0]["token_ids"] == with_v1["choices"][0]["token_ids"]
+    chat = {"messages": [{"role": "user", "content": "paths"}], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    with_v1, bare = _post(srv, "/v1/chat/completions", chat).json(), _post(srv, "/chat/completions", chat).json()
+    assert bare["object"] == "chat.completion"
+    assert bare["choices"][0]["message"] == with_v1["choices"][0]["message"]
+    assert httpx.get(srv.url + "/models").json() == httpx.get(srv.url + "/v1/models").json()
+    assert httpx.get(srv.url + "/models/tiny").json()["id"] == "tiny"
+    assert _post(srv, "/chat/completions", {"messages": []}).status_code == 400  # the same checks
+    import openai
+    client = openai.OpenAI(base_url=srv.url, api_key="unused")  # a base URL without /v1
+    got = client.chat.completions.create(model="tiny", messages=chat["messages"], max_tokens=6, temperature=0,
+                                         extra_body={"ignore_eos": True})
+    assert got.choices[0].message.content == with_v1["choices"][0]["message"]["content"]
+
+
 def test_api_key_guards_the_api_but_not_health_or_the_model_list(srv):
     LIMITS.api_key = "sekrit"
     try:
@@ -223,6 +244,9 @@ def test_api_key_guards_the_api_but_not_health_or_the_model_list(srv):
         assert bad.status_code == 401 and bad.json()["error"]["code"] == "invalid_api_key"
         assert _post(srv, "/v1/completions", body, headers={"authorization": "Bearer sekrit"}).status_code == 200
         assert _post(srv, "/tokenize", {"prompt": "hi"}).status_code == 401
+        assert _post(srv, "/completions", body).status_code == 401  # the paths without /v1 too
+        assert _post(srv, "/chat/completions", {"messages": [{"role": "user", "content": "k"}]}).status_code == 401
+        assert httpx.get(srv.url + "/models").status_code == 200
         assert httpx.get(srv.url + "/health").status_code == 200
         assert httpx.get(srv.url + "/v1/models").status_code == 200  # public, as in llama-server
         assert httpx.get(srv.url + "/v1/models/tiny").status_code == 200

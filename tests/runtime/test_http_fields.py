@@ -20,7 +20,7 @@ from tests.helpers import tiny
 from tests.helpers import vllm as vh
 from tests.helpers.serving import ServerThread
 from tokenrouter.runtime.launch import LaunchOptions
-from tokenrouter.runtime.http import fields, protocol
+from tokenrouter.runtime.http import fields, schema
 
 BOS = 0  # <|endoftext|>, which this tokenizer puts before a prompt
 TEMPLATE = ("{% for m in messages %}{{ '<|im_start|>' + m.role }}{% if m.name %}{{ ':' + m.name }}{% endif %}"
@@ -81,12 +81,12 @@ REFUSED = [
     ("/v1/completions", {"function_call": "auto"}, "function_call"),
     ("/v1/chat/completions", {"chat_template": "{{ messages }}"}, "chat_template"),
     ("/v1/chat/completions", {"continue_final_message": True}, "continue_final_message"),
-    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
-    ("/v1/chat/completions", {"tools": [TOOL], "tool_choice": "none"}, "tools"),
-    ("/v1/chat/completions", {"messages": CALLED}, "messages.tool_calls"),
+    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),  # needs tools
+    ("/v1/chat/completions", {"functions": [TOOL["function"]]}, "functions"),  # deprecated: use tools
+    ("/v1/chat/completions", {"messages": [{**CALLED[1], "function_call": {"name": "f"}}]}, "messages.function_call"),
+    ("/v1/completions", {"tools": [TOOL]}, "tools"),  # a chat feature
     ("/v1/chat/completions", {"chat_template_kwargs": {"tokenize": False}}, "chat_template_kwargs"),
     ("/tokenize", {"chat_template": "{{ messages }}"}, "chat_template"),
-    ("/tokenize", {"tools": [TOOL]}, "tools"),
     ("/tokenize", {"continue_final_message": True}, "continue_final_message"),
 ]
 
@@ -96,6 +96,15 @@ def test_a_field_this_server_does_not_implement_gets_a_400_naming_it(srv, path, 
     body = {k: v for k, v in {**BASE[path], **given}.items() if v is not None}
     err = post(srv, path, body, status=400)["error"]
     assert err["param"] == param and param.split(".")[-1] in err["message"], err
+
+
+def test_tools_and_the_history_s_calls_reach_the_template(srv):
+    """What tool calling implemented in place of the 400s above: tools, a named choice and a
+    history with calls and their results are served, on chat and /tokenize."""
+    got = post(srv, "/v1/chat/completions", {**CHAT, "messages": CALLED, "tools": [TOOL], "tool_choice": "none",
+                                             "return_prompt_text": True})
+    assert "<|im_start|>tool#c1\nsunny<|im_end|>" in got["prompt_text"]
+    assert post(srv, "/tokenize", {"messages": CALLED, "tools": [TOOL]})["tokens"]
 
 
 def test_a_value_that_asks_for_nothing_is_accepted(srv):
@@ -249,13 +258,13 @@ def test_every_field_of_vllms_requests_is_implemented_refused_or_without_effect(
     from vllm.renderers.chat_utils import CustomChatCompletionMessageParam
 
     known = set(fields.UNSUPPORTED) | set(fields.NO_EFFECT)
-    for theirs, ours in [(CompletionRequest, protocol.CompletionRequest), (ChatCompletionRequest, protocol.ChatRequest),
-                         (tokenize.TokenizeCompletionRequest, protocol.TokenizeRequest),
-                         (tokenize.TokenizeChatRequest, protocol.TokenizeRequest),
-                         (tokenize.DetokenizeRequest, protocol.DetokenizeRequest)]:
+    for theirs, ours in [(CompletionRequest, schema.CompletionRequest), (ChatCompletionRequest, schema.ChatRequest),
+                         (tokenize.TokenizeCompletionRequest, schema.TokenizeRequest),
+                         (tokenize.TokenizeChatRequest, schema.TokenizeRequest),
+                         (tokenize.DetokenizeRequest, schema.DetokenizeRequest)]:
         assert not set(theirs.model_fields) - set(ours.model_fields) - known, theirs.__name__
     message_keys = set(CustomChatCompletionMessageParam.__annotations__)
-    assert not message_keys - set(protocol.ChatMessage.model_fields) - set(fields.MESSAGE_UNSUPPORTED)
+    assert not message_keys - set(schema.ChatMessage.model_fields) - set(fields.MESSAGE_UNSUPPORTED)
 
 
 # ------------------------------------------------------------------ wrong types
@@ -263,15 +272,20 @@ def test_every_field_of_vllms_requests_is_implemented_refused_or_without_effect(
 # every field either request schema declares, and every field `fields.py` judges, on either
 # endpoint (so each also gets the other's fields, which it does not define), and every key
 # of a chat message
-EVERY_FIELD = sorted(set(protocol.CompletionRequest.model_fields) | set(protocol.ChatRequest.model_fields)
+EVERY_FIELD = sorted(set(schema.CompletionRequest.model_fields) | set(schema.ChatRequest.model_fields)
                      | set(fields.UNSUPPORTED) | set(fields.NO_EFFECT))
-MESSAGE_KEYS = sorted(set(protocol.ChatMessage.model_fields) | set(fields.MESSAGE_UNSUPPORTED))
-ODD_TEXT = st.sampled_from(["", "null", "\ud800", "a" * 5000, "NaN", "json_schema", "text", "user", "none"])
+MESSAGE_KEYS = sorted(set(schema.ChatMessage.model_fields) | set(fields.MESSAGE_UNSUPPORTED))
+ODD_TEXT = st.sampled_from(["", "null", "\ud800", "a" * 5000, "NaN", "json_schema", "text", "user", "none",
+                            "required", "auto", "function", "{not json"])
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(1 << 70), max_value=1 << 70)
     | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12) | ODD_TEXT,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12) | ODD_TEXT, inner, max_size=4)
-    | st.fixed_dictionaries({"type": inner}, optional={"text": inner, "json_schema": inner, "schema": inner}),
+    | st.fixed_dictionaries({"type": inner}, optional={"text": inner, "json_schema": inner, "schema": inner})
+    # a tool, a named tool choice or a call of the history, with any value anywhere
+    | st.fixed_dictionaries({"function": st.fixed_dictionaries({}, optional={
+        "name": inner | ODD_TEXT, "parameters": inner, "arguments": inner | ODD_TEXT, "description": inner})},
+        optional={"type": st.just("function") | inner, "id": inner}),
     max_leaves=12)
 WHERE = [(path, f) for path in ("/v1/completions", "/v1/chat/completions", "/tokenize") for f in EVERY_FIELD] + \
     [(path, f"messages[].{k}") for path in ("/v1/chat/completions", "/tokenize") for k in MESSAGE_KEYS]
@@ -316,4 +330,24 @@ def test_a_value_of_any_type_in_any_field_is_never_a_server_error(srv, path, fie
         else:
             body[field] = value
         _no_server_error(srv, path, body, stream)
+    check()
+
+
+FUNCTION = st.fixed_dictionaries({"name": st.sampled_from(["f", "g"]) | ODD_TEXT}, optional={
+    "parameters": JSON | st.fixed_dictionaries({"type": st.just("object") | JSON}, optional={
+        "properties": st.dictionaries(st.text(max_size=4), JSON, max_size=3), "required": JSON})})
+TOOLISH = st.fixed_dictionaries({"type": st.just("function"), "function": FUNCTION})
+
+
+@pytest.mark.slow  # about 100 requests
+@pytest.mark.parametrize("choice", ["required", "auto", {"type": "function", "function": {"name": "f"}}])
+def test_tools_of_any_shape_with_any_choice_are_never_a_server_error(srv, choice):
+    """Forced calls compile the tools' parameters into a grammar: any of them is a 4xx or a reply."""
+    @settings(max_examples=30, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(tools=st.lists(TOOLISH, max_size=3), parallel=st.booleans() | st.none(), stream=st.booleans())
+    def check(tools, parallel, stream):
+        body = {**CHAT, "tools": tools, "tool_choice": choice, "max_tokens": 24}
+        if parallel is not None:
+            body["parallel_tool_calls"] = parallel
+        _no_server_error(srv, "/v1/chat/completions", body, stream)
     check()

@@ -63,6 +63,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens-limit", type=int, default=None, help="largest max_tokens accepted")
     parser.add_argument("--default-max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                         help=f"max_tokens when a request gives none (default {DEFAULT_MAX_TOKENS})")
+    parser.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                        help="how tool calls are read from the output (hermes: Qwen2.5, Qwen3, Hermes; "
+                             "default: the format the chat template writes, else hermes; docs/runtime.md)")
     parser.add_argument("--profile", default=None, help="tuner profile (JSON) for `auto` thresholds")
     parser.add_argument("--bind", action="append", metavar="NAME=ADDR",
                         help="ZeroMQ endpoint of `frontend` or a writer (tcp://host:port for other hosts)")
@@ -280,8 +283,12 @@ def _run_http(args, program, opts, limits) -> int:
         finally:
             await close_runtime(launcher, fe)
 
-    app = build_app(runtime, names, tokenizer, args.max_tokens_limit, args.default_max_tokens, limits,
-                    allowed_origins=args.allowed_origins)
+    try:
+        app = build_app(runtime, names, tokenizer, args.max_tokens_limit, args.default_max_tokens, limits,
+                        allowed_origins=args.allowed_origins, tool_call_parser=args.tool_call_parser)
+    except ValueError as exc:  # an unknown --tool-call-parser
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     raise_descriptor_limit()
     server = uvicorn.Server(server_config(app, args.host, args.port, args.log_level or "warning", limits.connections,
                                           app.state.connections))

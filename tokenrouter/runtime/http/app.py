@@ -5,7 +5,7 @@ The app only translates: it validates a request (`validation.py`; HTTP 400 with 
 OpenAI-style error body for anything malformed, so a bad client never costs a traceback
 or the server), turns it into token ids and its `SamplingParams`, and returns what
 `Frontend.generate` yields as JSON or server-sent events (`completions.py`). The request
-bodies and error bodies are `protocol.py`; `limits.py` bounds the load. A body's `seed`
+bodies and error bodies are `schema.py`; `limits.py` bounds the load. A body's `seed`
 seeds both the sampler and the program's coin flips (the route seed); a request without
 one gets a route seed of its own from its request id.
 
@@ -13,11 +13,13 @@ Load is bounded (`Limits`): a body over `max_body_bytes` gets 413 before it is p
 tokenisation and chat templates run in worker threads (the event loop keeps answering
 /health), at most `max_running` requests run and `max_queue` more wait in FIFO order
 (beyond that: 503 with `Retry-After`), an optional deadline ends a request that runs too
-long (504), and with an `api_key` every /v1 endpoint but the model list, /tokenize and
-/detokenize want `Authorization: Bearer KEY` (/health, /version, /metrics and the model list
-stay open). The program is served under one or more names (`names`; the first is the one
-responses carry unless a request names another). CORS is off unless `allowed_origins` names
-origins. FastAPI's /docs, /redoc and /openapi.json are off.
+long (504), and with an `api_key` every /v1 endpoint but the model list, the completion
+routes without `/v1`, /tokenize and /detokenize want `Authorization: Bearer KEY` (/health,
+/version, /metrics and the model list stay open). The completion routes and the model list
+are served with and without `/v1` (llama-server's paths). The program is served under one
+or more names (`names`; the first is the one responses carry unless a request names
+another). CORS is off unless `allowed_origins` names origins. FastAPI's /docs, /redoc and
+/openapi.json are off.
 
 `build_app` puts the app together from its parts: the lifespan that runs the runtime
 (`Holder`), the error handlers, the status routes (health, models, metrics), the
@@ -40,11 +42,14 @@ import tokenrouter
 from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS
 from tokenrouter.runtime.frontend.frontend import RuntimeUnavailable
 from tokenrouter.runtime.http import fields
-from tokenrouter.runtime.http.completions import Choice, Server, choice_seed
+from tokenrouter.runtime.http.choices import expand
+from tokenrouter.runtime.http.completions import Server
 from tokenrouter.runtime.http.connections import ConnectionStats
 from tokenrouter.runtime.http.limits import Guard, Limits
-from tokenrouter.runtime.http.protocol import (BadRequest, ChatRequest, CompletionRequest, DeadlineExceeded,
+from tokenrouter.runtime.http.schema import (BadRequest, ChatRequest, CompletionRequest, DeadlineExceeded,
                                                DetokenizeRequest, Overloaded, Reply, TokenizeRequest, error_response)
+from tokenrouter.runtime.http.tool_parsers import choose
+from tokenrouter.runtime.http.tools import ToolUse, forced_calls, template_tools, tool_use
 from tokenrouter.runtime.http.validation import chat_logprobs, completion_logprobs, template_variables
 from tokenrouter.runtime.metrics import CONTENT_TYPE, render
 
@@ -67,11 +72,14 @@ class Holder:
 
 def build_app(make_runtime, served_name: str | Sequence[str], tokenizer, max_tokens_limit: int | None = None,
               default_max_tokens: int = DEFAULT_MAX_TOKENS, limits: Limits | None = None,
-              allowed_origins: Sequence[str] = ()) -> FastAPI:
+              allowed_origins: Sequence[str] = (), tool_call_parser: str | None = None) -> FastAPI:
     """The FastAPI app. `make_runtime()` is an async context manager yielding a started
     `Frontend`; it runs in the server's event loop for the app's lifetime. `served_name`:
-    the model id, or several (vLLM's `--served-model-name a b`)."""
+    the model id, or several (vLLM's `--served-model-name a b`). `tool_call_parser`: the
+    name of the parser that reads tool calls (`tool_parsers.PARSERS`; None: the one the
+    chat template's format picks); an unknown name is a ValueError."""
     limits = limits or Limits()
+    parser = choose(tokenizer.chat_template, tool_call_parser)
     holder = Holder()
     names = (served_name,) if isinstance(served_name, str) else tuple(served_name)
     if not names:
@@ -80,7 +88,7 @@ def build_app(make_runtime, served_name: str | Sequence[str], tokenizer, max_tok
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         async with make_runtime() as fe:
-            holder.server = Server(fe, tokenizer, names, max_tokens_limit, default_max_tokens, limits)
+            holder.server = Server(fe, tokenizer, names, max_tokens_limit, default_max_tokens, limits, parser)
             yield
             holder.server = None
 
@@ -138,7 +146,7 @@ def add_error_handlers(app: FastAPI, limits: Limits) -> None:
 
 
 def add_status_routes(app: FastAPI, holder: Holder, names: tuple[str, ...]) -> None:
-    """GET /health, /version, /v1/models, /v1/models/{id} and /metrics."""
+    """GET /health, /version, /v1/models, /v1/models/{id} (both also without `/v1`) and /metrics."""
 
     @app.get("/health")
     async def health():
@@ -163,11 +171,13 @@ def add_status_routes(app: FastAPI, holder: Holder, names: tuple[str, ...]) -> N
                 "writers": s.fe.writers, "max_model_len": s.fe.max_model_len}
 
     @app.get("/v1/models")
+    @app.get("/models")
     async def models():
         s = holder.serving()
         return {"object": "list", "data": [card(s, n) for n in names]}
 
     @app.get("/v1/models/{model_id:path}")
+    @app.get("/models/{model_id:path}")
     async def model(model_id: str):
         s = holder.serving()
         if model_id not in names:
@@ -203,7 +213,8 @@ def add_token_routes(app: FastAPI, holder: Holder) -> None:
         special = body.add_special_tokens
         if body.messages is not None:
             _, ids = await s.checks.chat_prompt(body.messages, body.add_generation_prompt, bool(special),
-                                                template_variables(body.chat_template_kwargs))
+                                                template_variables(body.chat_template_kwargs,
+                                                                   tools=template_tools(body.tools)))
         else:
             ids = await s.checks.encode(body.prompt, add_special_tokens=special is not False)
         out = {"tokens": ids, "count": len(ids), "max_model_len": s.fe.max_model_len}
@@ -224,9 +235,11 @@ def add_token_routes(app: FastAPI, holder: Holder) -> None:
 
 
 def add_completion_routes(app: FastAPI, holder: Holder) -> None:
-    """POST /v1/completions and /v1/chat/completions."""
+    """POST /v1/completions and /v1/chat/completions, also without `/v1` (as llama-server
+    serves them, for clients whose base URL lacks it)."""
 
     @app.post("/v1/completions")
+    @app.post("/completions")
     async def completions(body: CompletionRequest, request: Request):
         s = holder.serving()
         deadline = s.arrived()
@@ -242,6 +255,7 @@ def add_completion_routes(app: FastAPI, holder: Holder) -> None:
         return await s.run(request, choices, reply(body, request, chat=False), deadline)
 
     @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         s = holder.serving()
         deadline = s.arrived()
@@ -249,30 +263,20 @@ def add_completion_routes(app: FastAPI, holder: Holder) -> None:
         if body.echo:
             raise BadRequest("echo is not supported for chat", "echo")
         k = chat_logprobs(body)
+        use = tool_use(body, s.tool_parser)
         text, ids = await s.checks.chat_prompt(body.messages, body.add_generation_prompt, body.add_special_tokens,
                                                template_variables(body.chat_template_kwargs, body.documents,
-                                                                  body.reasoning_effort))
+                                                                  body.reasoning_effort, template_tools(body.tools)))
         mt = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        params = (await s.checks.sampling(body, k)).replace(max_tokens=s.checks.max_tokens(len(ids), mt,
-                                                                                            body.min_tokens))
+        forced = forced_calls(use, body.tools, s.tok.token_to_id)
+        params = (await s.checks.sampling(body, k, forced)).replace(
+            max_tokens=s.checks.max_tokens(len(ids), mt, body.min_tokens))
         return await s.run(request, expand(body, 0, ids, params, 0),
-                           reply(body, request, chat=True, prompt_text=text if body.return_prompt_text else None),
-                           deadline)
+                           reply(body, request, chat=True, prompt_text=text if body.return_prompt_text else None,
+                                 tools=use), deadline)
 
 
-def expand(body, prompt_index: int, ids: list[int], params, first: int, echo: str = "") -> list[Choice]:
-    """The `n` choices of one prompt, indexed from `first`; choice j > 0 of a seeded request
-    gets its own seed (`choice_seed`) for the sampler and the coins alike."""
-    stop_ids = frozenset(body.stop_token_ids or ())
-    out = []
-    for j in range(body.n or 1):
-        seed = choice_seed(body.seed, j)
-        out.append(Choice(first + j, ids, params if j == 0 else params.replace(seed=seed), seed, prompt_index,
-                          echo, stop_ids))
-    return out
-
-
-def reply(body, request: Request, chat: bool, prompt_text: str | None = None) -> Reply:
+def reply(body, request: Request, chat: bool, prompt_text: str | None = None, tools: ToolUse | None = None) -> Reply:
     """How the response to `body` is shaped. The X-Request-Id header names the request before
     its `request_id` field (as in vLLM)."""
     return Reply(chat=chat, model=body.model, stream=bool(body.stream),
@@ -280,4 +284,4 @@ def reply(body, request: Request, chat: bool, prompt_text: str | None = None) ->
                  skip_special_tokens=body.skip_special_tokens,
                  request_id=request.headers.get("x-request-id") or body.request_id,
                  prompt_token_ids=bool(body.return_token_ids), prompt_text=prompt_text,
-                 tokens_as_ids=bool(body.return_tokens_as_token_ids))
+                 tokens_as_ids=bool(body.return_tokens_as_token_ids), tools=tools)

@@ -1,18 +1,15 @@
 """Running one admitted completion: its admission slot, the frontend's streams of tokens
 (one per choice), and the response, a JSON body or server-sent events.
 
-A request with `n` choices, or a completion request with a list of prompts, runs as
-independent requests (prompt i's choice j is choice `i * n + j`), each with its own KV:
-nothing of a shared prompt is shared (the engine has no fork of a prefill). With a `seed`,
-choice j > 0 draws with a seed derived from (seed, j) (`choice_seed`), so the choices
-differ; choice 0 uses the seed itself, so n = 1 is unchanged.
+A request's choices (`choices.py`: `n`, a list of prompts) run as independent requests.
 
 Every choice has `token_ids` and `token_writers` (the writer of each token) and every
 response `tokens_by_model` (how many tokens each model wrote; in the final chunk when
-streaming). What else the request asked to get back is its `Reply` (`protocol.py`): the
+streaming). What else the request asked to get back is its `Reply` (`schema.py`): the
 response id's tail (the client's request id), the prompt's token ids and rendered text (in
-the first chunk of each choice when streaming), logprob tokens named by id. The text comes
-from the frontend (`frontend/text.py`), which withholds stop strings. A client that
+the first chunk of each choice when streaming), logprob tokens named by id, tool calls read
+from the text (`tool_output.py`: `message.tool_calls`, streamed as `delta.tool_calls`). The
+text comes from the frontend (`frontend/text.py`), which withholds stop strings. A client that
 disconnects aborts its requests, which releases their KV everywhere; a request past its
 deadline ends with 504 (or an `error` event of type `timeout` in a stream). A request that
 cannot complete because the runtime is down (its deadline passed while a subserver
@@ -32,35 +29,14 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS, INT64, SamplingParams
+from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS
 from tokenrouter.runtime.frontend.frontend import Delta, Final, Frontend, RuntimeUnavailable
+from tokenrouter.runtime.http.choices import Choice
 from tokenrouter.runtime.http.limits import Admission, Limits
-from tokenrouter.runtime.http.protocol import DeadlineExceeded, Reply, error_response
+from tokenrouter.runtime.http.schema import DeadlineExceeded, Reply, error_response
+from tokenrouter.runtime.http.tool_output import ToolReply
+from tokenrouter.runtime.http.tool_parsers import ToolParser, choose
 from tokenrouter.runtime.http.validation import Validator
-
-_MIX = 0x9E3779B97F4A7C15
-
-
-def choice_seed(seed: int | None, j: int) -> int | None:
-    """The seed of choice j of a request seeded `seed` (j = 0: the seed itself)."""
-    if seed is None or j == 0:
-        return seed
-    x = ((seed + INT64) * _MIX + j) % (1 << 64)
-    return x - INT64
-
-
-@dataclass
-class Choice:
-    """One independent request of an HTTP request."""
-
-    index: int
-    prompt: list[int]
-    params: SamplingParams
-    route_seed: int | None
-    prompt_index: int = 0  # the prompt it continues (a completion request's list of prompts)
-    echo: str = ""  # text before the output (completions' `echo`)
-    stop_ids: frozenset[int] = frozenset()  # the client's own stop ids (for `stop_reason`)
-
 
 @dataclass
 class Outcome:
@@ -74,12 +50,14 @@ class Outcome:
 
 
 class Server:
-    """Holds what the endpoints share: the runtime frontend, the tokenizer, the checks and
-    the limits; runs admitted requests."""
+    """Holds what the endpoints share: the runtime frontend, the tokenizer, the checks, the
+    limits and the tool-call parser; runs admitted requests."""
 
     def __init__(self, frontend: Frontend, tokenizer, names: tuple[str, ...], max_tokens_limit: int | None = None,
-                 default_max_tokens: int = DEFAULT_MAX_TOKENS, limits: Limits | None = None):
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS, limits: Limits | None = None,
+                 tool_parser: ToolParser | None = None):
         self.fe = frontend
+        self.tool_parser = tool_parser or choose(tokenizer.chat_template)
         self.tok = tokenizer
         self.names = tuple(names)
         self.name = self.names[0]
@@ -137,6 +115,7 @@ class Run:
                      for c, r in zip(choices, self.rids)]
         self.created = int(time.time())
         self.opened: set[int] = set()  # the choices whose first chunk is sent
+        self.tool_replies = {c.index: ToolReply(reply.tools) for c in choices} if reply.tools else {}
 
     def abort(self) -> None:
         for r in self.rids:
@@ -210,8 +189,11 @@ class Run:
                                "stop_reason": stop_reason(final, o.tokens, c.stop_ids),
                                "token_ids": o.tokens, "token_writers": o.writers}
         lp = self._logprobs(o.tokens, o.writers, o.logprobs, c.params.logprobs)
+        tools = self.tool_replies.get(c.index)
+        if tools is not None:
+            out.update(message=tools.message(o.text), finish_reason=tools.finish_reason(final.reason))
         if self.chat:
-            out["message"] = {"role": "assistant", "content": o.text}
+            out.setdefault("message", {"role": "assistant", "content": o.text})
             out["logprobs"] = lp
         else:
             out.update(text=c.echo + o.text, logprobs=lp, **self._prompt(c))
@@ -347,6 +329,9 @@ class Run:
         the choice's end when `final` (`output`: every token of the choice so far)."""
         finish = None if final is None else final.reason
         why = None if final is None else stop_reason(final, output, c.stop_ids)
+        tools = self.tool_replies.get(c.index) if isinstance(text, str) else None
+        if tools is not None:  # text and calls, as far as the text so far tells them apart
+            text, finish = tools.delta(text, final is not None), finish and tools.finish_reason(finish)
         if self.chat:
             delta = text if isinstance(text, dict) else ({"content": text} if text or final is None else {})
             choice = {"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
@@ -354,7 +339,7 @@ class Run:
             choice = {"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": finish}
         if final is not None:
             choice["stop_reason"] = why
-        if isinstance(text, str):
+        if isinstance(text, str) or tools is not None:
             choice.update(token_ids=token_ids, token_writers=writers or [])
         body = {"id": self.id, "object": self._object, "created": self.created, "model": self.model,
                 "choices": [choice], **(extra or {})}

@@ -1,7 +1,7 @@
 """The request fields this server does not implement, and what it does with each: none is
 dropped without a word.
 
-The request models (`protocol.py`) declare the fields that act here; whatever else a body
+The request models (`schema.py`) declare the fields that act here; whatever else a body
 holds is kept in the model's `model_extra` and judged against vLLM's request schemas
 (`CompletionRequest`, `ChatCompletionRequest`, the tokenize requests):
 
@@ -16,7 +16,7 @@ holds is kept in the model's `model_extra` and judged against vLLM's request sch
   filter, `logs.py`, writes that warning once a minute at most, with a count).
 
 The keys of a chat message go the same way (`MESSAGE_UNSUPPORTED`; the others that vLLM
-gives templates are declared in `protocol.ChatMessage`).
+gives templates are declared in `schema.ChatMessage`).
 """
 
 from __future__ import annotations
@@ -26,14 +26,17 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tokenrouter.runtime.http.protocol import BadRequest
+from tokenrouter.runtime.http.schema import BadRequest
 
 log = logging.getLogger(__name__)
 
 
 def _tools(name: str) -> str:
-    return (f"{name} (tool and function calling) is not supported by this server; response_format with a "
-            f"json_schema constrains the output instead")
+    return f"{name} acts on /v1/chat/completions only (tool calling is a chat feature)"
+
+
+def _functions(name: str) -> str:
+    return f"{name} (OpenAI's deprecated function calling) is not supported; use tools and tool_choice"
 
 
 #: field -> (why it is refused, the values besides null that ask for nothing and are accepted)
@@ -58,18 +61,18 @@ UNSUPPORTED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "chat_template": ("chat_template is not supported: the model's own chat template renders every request "
                       "(vLLM too refuses it unless started with --trust-request-chat-template)", ()),
     "continue_final_message": ("continue_final_message is not supported", (False,)),
-    # tools: a request may say it uses none
+    # tools on /v1/completions, and the deprecated functions anywhere: a request may say it uses none
     "tools": (_tools("tools"), ([],)),
-    "functions": (_tools("functions"), ([],)),
     "tool_choice": (_tools("tool_choice"), ("none",)),
-    "function_call": (_tools("function_call"), ("none",)),
+    "functions": (_functions("functions"), ([],)),
+    "function_call": (_functions("function_call"), ("none",)),
 }
 
 #: keys of a chat message refused the same way
 MESSAGE_UNSUPPORTED: dict[str, tuple[str, tuple[Any, ...]]] = {
-    "tool_calls": ("messages with tool_calls are not supported (tool and function calling is not)", ([],)),
-    "function_call": ("messages with a function_call are not supported (tool and function calling is not)", ()),
-    "tools": ("a message's tools are not supported (tool and function calling is not)", ([],)),
+    "function_call": ("messages with a function_call (OpenAI's deprecated function calling) are not supported; "
+                      "use tool_calls", ()),
+    "tools": ("a message's tools are not supported; give the request's tools", ([],)),
 }
 
 #: field -> why it changes nothing here: accepted and ignored
@@ -81,7 +84,7 @@ NO_EFFECT: dict[str, str] = {
     "watermarking": "vLLM skips it too unless a watermark is configured",
     "length_penalty": "beam search only, which is refused",
     "truncation_side": "acts with truncate_prompt_tokens only, which is refused",
-    "parallel_tool_calls": "acts with tools only, which are refused",
+    "parallel_tool_calls": "acts on /v1/chat/completions with tools only",
     "include_reasoning": "acts with a reasoning parser only, and there is none here (nor in vLLM by default)",
     "vllm_xargs": "arguments of vLLM's custom extensions",
     "kv_transfer_params": "vLLM's disaggregated prefill",

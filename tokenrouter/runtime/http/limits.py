@@ -1,6 +1,6 @@
 """What bounds the HTTP side: the body size, the API key, and how many requests run or wait.
 
-`Guard` is pure ASGI middleware, outermost: it checks the bearer token for /v1 (the model
+`Guard` is pure ASGI middleware, outermost: it checks the bearer token for /v1 and the routes served without it (the model
 list stays public, as /health does) and the body limit before anything is parsed; a body
 over the limit is read to its end (and dropped) before the 413, so the client, still
 sending, gets the answer rather than a reset connection. `Admission` lets at most
@@ -19,7 +19,7 @@ import hmac
 from dataclasses import dataclass, field
 
 from tokenrouter.runtime.http.connections import ConnectionLimits
-from tokenrouter.runtime.http.protocol import Overloaded, error_body
+from tokenrouter.runtime.http.schema import Overloaded, error_body
 
 QUEUE_PER_RUNNING = 0.5  # the default --max-queue, as a multiple of --max-running
 
@@ -42,11 +42,12 @@ DRAIN_FACTOR = 16  # a body over the limit is read (and dropped) up to this many
 
 
 def _guarded(path: str) -> bool:
-    """Whether `path` wants the API key: /v1 and the tokenizer's routes, except the model
-    list (public, as in llama-server)."""
-    if path == "/v1/models" or path.startswith("/v1/models/"):
+    """Whether `path` wants the API key: /v1, the completion routes without it and the
+    tokenizer's routes, except the model list (public, as in llama-server)."""
+    bare = path[len("/v1"):] if path.startswith("/v1/") else path
+    if bare == "/models" or bare.startswith("/models/"):
         return False
-    return path.startswith(("/v1", "/tokenize", "/detokenize"))
+    return path.startswith(("/v1", "/completions", "/chat/completions", "/tokenize", "/detokenize"))
 
 
 class Guard:

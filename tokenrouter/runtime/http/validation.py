@@ -6,7 +6,8 @@ before the runtime sees it: a model not served here, fields this server does not
 `max_tokens` over what the context or the server allows (or under `min_tokens`), a request
 needing more KV blocks than exist, a structured-output spec that does not compile, sampling
 parameters outside `SamplingParams`' bounds. A chat prompt is the messages through the
-model's chat template, with the variables vLLM gives it (`template_variables`). The
+model's chat template, with the variables vLLM gives it (`template_variables`); a message of
+a custom role goes to the template as it is, and one the template cannot render is a 400. The
 tokenizer's end-of-sequence ids join the stop ids unless `ignore_eos`
 (`SamplingParams.with_eos`). Tokenisation, chat templates and grammar checks run in worker
 threads, so the event loop keeps answering.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from typing import Any
 
 from pydantic import ValidationError
@@ -24,8 +26,9 @@ from tokenrouter.protocol.sampling import DEFAULT_MAX_TOKENS, MAX_LOGPROBS, Samp
 from tokenrouter.runtime.engine.grammar import Grammars
 from tokenrouter.runtime.frontend.frontend import Frontend
 from tokenrouter.runtime.http import fields
-from tokenrouter.runtime.http.protocol import (BadRequest, ChatMessage, ChatRequest, CommonRequest, CompletionRequest,
-                                               check_text)
+from tokenrouter.runtime.http.schema import (STANDARD_ROLES, BadRequest, ChatMessage, ChatRequest, CommonRequest,
+                                             CompletionRequest, check_text)
+from tokenrouter.runtime.http.tools import template_calls
 
 #: `chat_template_kwargs` a request may not set: the template's source, how it is applied, its messages
 RESERVED_TEMPLATE_KWARGS = ("chat_template", "tokenize", "messages")
@@ -116,15 +119,11 @@ class Validator:
             raise BadRequest("the model has no chat template: add one to its folder (a \"chat_template\" in "
                              "tokenizer_config.json, or a chat_template.jinja file; docs/models.md, \"Serving your "
                              "own models\"), or send a plain prompt to /v1/completions", "messages")
-        try:
-            text = await asyncio.to_thread(self.tok.apply_chat_template, rendered,
-                                           add_generation_prompt=add_generation_prompt, **(variables or {}))
-        except Exception as exc:
-            raise BadRequest(f"cannot apply the chat template: {exc}", "messages") from None
+        text = await asyncio.to_thread(self._render, rendered, add_generation_prompt, variables or {})
         try:  # the messages are checked: only the template's variables can bring a lone surrogate
             text.encode("utf-8")
         except UnicodeEncodeError:
-            raise BadRequest("chat_template_kwargs or documents hold text that is not valid Unicode (a lone "
+            raise BadRequest("chat_template_kwargs, documents or tools hold text that is not valid Unicode (a lone "
                              "surrogate)", "chat_template_kwargs") from None
         ids = await self.encode(text, add_special_tokens=add_special_tokens)
         if not ids:
@@ -134,6 +133,33 @@ class Validator:
         if any(not 0 <= t < vocab for t in ids):
             raise BadRequest("the chat template produced tokens outside the model's vocabulary", "messages")
         return text, ids
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, variables: dict[str, Any]) -> str:
+        """The messages through the chat template. A message of a role outside
+        `STANDARD_ROLES` must reach the prompt: a template that raises on it, or does not
+        write its text (it drops roles it does not know; probed with the text replaced by a
+        marker), gets a 400 naming the role."""
+        def apply(ms: list[dict[str, Any]]) -> str:
+            return self.tok.apply_chat_template(ms, add_generation_prompt=add_generation_prompt, **variables)
+        custom = [i for i, m in enumerate(messages) if m["role"] not in STANDARD_ROLES]
+        try:
+            text = apply(messages)
+        except Exception as exc:
+            if custom:
+                raise BadRequest(f"the chat template cannot render a message with role {messages[custom[0]]['role']!r}"
+                                 f" (or the conversation): {exc}", "messages") from None
+            raise BadRequest(f"cannot apply the chat template: {exc}", "messages") from None
+        for i in custom:
+            marker = f"[{uuid.uuid4().hex}]"
+            try:
+                written = marker in apply([*messages[:i], {**messages[i], "content": marker}, *messages[i + 1:]])
+            except Exception:
+                written = False
+            if not written:
+                raise BadRequest(f"the model's chat template does not render a message with role "
+                                 f"{messages[i]['role']!r} (its text does not reach the prompt); use one of "
+                                 f"{', '.join(STANDARD_ROLES)}", f"messages[{i}].role")
+        return text
 
     def max_tokens(self, prompt_len: int, max_tokens: int | None, min_tokens: int = 0) -> int:
         """`max_tokens` checked against the context, the server's limit, the KV cache and
@@ -160,8 +186,10 @@ class Validator:
                              "max_tokens")
         return max_tokens
 
-    async def sampling(self, req: CommonRequest, logprobs: int | None) -> SamplingParams:
-        """The request's typed sampling parameters, without `max_tokens` (`with_max_tokens`)."""
+    async def sampling(self, req: CommonRequest, logprobs: int | None,
+                       forced: Structured | None = None) -> SamplingParams:
+        """The request's typed sampling parameters, without `max_tokens` (`with_max_tokens`);
+        `forced`: the grammar of a reply that must call a tool (`tools.forced_calls`)."""
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or ())
         for s in stop:
             check_text(s, "stop")
@@ -174,7 +202,7 @@ class Validator:
             presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
             logit_bias=self._logit_bias(req.logit_bias), logprobs=logprobs,
-            structured=await self.structured(req))
+            structured=await self.structured(req, forced))
         if fields["structured"] is not None and req.ignore_eos:
             raise BadRequest("ignore_eos cannot hold with structured output: the output ends where its grammar "
                              "does (at the end-of-sequence token)", "ignore_eos")
@@ -198,10 +226,16 @@ class Validator:
             out.append((tid, value))
         return tuple(out)
 
-    async def structured(self, req: CommonRequest) -> Structured | None:
-        """The structured-output spec of `response_format` or vLLM's `structured_outputs`,
-        compiled once here (in a worker thread) so a bad one is a 400."""
+    async def structured(self, req: CommonRequest, forced: Structured | None = None) -> Structured | None:
+        """The structured-output spec of `response_format` or vLLM's `structured_outputs`, or
+        the grammar of a forced tool call, compiled once here (in a worker thread) so a bad
+        one is a 400."""
         spec, param = structured_spec(req)
+        if forced is not None:
+            if spec is not None:
+                raise BadRequest(f"{param} cannot hold with tool_choice required or a named function (the call's "
+                                 f"grammar constrains the output)", param)
+            spec, param = forced, "tools"
         if spec is None:
             return None
         error = await asyncio.to_thread(self.grammars.check, spec)
@@ -270,9 +304,9 @@ def completion_logprobs(req: CompletionRequest) -> int | None:
 
 
 def template_variables(kwargs: dict[str, Any] | None, documents: list | None = None,
-                       reasoning_effort: str | None = None) -> dict[str, Any]:
+                       reasoning_effort: str | None = None, tools: list | None = None) -> dict[str, Any]:
     """The chat template's variables besides the messages, as vLLM builds them: the request's
-    `chat_template_kwargs`, with its `documents` and `reasoning_effort` over them when given,
+    `chat_template_kwargs`, with its `documents`, `reasoning_effort` and `tools` over them when given,
     and `enable_thinking` (false for effort "none") unless the kwargs set it. The request's
     `add_generation_prompt` field wins over the kwargs' (`Validator.chat_prompt`)."""
     out = dict(kwargs or {})
@@ -282,6 +316,8 @@ def template_variables(kwargs: dict[str, Any] | None, documents: list | None = N
     out.pop("add_generation_prompt", None)
     if documents is not None:
         out["documents"] = documents
+    if tools is not None:
+        out["tools"] = tools
     if reasoning_effort is not None:
         out["reasoning_effort"] = reasoning_effort
         out.setdefault("enable_thinking", reasoning_effort != "none")
@@ -291,15 +327,17 @@ def template_variables(kwargs: dict[str, Any] | None, documents: list | None = N
 def template_message(m: ChatMessage) -> dict[str, Any]:
     """A message as the chat template sees it (vLLM's keys): its text (text parts joined), and
     `name`, `task`, a tool message's `tool_call_id`, an assistant's `reasoning` (also as
-    `reasoning_content`) when given."""
+    `reasoning_content`) and `tool_calls` (`tools.template_calls`) when given."""
     content = m.content
     if isinstance(content, list):
         content = "".join(text_part(p) for p in content)
-    out: dict[str, Any] = {"role": m.role, "content": check_text(content or "", "messages")}
+    out: dict[str, Any] = {"role": check_text(m.role, "messages"), "content": check_text(content or "", "messages")}
     given = {"name": m.name, "task": m.task, "tool_call_id": m.tool_call_id if m.role == "tool" else None}
     if m.role == "assistant" and m.reasoning is not None:
         given.update(reasoning=m.reasoning, reasoning_content=m.reasoning)
     out.update((k, check_text(v, "messages")) for k, v in given.items() if v is not None)
+    if m.tool_calls:
+        out["tool_calls"] = template_calls(m.tool_calls, "messages")
     return out
 
 

@@ -1,11 +1,13 @@
-"""The OpenAI protocol as this server speaks it: request bodies, the shape of the response a
+"""The OpenAI request schema as this server speaks it: request bodies, the shape of the response a
 request asks for (`Reply`), errors and their JSON form.
 
 The request models declare the fields that act here. Extensions to the OpenAI schema, named
 as vLLM names them: `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`,
 `include_stop_str_in_output`, `ignore_eos`, `skip_special_tokens`, `add_special_tokens`,
 `structured_outputs`, `request_id`, `return_token_ids`, `return_tokens_as_token_ids`, and
-for chat `chat_template_kwargs`, `documents`, `reasoning_effort`, `return_prompt_text`. A
+for chat `chat_template_kwargs`, `documents`, `reasoning_effort`, `return_prompt_text`.
+Chat's `tools`, `tool_choice` and `parallel_tool_calls` and a message's `tool_calls` are
+OpenAI's (`tools.py`). A
 body's other fields are kept (`extra="allow"`, in `model_extra`) so that none is silently
 ignored: `fields.py` refuses those this server does not implement with a 400 naming them,
 accepts those that change nothing here, and warns about those vLLM does not define either.
@@ -109,14 +111,61 @@ class CompletionRequest(CommonRequest):
     add_special_tokens: bool = True  # a text prompt's BOS, if the model has one
 
 
-class ChatMessage(BaseModel):
-    """A message, with the keys vLLM gives the chat template besides its text."""
+class Function(BaseModel):
+    """A tool's function: its name and its arguments' JSON schema (`parameters`)."""
 
     model_config = ConfigDict(extra="allow")
-    role: Literal["system", "user", "assistant", "tool", "developer"]
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"] = "function"
+    function: Function
+
+
+class FunctionName(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """`tool_choice` naming the function the reply must call."""
+
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
+class CalledFunction(BaseModel):
+    name: str = Field(min_length=1)
+    arguments: str | dict[str, Any] = "{}"  # OpenAI's: the arguments as JSON text
+
+
+class ToolCallMessage(BaseModel):
+    """A call in an assistant message of the history."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+#: the roles OpenAI defines; any other goes to the chat template as it is (as vLLM passes it)
+STANDARD_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+class ChatMessage(BaseModel):
+    """A message, with the keys vLLM gives the chat template besides its text. A role
+    outside `STANDARD_ROLES` is the template's to render (`Validator.chat_prompt`)."""
+
+    model_config = ConfigDict(extra="allow")
+    role: str = Field(min_length=1, max_length=64)
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_call_id: str | None = None  # a tool message's
+    tool_calls: list[ToolCallMessage] | None = None  # an assistant message's calls
     reasoning: str | None = None  # an assistant message's (also `reasoning_content` to the template)
     task: str | None = None
 
@@ -133,6 +182,9 @@ class ChatRequest(CommonRequest):
     documents: list[dict[str, str]] | None = None  # the template's `documents` (RAG templates)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     return_prompt_text: bool | None = None  # the rendered prompt as `prompt_text`
+    tools: list[Tool] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # None: auto with tools
+    parallel_tool_calls: bool | None = True
 
 
 class TokenizeRequest(BaseModel):
@@ -145,6 +197,7 @@ class TokenizeRequest(BaseModel):
     add_special_tokens: bool | None = None  # None: true for a prompt, false for messages (vLLM's defaults)
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[Tool] | None = Field(default=None, max_length=128)  # given to the chat template
     return_token_strs: bool | None = False  # each token's string as `token_strs`
 
 
@@ -167,3 +220,4 @@ class Reply:
     prompt_token_ids: bool = False  # `return_token_ids`: the prompt's token ids too
     prompt_text: str | None = None  # chat's `return_prompt_text`: the rendered prompt
     tokens_as_ids: bool = False  # `return_tokens_as_token_ids`: logprob tokens as "token_id:N"
+    tools: Any = None  # chat's tools in use (`tools.ToolUse`): calls are read from the output
