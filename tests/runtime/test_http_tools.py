@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers import tiny
 from tests.helpers.serving import ServerThread
-from tokenrouter.runtime.frontend.launch import LaunchOptions
+from tokenrouter.runtime.launch import LaunchOptions
 
 TEMPLATE = (
     "{% if tools %}{{ '<|im_start|>system\n<tools>' }}{% for t in tools %}{{ '\n' + t.function.name }}{% endfor %}"
