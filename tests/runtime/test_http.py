@@ -87,7 +87,7 @@ BAD = [
     ("huge seed", {"prompt": "hi", "seed": 1208925819614629174706176}, "seed"),
     ("lone surrogate", b'{"prompt": "\\ud800", "max_tokens": 2}', "not valid Unicode"),
     ("lone surrogate in a list", b'{"prompt": ["a\\udfffb"]}', "not valid Unicode"),
-    ("tools", {"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "not supported"),
+    ("tools", {"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, "chat/completions only"),
     ("response_format", {"prompt": "hi", "response_format": {"type": "yaml"}}, "response_format"),
     ("a schema that does not compile", {"prompt": "hi", "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frob"}}}}, "frob"),
