@@ -443,36 +443,29 @@ def cores_table(scenarios: list[tuple[str, str]]) -> Table:
 
 
 def headline_coder() -> Table:
-    """The README's headline: the coder pair on HumanEval (pass@1, the large model's share of
-    the tokens) with each configuration's serving speed at N = 8 (bench_cores.py, one run)."""
-    ev_rel, sp_rel = f"{EVAL}/coder_entropy/summary.json", f"{RESULTS}/cores/coder_n8.json"
-    ev, sp = load(ev_rel), load(sp_rel)
-    same_host([ev, sp], [ev_rel, sp_rel])
-    tps = sp["median_tokens_per_s"]
-    tau = ev["meta"]["bound_params"]["tau"]["value"]
+    """The README's headline: the coder pair on HumanEval, each configuration's pass@1, the
+    large model's share of the tokens, and its speed at N = 8 (the same eval run)."""
+    rel = f"{EVAL}/coder_entropy/summary.json"
+    ev = load(rel)
+    m = ev["meta"]
+    tau = m["bound_params"]["tau"]["value"]
 
-    def score(c: dict) -> list[str]:
-        return [f"{100 * c['accuracy']:.1f}% ({c['correct']} of {c['answered']})", pct(c["large_share"])]
-
-    def speed(name: str) -> str:
-        r = [x["tokens_per_s"] for x in sp["per_round"][name]]
-        return f"{tps[name]:.1f} ({span(r)})"
+    def row(label: str, c: dict) -> list[str]:
+        return [label, f"{100 * c['accuracy']:.1f}% ({c['correct']} of {c['answered']})", pct(c["large_share"]),
+                f"{c['tokens_per_s']:.1f}"]
 
     cfg = ev["configs"]
-    body = [["small alone (Qwen2.5-Coder-0.5B-Instruct)", *score(cfg["small"]), speed("small_alone")],
-            ["large alone (Qwen2.5-Coder-1.5B-Instruct)", *score(cfg["large"]), speed("large_alone")],
-            [f"**routed**: entropy rule, tau = {tau:g} (`examples/coder/entropy.route`)", *score(cfg["routed"]),
-             speed("share")]]
-    body += [[f"routed, tau = {p['value']:g}", *score(p), "-"] for p in ev.get("sweep", {}).get("points", [])]
-    m = ev["meta"]
-    text = (f"*{host_words(sp, sp_rel)}. HumanEval: all {m['n_prompts']} problems, greedy, at most "
-            f"{m['max_tokens']} tokens, each answer run against its tests in the sandbox "
-            f"(`{rerun(m.get('command') or 'tokenrouter eval examples/coder/entropy.route --tasks humaneval')}`, "
-            f"{ev_rel}). Speed: {sp['concurrency']} requests in flight, {sp['max_tokens']} tokens each on "
-            f"code prompts, {sp['rounds']} rounds of at least {sp['min_s']:g} s, the median and the rounds' range "
-            f"(`{rerun(sp['command'])}`, {sp_rel}).*")
-    return Table([ev_rel, sp_rel], text + "\n\n" + rows(["configuration", "HumanEval pass@1",
-                                                          "large model's tokens", "tok/s at N = 8"], body))
+    body = [row("small alone (Qwen2.5-Coder-0.5B-Instruct)", cfg["small"]),
+            row("large alone (Qwen2.5-Coder-1.5B-Instruct)", cfg["large"]),
+            row(f"**routed**: entropy rule, tau = {tau:g} (`examples/coder/entropy.route`)", cfg["routed"])]
+    body += [row(f"routed, tau = {p['value']:g}", p) for p in ev.get("sweep", {}).get("points", [])]
+    spread = (f"{m['n_prompts']} of HumanEval's 164 problems spread evenly, greedy, at most {m['max_tokens']} "
+              f"tokens, each answer run against its tests in the sandbox; tok/s at {m['concurrency']} requests "
+              f"in flight, the configurations one after another, one run")
+    command = m.get("command") or EVAL_COMMANDS["coder_entropy"]
+    return Table([rel], caption(rel, ev, command, spread) + "\n\n" +
+                 rows(["configuration", "HumanEval pass@1", "large model's tokens", f"tok/s at N = {m['concurrency']}"],
+                      body))
 
 
 def same_host(docs: list[dict], rels: list[str]) -> None:
@@ -492,8 +485,8 @@ EVAL_COMMANDS = {
     "native": "tokenrouter eval benchmarks/demo_pair/native.route --limit 40 --max-tokens 24 --sweep tau=0.3:0.6:2",
     "native_speed": "tokenrouter eval benchmarks/demo_pair/native.route --limit 8 --max-tokens 16 --concurrency 1,8",
     "demo_quiet": "tokenrouter eval examples/demo.route --limit 40 --max-tokens 24 --concurrency 1,8",
-    "coder_entropy": "tokenrouter eval examples/coder/entropy.route --tasks humaneval --sweep tau=0.05:0.2:2 "
-                     "--concurrency 8",
+    "coder_entropy": "tokenrouter eval examples/coder/entropy.route --tasks humaneval --limit 40 "
+                     "--sweep tau=0.05:0.2:2 --concurrency 8",
 }
 
 
