@@ -485,7 +485,7 @@ EVAL_COMMANDS = {
     "native": "tokenrouter eval benchmarks/demo_pair/native.route --limit 40 --max-tokens 24 --sweep tau=0.3:0.6:2",
     "native_speed": "tokenrouter eval benchmarks/demo_pair/native.route --limit 8 --max-tokens 16 --concurrency 1,8",
     "demo_quiet": "tokenrouter eval examples/demo.route --limit 40 --max-tokens 24 --concurrency 1,8",
-    "coder_entropy": "tokenrouter eval examples/coder/entropy.route --tasks humaneval --limit 40 "
+    "coder_entropy": "tokenrouter eval examples/coder/entropy.route --tasks humaneval --limit 20 "
                      "--sweep tau=0.05:0.2:2 --concurrency 8",
 }
 
@@ -574,7 +574,7 @@ def fitted_routers() -> Table:
     header = ["program", "routed accuracy", "exact match with large", "large share",
               "vs large: both right / fixed / broken / both wrong", "vs small: fixed / broken", "host"]
     h = host_of(load(rels[0]))
-    text = (f"*{h['cpu']}, {h['cores']} cores; `.venv/bin/tokenrouter eval examples/NAME.route --limit 40 "
+    text = (f"*{h['cpu']}, {h['cores']} cores; `.venv/bin/tokenrouter eval examples/NAME.route --limit 20 "
             f"--max-tokens 24 --reuse DEMO_OUT`, one run each ({', '.join(rels)}).*\n\n" + rows(header, body))
     return Table(rels, text)
 
@@ -630,6 +630,8 @@ TABLES: dict[str, Callable[[], Table]] = {
     "faults": faults_run,
     "cores-bench-pair": lambda: cores_table([("no handoffs (`handoff=0`)", "bench_handoff0_n8"),
                                              ("the program's 5% handoffs", "bench_n8")]),
+    "headline-coder": headline_coder,
+    "eval-coder": lambda: eval_summary("coder_entropy"),
     "contention-small-model": lambda: contention_run("convert-0.5b"),
     "contention-large-model": lambda: contention_run("convert-1.5b"),
     "eval-demo": lambda: eval_summary("demo"),
