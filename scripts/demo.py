@@ -42,7 +42,8 @@ ROUTE = "examples/demo.route"
 QUESTION = "Write a haiku about the sea."
 CODER_ROUTE = "examples/coder/entropy.route"
 CODER_MODELS = ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
-# the small model alone answered this wrong (False for every odd n) where the large one was right
+# with both models as int4 the small model alone answered this wrong (False for every odd n) and the
+# large one right; not yet re-checked with the default (native) files
 CODER_QUESTION = "Write a Python function is_prime(n) that tells whether n is a prime number."
 START_TIMEOUT_S = 900
 
@@ -140,15 +141,15 @@ def main() -> int:
         server.wait(60)
     choice = reply.choices[0].model_extra
     tty = sys.stdout.isatty()
-    what = {small: f"the small model ({_model_words(program, small)})",
-            large: f"the large model ({_model_words(program, large)})"}
+    role = {small: "the small model", large: "the large model"}
+    what = {w: f"{role[w]} ({_model_words(program, w)})" for w in (small, large)}
     pieces = token_pieces(program_tokenizer(program), choice["token_ids"])
     print(f"\nrouted answer   ({legend([small, large], tty, what)}):\n")
     print(coloured(pieces, choice["token_writers"], [small, large], tty) + "\n")
     print(summary_lines(reply.model_extra.get("tokens_by_model") or {}, counts, small, large))
     routed = "".join(pieces).strip()
     for who in ([small] if args.coder else []) + [large]:
-        print(f"\n{what[who].split(' (')[0]} alone ({who}, greedy), for comparison "
+        print(f"\n{role[who]} alone ({who}, greedy), for comparison "
               "(loading it on its own):\n", flush=True)
         text = alone(program, who, question, max_tokens)
         print("\n(" + ("the same text as the routed answer" if text == routed else "not the routed answer's text") + ")")
