@@ -227,3 +227,21 @@ def test_a_llama_server_that_is_not_an_executable_is_named_with_how_to_build_one
         assert "scripts/build-llama-server" in llama_server_problem(path)
     text.chmod(0o755)
     assert llama_server_problem(str(text)) is None
+
+
+def test_a_peer_serves_the_file_our_engine_runs(models, tmp_path, monkeypatch):
+    """quant = native: llama.cpp gets the very GGUF whose blocks our engine runs; any other
+    format: a float32 export of the weights (cached), never the original quantised file."""
+    from tokenrouter.bench.llamacpp import peer_gguf
+    from tokenrouter.compiler.ir import Model
+    from gguf import GGUFReader
+
+    monkeypatch.setenv("TOKENROUTER_CACHE", str(tmp_path / "cache"))
+    paths, ggufs = models
+    source = embedded_gguf()
+    assert peer_gguf(Model("slm", source, quant="native")) == source
+    exported = peer_gguf(Model("slm", paths["slm"], quant="none"))
+    assert exported != paths["slm"] and exported.endswith(".gguf")
+    assert str(tmp_path / "cache") in exported
+    types = {t.tensor_type.name for t in GGUFReader(exported).tensors}
+    assert types <= {"F32"}, types

@@ -9,7 +9,7 @@ the same prompts, so machine noise hits all of them alike and ratios come from o
 - `deploy.py`: a running deployment (runtime subservers, or lockstep in-process) that
   runs one measured batch of requests and reports tokens, latencies and step counters;
 - `llamacpp.py`, `llamacpp_server.py`: the stock llama.cpp peers (`llamacpp_std`, the per-token
-  dispatcher over one server per model; `llamacpp_large`), serving GGUF exports of our weights;
+  dispatcher over one server per model; `llamacpp_large`), serving the weights our engine runs (the GGUF file itself for `quant = native`, else a float32 export);
 - `official.py`: CITER's own serving loop in `transformers` (`official`);
 - `tuning.py`: the profile, the tuned B_i and the tuner's predictions;
 - `runner.py`: the interleaved rounds, with a progress bar; `state.py`: the run's setup and

@@ -25,7 +25,8 @@ def details(opts, setup: Setup, measured: Measured, cores: int) -> dict[str, Any
                                        "lockstep_and_single_model": opts.threads,
                                        "llamacpp_std": f"{max(1, cores // 2)} per server",
                                        "llamacpp_large_and_official": opts.threads},
-                           "llama_server": opts.llama_server or "the xllamacpp wheel", "llamacpp_build": measured.builds},
+                           "llama_server": opts.llama_server or "the xllamacpp wheel", "llamacpp_build": measured.builds,
+                           "llamacpp_gguf": measured.ggufs},
             "profile": tuning.slowdown_summary(setup.profile) if setup.profile is not None else None,
             "elapsed_s": None, "levels": {}, "failed_levels": {str(n): why for n, why in measured.failed.items()}}
 

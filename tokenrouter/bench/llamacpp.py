@@ -17,7 +17,9 @@ same server with every instruction set the CPU has. Either way `build` is the se
   KV stays on its server between calls, so a returning request re-processes only the
   tokens the other model wrote meanwhile.
 
-The GGUF files come from `runtime.loader.gguf_export` (float32, the weights our engine runs).
+Both serve the weights our engine runs (`peer_gguf`): a model our engine runs as a GGUF's own
+blocks (`quant = native`, e.g. the Qwen2.5-Coder pair) is served from that very file; any other
+is exported by `runtime.loader.gguf_export` as float32, the numbers our engine starts from.
 """
 
 from __future__ import annotations
@@ -41,9 +43,19 @@ from tokenrouter.compiler.backend.compiled import default_base_dir
 from tokenrouter.compiler.backend.interpreter import Interpreter
 from tokenrouter.extras import require
 from tokenrouter.protocol.sampling import SamplingParams
+from tokenrouter.runtime.loader.gguf_export import exported_gguf
+from tokenrouter.runtime.loader.resolve import native_gguf
 
 from tokenrouter.bench.deploy import Measurement
 from tokenrouter.bench.dispatch import check_dispatchable, route_request, run_dispatched, timed_all
+
+def peer_gguf(model) -> str:
+    """The GGUF file llama.cpp serves for `model` (an IR model): the file itself when our engine
+    runs its blocks as they are (`quant = native`), else a float32 export (built once, cached)."""
+    if model.quant == "native":
+        return native_gguf(model.path)
+    return exported_gguf(model.path)
+
 
 TOP_N = 20  # probabilities a dispatcher asks for (the full row costs ~0.6 s a token to serialise)
 
@@ -204,6 +216,7 @@ class LlamaCppLarge:
     def __init__(self, gguf: str, parallel: int, threads: int, ctx_per_slot: int, binary: str | None = None):
         self.server = LlamaCppServer(gguf, parallel, threads, ctx_per_slot, binary=binary)
         self.build = self.server.build
+        self.ggufs = {"large": os.path.basename(gguf)}
         self.name = "large"
         self._loop = LoopThread()
 
@@ -249,6 +262,7 @@ class LlamaCppStandard:
             self.close()
             raise
         self.build = next(iter(self.servers.values())).build
+        self.ggufs = {m: os.path.basename(f) for m, f in ggufs.items()}
         self._loop = LoopThread()
         self.blind_steps = 0  # steps whose distribution the server did not return (counted, see _request)
 

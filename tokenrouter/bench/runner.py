@@ -29,14 +29,13 @@ from tokenrouter.compiler.pipeline import load_program, with_quant
 from tokenrouter.runtime.host import host_info, load_average
 from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.loader import checkpoint_folder, model_facts, resolve_folder
-from tokenrouter.runtime.loader.gguf_export import exported_gguf
 from tokenrouter.runtime.loader import program_tokenizer
 
 from tokenrouter.bench import configs as C
 from tokenrouter.bench import results as R
 from tokenrouter.bench import tuning, workload
 from tokenrouter.bench.deploy import LockstepDeployment, RuntimeDeployment
-from tokenrouter.bench.llamacpp import LlamaCppLarge, LlamaCppStandard
+from tokenrouter.bench.llamacpp import LlamaCppLarge, LlamaCppStandard, peer_gguf
 from tokenrouter.bench.official import CiterOfficial
 from tokenrouter.bench.vllm_peers import VllmLarge, VllmStandard
 from tokenrouter.bench.documents import details, level_doc
@@ -127,9 +126,9 @@ def _start(c: str, opts: BenchOptions, setup: Setup, n: int):
     if c in C.PER_LEVEL:
         if c == "llamacpp_large":
             m = program.model(large)
-            return LlamaCppLarge(exported_gguf(m.path), parallel=n, threads=opts.threads, ctx_per_slot=ctx,
+            return LlamaCppLarge(peer_gguf(m), parallel=n, threads=opts.threads, ctx_per_slot=ctx,
                                  binary=opts.llama_server)
-        ggufs = {m.name: exported_gguf(m.path) for m in program.models}
+        ggufs = {m.name: peer_gguf(m) for m in program.models}
         per = max(1, cores // len(program.models))
         return LlamaCppStandard(program, ggufs, parallel=n, threads={m.name: per for m in program.models},
                                 ctx_per_slot=ctx, vocab=_vocab(program), binary=opts.llama_server)
@@ -259,6 +258,7 @@ def _measure_level(n: int, names: list[str], deployments: dict[str, Any], setup:
     try:
         _start_level(level_deps, n, names, setup, opts)
         out.builds.update({c: d.build for c, d in level_deps.items() if getattr(d, "build", None)})
+        out.ggufs.update({c: d.ggufs for c, d in level_deps.items() if getattr(d, "ggufs", None)})
         deps = {c: level_deps[c] if c in level_deps else deployments[_deployment_key(c)] for c in names}
         out.requests[n] = {}
         _calibrate(out.requests[n], n, names, deps, setup, opts)

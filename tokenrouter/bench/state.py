@@ -49,6 +49,7 @@ class Measured:
     load: dict[int, dict[str, Any]] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
     builds: dict[str, str] = field(default_factory=dict)  # llama.cpp peer -> its server's system_info
+    ggufs: dict[str, dict[str, str]] = field(default_factory=dict)  # llama.cpp peer -> model -> file served
 
 
 def swept_batch(writers: list[str], large: str, b: int) -> dict[str, int]:
