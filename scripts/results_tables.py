@@ -631,6 +631,7 @@ TABLES: dict[str, Callable[[], Table]] = {
     "cores-bench-pair": lambda: cores_table([("no handoffs (`handoff=0`)", "bench_handoff0_n8"),
                                              ("the program's 5% handoffs", "bench_n8")]),
     "headline-coder": headline_coder,
+    "serving-coder-pair": lambda: serving("coder_pair"),
     "eval-coder": lambda: eval_summary("coder_entropy"),
     "contention-small-model": lambda: contention_run("convert-0.5b"),
     "contention-large-model": lambda: contention_run("convert-1.5b"),
