@@ -25,7 +25,7 @@ from tests.helpers import tiny
 from tests.helpers.liveness import (can_make_netns, check_against_reference, kill_under_load, load_reference,
                                     signal_under_load)
 from tests.helpers.ports import free_port
-from tests.helpers.serving import CLI, ServerThread, metrics
+from tests.helpers.serving import CLI, ServerThread, metrics, served
 from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.frontend.liveness import PERIOD_S
 from tokenrouter.runtime.logs import LineFormatter, RepeatFilter
@@ -108,10 +108,9 @@ def coin(pair):
 @pytest.fixture()
 def held(coin):
     """A server whose subservers take test hooks, with a stall window of `WINDOW`."""
-    srv = ServerThread(coin, LaunchOptions(mode="process", num_blocks=400, concurrency=8, test_hooks=True),
-                       liveness={"stall_window_s": WINDOW, "max_restarts": 3})
-    yield srv
-    srv.close()
+    with served(coin, LaunchOptions(mode="process", num_blocks=400, concurrency=8, test_hooks=True),
+                liveness={"stall_window_s": WINDOW, "max_restarts": 3}) as srv:
+        yield srv
 
 
 @pytest.mark.slow
