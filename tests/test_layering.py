@@ -28,8 +28,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "tokenrouter"
 TESTS = Path(__file__).resolve().parent
 
-# the order of the layers; fit, eval and bench share a rank and must not import each other
-RANK = {"extras": 0, "dsl": 0, "engines": 0.25, "protocol": 0.5, "compiler": 1, "runtime": 2, "tuner": 3, "fit": 4, "eval": 4, "bench": 4,
+# the order of the layers; fit, eval and bench share a rank and must not import each other (what two of them
+# share sits below them: prompts.py, the prompt set files of fit and bench)
+RANK = {"extras": 0, "dsl": 0, "prompts": 0, "engines": 0.25, "protocol": 0.5, "compiler": 1, "runtime": 2, "tuner": 3, "fit": 4, "eval": 4, "bench": 4,
         "commands": 5}
 
 

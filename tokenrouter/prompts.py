@@ -1,5 +1,7 @@
-"""Prompt sets: JSONL files, one object a line with a "prompt" string (other keys are kept
-for the reader: "kind", "id"). Every problem is a `FitError` naming the file and line."""
+"""Prompt sets: JSONL files, one object a line with a non-empty "prompt" string (other keys
+are kept for the reader: "kind", "id"), read by `tokenrouter fit` and `tokenrouter bench
+--prompts`. Every problem is a `PromptsError` naming the file, and the line where there is
+one."""
 
 from __future__ import annotations
 
@@ -7,29 +9,29 @@ import json
 import os
 
 
-class FitError(ValueError):
-    """Bad input to `tokenrouter fit`: the message is meant for the user."""
+class PromptsError(ValueError):
+    """A prompts file that cannot be read as a prompt set: the message is meant for the user."""
 
 
 def read_prompts(path: str) -> list[dict]:
     if not os.path.isfile(path):
-        raise FitError(f"{path}: no such prompts file")
+        raise PromptsError(f"{path}: no such prompts file")
     rows = []
     with open(path, encoding="utf-8", errors="strict") as f:
         try:
             lines = f.read().splitlines()
         except UnicodeDecodeError as exc:
-            raise FitError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+            raise PromptsError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except ValueError as exc:
-            raise FitError(f"{path}:{n}: not valid JSON ({exc})") from None
+            raise PromptsError(f"{path}:{n}: not valid JSON ({exc})") from None
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
-            raise FitError(f'{path}:{n}: expected an object with a non-empty "prompt" string, got {line[:60]!r}')
+            raise PromptsError(f'{path}:{n}: expected an object with a non-empty "prompt" string, got {line[:60]!r}')
         rows.append(row)
     if not rows:
-        raise FitError(f"{path}: no prompts (the file is empty)")
+        raise PromptsError(f"{path}: no prompts (the file is empty)")
     return rows
