@@ -20,7 +20,7 @@ healthy. Then, for `--duration` seconds:
   greedy and sampled, streamed and not, max_tokens 8..`--max-tokens`). A 503 is sent again
   after its `Retry-After`, and counted by its code: `overloaded` is shedding (the admission
   queue is full), anything else an outage;
-- with `--fuzz N`, the N fuzzed bodies of tests/runtime/test_http_fuzz.py (tests/helpers/
+- with `--fuzz N`, the N fuzzed bodies of tests/runtime/http/test_http_fuzz.py (tests/helpers/
   fuzz.py) go to both endpoints too, at concurrency 8, while the rest runs;
 - /metrics is read every `--sample-s`: each subserver's restarts and the longest gaps the
   frontend saw between two of its heartbeats and between two signs of its progress (the

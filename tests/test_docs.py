@@ -1,8 +1,10 @@
 """The recipes of docs/architecture.md ("Add a step feature", "Add an engine", and any recipe
 added under its "Recipes" heading) name only files and folders that exist: each path a
 recipe writes in backticks (`tokenrouter/compiler/features/catalog.py`,
-`tests/compiler/golden/`) is looked up from the repository's root. The engine table of
-docs/engines.md is the one the registry's capabilities make (`engines.engine_table`)."""
+`tests/compiler/golden/`) is looked up from the repository's root. Every test file or
+folder that the docs, the README and benchmarks/README.md name (`tests/...`) exists, so a
+moved test cannot leave a stale name behind. The engine table of docs/engines.md is the one
+the registry's capabilities make (`engines.engine_table`)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 ARCHITECTURE = REPO / "docs" / "architecture.md"
 ENGINES = REPO / "docs" / "engines.md"
 _PATH = re.compile(r"`([A-Za-z0-9_.-]+/(?:[A-Za-z0-9_.-]+/?)*)`")
+_TEST_PATH = re.compile(r"(?<![A-Za-z0-9_./-])tests/[A-Za-z0-9_./-]*[A-Za-z0-9_/]")
+PROSE = [REPO / "README.md", REPO / "benchmarks" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
 def recipes(markdown: str) -> dict[str, list[str]]:
@@ -47,6 +51,26 @@ def test_the_recipe_check_sees_what_it_is_for(tmp_path):
             "## After\n\n`pkg/c.py`\n")
     assert recipes(text) == {"Add a thing": ["pkg/a.py", "pkg/b.py", "pkg/"], "Add another": ["docs/nowhere.md"]}
     assert missing(text, tmp_path) == ["Add a thing: pkg/b.py", "Add another: docs/nowhere.md"]
+
+
+def missing_tests(texts: dict[str, str], root: Path) -> list[str]:
+    """'file: path' for each `tests/...` path a text names that does not exist under root."""
+    return [f"{name}: {path}" for name, text in texts.items() for path in sorted(set(_TEST_PATH.findall(text)))
+            if not (root / path).exists()]
+
+
+def test_every_test_the_docs_name_exists():
+    texts = {str(p.relative_to(REPO)): p.read_text(encoding="utf-8") for p in PROSE}
+    assert sum(len(_TEST_PATH.findall(t)) for t in texts.values()) > 20  # the docs do name tests
+    assert not missing_tests(texts, REPO)
+
+
+def test_the_test_path_check_sees_what_it_is_for(tmp_path):
+    (tmp_path / "tests" / "a").mkdir(parents=True)
+    (tmp_path / "tests" / "a" / "test_x.py").write_text("")
+    text = ("Tested in `tests/a/test_x.py`, tests/a/ and tests/a/test_y.py. See `tests/b/`; "
+            "not mytests/c.py.\n")
+    assert missing_tests({"doc.md": text}, tmp_path) == ["doc.md: tests/a/test_y.py", "doc.md: tests/b/"]
 
 
 def test_the_engine_table_is_the_registrys():

@@ -28,8 +28,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "tokenrouter"
 TESTS = Path(__file__).resolve().parent
 
-# the order of the layers; fit, eval and bench share a rank and must not import each other
-RANK = {"extras": 0, "dsl": 0, "engines": 0.25, "protocol": 0.5, "compiler": 1, "runtime": 2, "tuner": 3, "fit": 4, "eval": 4, "bench": 4,
+# the order of the layers; fit, eval and bench share a rank and must not import each other (what two of them
+# share sits below them: prompts.py, the prompt set files of fit and bench)
+RANK = {"extras": 0, "dsl": 0, "prompts": 0, "engines": 0.25, "protocol": 0.5, "compiler": 1, "runtime": 2, "tuner": 3, "fit": 4, "eval": 4, "bench": 4,
         "commands": 5}
 
 
@@ -414,3 +415,39 @@ def test_the_import_position_check_sees_what_it_is_for(tmp_path):
         "tokenrouter.bench.peer imports torch inside __init__()",
         "tokenrouter.runtime.frontend imports tokenrouter.runtime inside start()",
         "tokenrouter.runtime.frontend imports zmq inside start()"], found
+
+
+# ------------------------------------------------------------ the test tree
+
+def unpackaged_test_folders(root: Path = TESTS) -> list[str]:
+    """Folders under `root` (and `root` itself) that hold a test module or a conftest but no
+    `__init__.py`, and imports of a test module or conftest by its bare name (`from test_x
+    import`): pytest would put such a folder on sys.path, so a folder named like a library
+    (`tests/runtime/vllm`) would hide it and two files of one name would collide."""
+    out = []
+    for p in sorted(root.rglob("*.py")):
+        if (p.name.startswith("test_") or p.name == "conftest.py") and not (p.parent / "__init__.py").exists():
+            out.append(f"{p.parent.relative_to(root.parent)}/ has no __init__.py")
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"), str(p))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            out += [f"{p.relative_to(root.parent)}:{node.lineno}: imports {n} by its bare name" for n in names
+                    if n.split(".")[0].startswith("test_") or n.split(".")[0] == "conftest"]
+    return sorted(set(out))
+
+
+def test_every_test_folder_is_a_package():
+    found = unpackaged_test_folders()
+    assert not found, "\n".join(found + ["add the __init__.py; import a test module as tests.<folder>.<module>"])
+
+
+def test_the_test_tree_check_sees_what_it_is_for(tmp_path):
+    root = tmp_path / "tests"
+    for rel, text in {"__init__.py": "", "test_a.py": "", "ok/__init__.py": "", "ok/test_b.py": "",
+                      "ok/test_c.py": "from tests.ok.test_b import f\n", "vllm/test_d.py": "",
+                      "vllm/conftest.py": "def f():\n    from test_a import g\n", "data/x.py": "import conftest\n"}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    assert unpackaged_test_folders(root) == ["tests/data/x.py:1: imports conftest by its bare name",
+                                             "tests/vllm/ has no __init__.py",
+                                             "tests/vllm/conftest.py:2: imports test_a by its bare name"]

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from tests.helpers.cdp import Browser, chromium_path
-from test_eval import run_eval, run_programs
+from tests.eval.test_eval import run_eval, run_programs
 from tokenrouter.eval.frontier import configurations
 from tokenrouter.eval.report import visible
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from tokenrouter.fit.prompts import read_prompts
+from tokenrouter.prompts import read_prompts
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "prompts"
 

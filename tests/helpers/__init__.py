@@ -16,4 +16,11 @@ sys.path, so these import the same way from every test folder.)
 - `fitting`: programs, prompt files and learnable pairs for the fit tests.
 - `intx`: the integer kernels' activation quantisation, reproduced in torch.
 - `cdp`: headless Chromium over the DevTools protocol (the eval report's browser test).
+
+`REPO` is the repository's root (for `examples/`, `data/`, and a subprocess's working folder),
+wherever the test that needs it sits.
 """
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
 import threading
 import time
 
@@ -100,3 +102,19 @@ def signal_under_load(url, pid, signum, n=4, then=None, timeout=60):
         t.join(timeout)
     assert len(results) == n, results
     return results
+
+
+def ip(*args, check=True) -> subprocess.CompletedProcess:
+    """`ip ARGS` (iproute2), its output captured."""
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20, check=check)
+
+
+def can_make_netns() -> bool:
+    """Whether this machine lets us make a network namespace (probed with a throwaway one)."""
+    if shutil.which("ip") is None or os.geteuid() != 0:
+        return False
+    name = f"tr16-probe-{os.getpid()}"
+    if ip("netns", "add", name, check=False).returncode != 0:
+        return False
+    ip("netns", "delete", name, check=False)
+    return True

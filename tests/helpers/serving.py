@@ -1,4 +1,5 @@
-"""Run the real HTTP app (uvicorn, real subserver processes) inside a test, and talk to it;
+"""Run the real HTTP app (uvicorn, real subserver processes) inside a test (`ServerThread`,
+or `served` for a fixture), and talk to it;
 and `tokenrouter serve` as a subprocess: its command (`CLI`), waiting for it to be healthy
 and stopping it."""
 
@@ -11,7 +12,8 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 import httpx
 import uvicorn
@@ -83,6 +85,20 @@ class ServerThread:
     def close(self):
         self.server.should_exit = True
         self.thread.join(60)
+
+
+@contextmanager
+def served(program, opts: LaunchOptions, *, blocks_back: bool = False, **kw) -> Iterator[ServerThread]:
+    """A `ServerThread` (`kw` as it takes them) for the body of a `with` or of a fixture,
+    closed when the body ends. With `blocks_back`, the end first asserts that every
+    subserver has every KV block back, whatever the body did (aborts, failures)."""
+    s = ServerThread(program, opts, **kw)
+    try:
+        yield s
+        if blocks_back:
+            assert s.wait_blocks_free() == dict.fromkeys(s.fe.writers, 0)
+    finally:
+        s.close()
 
 
 async def complete_many(url: str, prompts: list, concurrency: int, **body) -> list[dict]:

@@ -98,6 +98,20 @@ def make_pair(root: str) -> dict[str, str]:
             "llm": write_model(os.path.join(root, "llm"), layers=3, hidden=48, seed=2, family="qwen2")}
 
 
+def pair_with_tokenizer_config(pair: dict[str, str], root, config: dict | None) -> dict[str, str]:
+    """The pair's folders copied under `root` (one folder per model, by its name), each with
+    `config` as its tokenizer_config.json (a chat template, special tokens), or with none when
+    `config` is None (a model without a chat template)."""
+    out = {}
+    for name, folder in pair.items():
+        out[name] = str(shutil.copytree(folder, os.path.join(root, name),
+                                        ignore=shutil.ignore_patterns("tokenizer_config.json")))
+        if config is not None:
+            with open(os.path.join(out[name], "tokenizer_config.json"), "w") as f:
+                json.dump(config, f)
+    return out
+
+
 # ------------------------------------------------------------------ programs
 
 def rstitch(paths: dict[str, str], tau: float, dtype: str = "float64", **schedule) -> ir.Program:

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from tests.helpers import tiny
-from tests.helpers.serving import ServerThread, assert_outputs_equal, complete_many
+from tests.helpers.serving import assert_outputs_equal, complete_many, served
 from tokenrouter.runtime.engine.sampler import SamplingParams
 from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.reference import Reference
@@ -30,22 +30,21 @@ def models(pair, tmp_path_factory):
 
 
 @pytest.fixture(scope="module", params=EXAMPLES)
-def served(request, models, tmp_path_factory):
+def example(request, models, tmp_path_factory):
     program = tiny.example_program(request.param, str(tmp_path_factory.mktemp(request.param)), models)
-    srv = ServerThread(program, LaunchOptions(mode="process", num_blocks=160, concurrency=8, threads={}),
-                       name=request.param)
-    ref = Reference(program)
-    stop = tuple(srv.tokenizer.eos_token_ids)
-    expected = {}
-    for p in PROMPTS:
-        r = ref.generate(srv.tokenizer.encode(p), SamplingParams(max_tokens=MAX_TOKENS, stop_token_ids=stop))
-        expected[p] = r
-    yield srv, expected
-    srv.close()
+    with served(program, LaunchOptions(mode="process", num_blocks=160, concurrency=8, threads={}),
+                name=request.param) as srv:
+        ref = Reference(program)
+        stop = tuple(srv.tokenizer.eos_token_ids)
+        expected = {}
+        for p in PROMPTS:
+            r = ref.generate(srv.tokenizer.encode(p), SamplingParams(max_tokens=MAX_TOKENS, stop_token_ids=stop))
+            expected[p] = r
+        yield srv, expected
 
 
-def test_outputs_equal_reference_at_every_concurrency_and_threshold(served):
-    srv, expected = served
+def test_outputs_equal_reference_at_every_concurrency_and_threshold(example):
+    srv, expected = example
     body = {"max_tokens": MAX_TOKENS, "temperature": 0}
     assert any(len(r.written_by) > 1 for r in expected.values()), "the program should route"
     for conc, n in ((1, 4), (8, 16), (32, 32)):

@@ -3,7 +3,7 @@ and phase-type models of them are from the measured throughput.
 
 The runtime does not record routing traces, so the writers' visits are read off the
 lockstep baseline (same compiled routers and engines, same tokens as the runtime; tested
-in tests/runtime/test_baselines.py): every lockstep iteration steps each request once
+in tests/runtime/baselines/test_baselines.py): every lockstep iteration steps each request once
 on its current writer, so a request's sequence of writers, step by step, is exactly its
 sequence of visits. A run length counts one writer's steps during one visit, the
 triggering (possibly rewritten) step included, as `tuner.runlength` defines it.

@@ -9,8 +9,7 @@ program's coin flips), so the configurations route alike too.
 
 from __future__ import annotations
 
-import json
-
+from tokenrouter.prompts import read_prompts
 from tokenrouter.protocol.sampling import SamplingParams
 
 TOPICS = ("the history of the printing press", "how vaccines train the immune system", "why the sky is blue",
@@ -27,11 +26,9 @@ def prompts(n: int) -> list[str]:
 
 def chat_prompts(path: str, tok, n: int) -> list[str]:
     """n prompts from a .jsonl of {"prompt": ...} (cycled when it holds fewer), each asked as
-    one user message through the program's chat template."""
-    with open(path, encoding="utf-8") as f:
-        asks = [json.loads(line)["prompt"] for line in f if line.strip()]
-    if not asks:
-        raise ValueError(f"{path}: no prompts")
+    one user message through the program's chat template. A file that is not a prompt set
+    is a `PromptsError` naming the file and line (`tokenrouter.prompts`)."""
+    asks = [row["prompt"] for row in read_prompts(path)]
     return [tok.apply_chat_template([{"role": "user", "content": asks[i % len(asks)]}], add_generation_prompt=True)
             for i in range(n)]
 

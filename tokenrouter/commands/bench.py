@@ -76,6 +76,7 @@ def configure(parser) -> None:
 def _options(args):
     from tokenrouter.bench.configs import parse_configs
     from tokenrouter.bench.runner import BenchOptions
+    from tokenrouter.prompts import read_prompts
 
     if args.quick and args.long:
         raise ValueError("--quick and --long are different workloads; choose one")
@@ -101,8 +102,8 @@ def _options(args):
     params, models = bindings(args)
     if args.threads < 1:
         raise ValueError("--threads must be >= 1")
-    if args.prompts and not os.path.isfile(args.prompts):
-        raise ValueError(f"no such prompts file: {args.prompts}")
+    if args.prompts:  # read now, so that a bad file is one line before anything starts
+        read_prompts(args.prompts)
     if args.profile and not os.path.isfile(args.profile):
         raise ValueError(f"no such profile: {args.profile}")
     if args.llama_server:

@@ -59,7 +59,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from tokenrouter.fit.fitting import FitOptions, fit
-    from tokenrouter.fit.prompts import FitError
+    from tokenrouter.fit.errors import FitError
+    from tokenrouter.prompts import PromptsError
     from tokenrouter.fit.train import Hyper
 
     params, model_paths = bindings(args)  # a malformed --set or --model: a UsageError, exit 2
@@ -72,7 +73,7 @@ def run(args) -> int:
                       hyper=Hyper(lr=args.lr, width=args.width, blocks=args.blocks))
     try:
         res = fit(opts)
-    except FitError as exc:
+    except (FitError, PromptsError) as exc:
         print(f"tokenrouter fit: error: {exc}", file=sys.stderr)
         return 1
     for warning in res.report["warnings"]:

@@ -37,12 +37,13 @@ from tokenrouter.compiler import ir
 from tokenrouter.compiler.pipeline import RouteError, load_program
 from tokenrouter.compiler.weights import nets as rn
 from tokenrouter.fit import collect, train
+from tokenrouter.fit.errors import FitError
 from tokenrouter.fit.generation import compare_generation
 from tokenrouter.fit.job import Data, FitOptions, FitResult, Job, Pair, Prompts, Scores, Trained
 from tokenrouter.fit.output import Probe, digest, metadata, publish, write_weights
-from tokenrouter.fit.prompts import FitError, read_prompts
 from tokenrouter.fit.report import build_report, heldout_figures, training_metadata
 from tokenrouter.fit.target import Target, find_target, route_lines, route_text
+from tokenrouter.prompts import read_prompts
 from tokenrouter.runtime.loader import model_facts, program_tokenizer
 
 __all__ = ["FitOptions", "FitResult", "fit"]

@@ -13,7 +13,7 @@ import torch
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.weights import nets as rn
 from tokenrouter.fit import collect, train
-from tokenrouter.fit.prompts import FitError
+from tokenrouter.fit.errors import FitError
 from tokenrouter.fit.target import Target
 from tokenrouter.runtime.loader import resolve_folder
 

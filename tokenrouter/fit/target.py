@@ -14,7 +14,7 @@ from tokenrouter.compiler.check import resolve_path
 from tokenrouter.compiler.text import input_text
 from tokenrouter.dsl import ast
 from tokenrouter.dsl.parser import parse_bytes
-from tokenrouter.fit.prompts import FitError
+from tokenrouter.fit.errors import FitError
 
 
 @dataclass

@@ -68,13 +68,6 @@ def mixes(tmp_path_factory):
     return out
 
 
-@pytest.fixture
-def tmp_cache(tmp_path, monkeypatch):
-    """A private model cache (the float references convert the files into it)."""
-    monkeypatch.setenv("TOKENROUTER_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 def _engine(m, **kw):
     return Engine(m.config, m.weights, EngineOptions(block_size=4, num_blocks=96, max_model_len=128, **kw))
 

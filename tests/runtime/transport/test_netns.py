@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 from tests.helpers import tiny
-from tests.helpers.liveness import check_against_reference, kill_under_load
+from tests.helpers.liveness import check_against_reference, ip, kill_under_load
 from tests.helpers.ports import free_port
 from tests.helpers.serving import CLI, ServerThread
 from tokenrouter.runtime.launch import LaunchOptions
@@ -27,21 +27,6 @@ from tokenrouter.runtime.transport.security import Security, generate_keys
 from tokenrouter.runtime.transport.sockets import Sender
 
 pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them
-
-
-def _ip(*args, check=True):
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20, check=check)
-
-
-def can_make_netns() -> bool:
-    """Whether this machine lets us make a network namespace (probed with a throwaway one)."""
-    if shutil.which("ip") is None or os.geteuid() != 0:
-        return False
-    name = f"tr16-probe-{os.getpid()}"
-    if _ip("netns", "add", name, check=False).returncode != 0:
-        return False
-    _ip("netns", "delete", name, check=False)
-    return True
 
 
 @pytest.fixture
@@ -55,7 +40,7 @@ def netns():
     ns, host_if, ns_if = f"tr16-{tag}", f"trh{tag}", f"trn{tag}"
     sub = random.randint(1, 250)
     host_ip, ns_ip = f"10.216.{sub}.1", f"10.216.{sub}.2"
-    made = _ip("netns", "add", ns, check=False)
+    made = ip("netns", "add", ns, check=False)
     if made.returncode != 0:
         pytest.skip(f"cannot make a network namespace: {made.stderr.strip()}")
     try:
@@ -66,13 +51,13 @@ def netns():
                     ["netns", "exec", ns, "ip", "addr", "add", f"{ns_ip}/30", "dev", ns_if],
                     ["netns", "exec", ns, "ip", "link", "set", ns_if, "up"],
                     ["netns", "exec", ns, "ip", "link", "set", "lo", "up"]):
-            r = _ip(*cmd, check=False)
+            r = ip(*cmd, check=False)
             if r.returncode != 0:
                 pytest.skip(f"cannot set up the veth pair (ip {' '.join(cmd)}): {r.stderr.strip()}")
         yield ns, host_ip, ns_ip
     finally:
-        _ip("netns", "delete", ns, check=False)  # removes the pair too
-        _ip("link", "delete", host_if, check=False)
+        ip("netns", "delete", ns, check=False)  # removes the pair too
+        ip("link", "delete", host_if, check=False)
 
 
 def test_remote_subserver_in_a_network_namespace_over_curve(pair, tmp_path, netns):

@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import tiny
 from tests.helpers.fuzz import N_BODIES, bodies
-from tests.helpers.serving import ServerThread
+from tests.helpers.serving import served
 from tokenrouter.protocol.sampling import MAX_STOP_IDS
 from tokenrouter.runtime.launch import LaunchOptions
 
@@ -22,10 +22,9 @@ pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-
 
 @pytest.fixture(scope="module")
 def srv(pair):
-    s = ServerThread(tiny.coin(pair, 0.3), LaunchOptions(mode="process", num_blocks=400, concurrency=8),
-                     max_tokens_limit=8)
-    yield s
-    s.close()
+    with served(tiny.coin(pair, 0.3), LaunchOptions(mode="process", num_blocks=400, concurrency=8),
+                max_tokens_limit=8) as s:
+        yield s
 
 
 def test_fuzzed_bodies_get_no_5xx_and_the_server_keeps_serving(srv):

@@ -1,6 +1,5 @@
 """The embedded demo pair, served as a user would: `tokenrouter serve examples/demo.route`."""
 
-import os
 import re
 import signal
 import socket
@@ -9,11 +8,11 @@ import sys
 
 import httpx
 import pytest
+
+from tests.helpers import REPO
 from tests.helpers.serving import wait_until_healthy
 
 pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them
-
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
 
 @pytest.mark.real_weights
@@ -22,7 +21,7 @@ def test_demo_serves_an_openai_client_and_hands_off_both_ways():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "tokenrouter.cli", "serve", "examples/demo.route",
-                             "--port", str(port)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             "--port", str(port)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -22,9 +22,10 @@ import httpx
 import pytest
 
 from tests.helpers import tiny
-from tests.helpers.liveness import check_against_reference, kill_under_load, load_reference, signal_under_load
+from tests.helpers.liveness import (can_make_netns, check_against_reference, kill_under_load, load_reference,
+                                    signal_under_load)
 from tests.helpers.ports import free_port
-from tests.helpers.serving import CLI, ServerThread, metrics
+from tests.helpers.serving import CLI, ServerThread, metrics, served
 from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.frontend.liveness import PERIOD_S
 from tokenrouter.runtime.logs import LineFormatter, RepeatFilter
@@ -107,10 +108,9 @@ def coin(pair):
 @pytest.fixture()
 def held(coin):
     """A server whose subservers take test hooks, with a stall window of `WINDOW`."""
-    srv = ServerThread(coin, LaunchOptions(mode="process", num_blocks=400, concurrency=8, test_hooks=True),
-                       liveness={"stall_window_s": WINDOW, "max_restarts": 3})
-    yield srv
-    srv.close()
+    with served(coin, LaunchOptions(mode="process", num_blocks=400, concurrency=8, test_hooks=True),
+                liveness={"stall_window_s": WINDOW, "max_restarts": 3}) as srv:
+        yield srv
 
 
 @pytest.mark.slow
@@ -211,12 +211,7 @@ def test_a_long_step_is_busy_and_a_blocked_decoding_loop_is_stuck(held):
     check_against_reference(held.url, held.program, held.tokenizer, ["after a hang"])
 
 
-def _netns_available() -> bool:
-    from test_netns import can_make_netns
-    return can_make_netns()
-
-
-@pytest.mark.skipif("_netns_available()", reason="test_netns.py runs this across a real network namespace")
+@pytest.mark.skipif("can_make_netns()", reason="test_netns.py runs this across a real network namespace")
 def test_kill_9_of_a_remote_subserver_over_curve_tcp(pair, tmp_path):
     from tokenrouter.runtime.transport.security import generate_keys
     keys = str(tmp_path / "keys")

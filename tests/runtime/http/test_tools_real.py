@@ -7,7 +7,6 @@ whole round trip the model chooses itself (`auto`): the call, the tool's result,
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -15,11 +14,11 @@ import sys
 import httpx
 import pytest
 
+from tests.helpers import REPO
 from tests.helpers.serving import stop, wait_until_healthy
 
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}},
@@ -35,7 +34,7 @@ def serve(*args):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "tokenrouter.cli", "serve", *args, "--port", str(port)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "tokenrouter.cli", "serve", *args, "--port", str(port)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, f"http://127.0.0.1:{port}"
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.helpers import tiny
-from tests.helpers.serving import ServerThread, complete_many, scrape, stream_completion
+from tests.helpers.serving import complete_many, scrape, served, stream_completion
 from tokenrouter.protocol.sampling import SamplingParams
 from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.http.app import Limits
@@ -20,13 +20,9 @@ LIMITS = Limits(max_body_bytes=2 << 20)  # the tests below retune it on the runn
 
 @pytest.fixture(scope="module")
 def srv(pair):
-    s = ServerThread(tiny.rstitch(pair, 0.25), LaunchOptions(mode="process", num_blocks=64, concurrency=8, test_hooks=True),
-                     name="tiny", max_tokens_limit=200, limits=LIMITS)
-    yield s
-    try:  # whatever the tests did (aborts, failures), every block came back
-        assert s.wait_blocks_free() == {"slm": 0, "llm": 0}
-    finally:
-        s.close()
+    with served(tiny.rstitch(pair, 0.25), LaunchOptions(mode="process", num_blocks=64, concurrency=8, test_hooks=True),
+                blocks_back=True, name="tiny", max_tokens_limit=200, limits=LIMITS) as s:
+        yield s
 
 
 def _post(srv, path, body, **kw):
@@ -314,13 +310,9 @@ def test_metrics_show_handoffs_both_ways_and_the_deployment(srv):
 @pytest.fixture(scope="module")
 def coin_srv(pair):
     """A program whose only rule is a fair coin (`bernoulli(0.5, 7)`, seeded by the request's route seed)."""
-    s = ServerThread(tiny.coin(pair, 0.5), LaunchOptions(mode="process", num_blocks=64, concurrency=8),
-                     name="coin")
-    yield s
-    try:
-        assert s.wait_blocks_free() == {"slm": 0, "llm": 0}
-    finally:
-        s.close()
+    with served(tiny.coin(pair, 0.5), LaunchOptions(mode="process", num_blocks=64, concurrency=8), blocks_back=True,
+                name="coin") as s:
+        yield s
 
 
 def test_unseeded_requests_flip_their_own_route_coins_and_a_seed_makes_them_reproducible(coin_srv):

@@ -23,13 +23,6 @@ from tokenrouter.runtime.kernels.plan import choose, per_rows_plan
 from tokenrouter.runtime.loader import load_model
 
 
-@pytest.fixture
-def tmp_cache(tmp_path, monkeypatch):
-    root = tmp_path / "cache"
-    monkeypatch.setenv("TOKENROUTER_CACHE", str(root))
-    return root
-
-
 def test_the_plan_takes_the_fastest_kernel_per_row_count_and_merges_neighbours():
     t = {"onednn": {1: 5.0, 2: 5.0, 4: 2.0, 8: 3.0, 16: 4.0},
          "linear": {1: 2.0, 2: 2.1, 4: 4.0, 8: 6.0, 16: 9.0},

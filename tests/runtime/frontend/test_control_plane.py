@@ -23,7 +23,7 @@ import zmq
 from tests.helpers import tiny
 from tests.helpers.liveness import check_against_reference
 from tests.helpers.ports import free_port
-from tests.helpers.serving import ServerThread, metrics
+from tests.helpers.serving import metrics, served
 from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.transport import wire
 
@@ -68,13 +68,12 @@ class _Stranger:
 @contextmanager
 def _served_with_a_stranger(program, opts: LaunchOptions, liveness: dict | None = None):
     """(the server, a `_Stranger`) for the test's body; both are closed when it ends."""
-    srv = ServerThread(program, opts, liveness=liveness)
-    stranger = _Stranger()
-    try:
-        yield srv, stranger
-    finally:
-        stranger.close()
-        srv.close()
+    with served(program, opts, liveness=liveness) as srv:
+        stranger = _Stranger()
+        try:
+            yield srv, stranger
+        finally:
+            stranger.close()
 
 
 def _forged_ready(old_format: bool) -> bytes:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import shutil
 
 import httpx
 import pytest
@@ -18,7 +17,7 @@ from hypothesis import strategies as st
 
 from tests.helpers import tiny
 from tests.helpers import vllm as vh
-from tests.helpers.serving import ServerThread
+from tests.helpers.serving import served
 from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.http import fields, schema
 
@@ -41,16 +40,11 @@ LOGGER = fields.__name__
 
 @pytest.fixture(scope="module")
 def srv(pair, tmp_path_factory):
-    root = tmp_path_factory.mktemp("fields")
-    paths = {}
-    for name, folder in pair.items():
-        paths[name] = str(shutil.copytree(folder, root / name))
-        with open(root / name / "tokenizer_config.json", "w") as f:
-            json.dump({"chat_template": TEMPLATE, "eos_token": "<|im_end|>", "bos_token": "<|endoftext|>",
-                       "add_bos_token": True}, f)
-    s = ServerThread(tiny.rstitch(paths, 0.3), LaunchOptions(mode="thread"), name="tiny")
-    yield s
-    s.close()
+    paths = tiny.pair_with_tokenizer_config(pair, tmp_path_factory.mktemp("fields"),
+                                            {"chat_template": TEMPLATE, "eos_token": "<|im_end|>",
+                                             "bos_token": "<|endoftext|>", "add_bos_token": True})
+    with served(tiny.rstitch(paths, 0.3), LaunchOptions(mode="thread"), name="tiny") as s:
+        yield s
 
 
 def post(srv, path, body, status=200, **kw):

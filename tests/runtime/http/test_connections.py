@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.helpers import tiny
-from tests.helpers.serving import ServerThread, metrics
+from tests.helpers.serving import metrics, served
 from tokenrouter.runtime.launch import LaunchOptions
 from tokenrouter.runtime.http.app import Limits
 from tokenrouter.runtime.http.connections import ConnectionLimits
@@ -24,9 +24,8 @@ LIMITS = Limits(connections=ConnectionLimits(header_timeout_s=1.0, body_timeout_
 
 @pytest.fixture(scope="module")
 def srv(pair):
-    s = ServerThread(tiny.coin(pair, 0.3), LaunchOptions(mode="process", num_blocks=240), limits=LIMITS)
-    yield s
-    s.close()
+    with served(tiny.coin(pair, 0.3), LaunchOptions(mode="process", num_blocks=240), limits=LIMITS) as s:
+        yield s
 
 
 def _closed_by_server(sock: socket.socket, within: float) -> float:

@@ -25,6 +25,7 @@ import sys
 
 import pytest
 
+from tests.helpers import REPO
 from tests.helpers import vllm as vh
 from tests.helpers.serving import ServerThread, complete_many, wait_until_healthy
 from tokenrouter.compiler.pipeline import load_program
@@ -35,8 +36,7 @@ from tokenrouter.runtime.reference import Reference
 
 pytestmark = [vh.needs_vllm, pytest.mark.real_weights, pytest.mark.timeout(1500)]
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "..")
-with open(os.path.join(ROOT, "data", "prompts", "heldout.jsonl"), encoding="utf-8") as _f:
+with open(os.path.join(REPO, "data", "prompts", "heldout.jsonl"), encoding="utf-8") as _f:
     PROMPTS = [json.loads(line)["prompt"] for line in _f][:32]
 MAX_TOKENS = 8
 MAX_MODEL_LEN = 1024
@@ -55,7 +55,7 @@ def llm_on_vllm():
 
 def example_on_vllm(name: str, folder) -> str:
     """examples/NAME.route with its large writer on vLLM (the copy's one change)."""
-    with open(os.path.join(ROOT, "examples", f"{name}.route"), encoding="utf-8") as f:
+    with open(os.path.join(REPO, "examples", f"{name}.route"), encoding="utf-8") as f:
         src = f.read()
     src, n = re.subn(r'(model llm = "smollm2-135m" \{)', r"\1\n  engine = vllm", src)
     assert n == 1
@@ -116,7 +116,7 @@ def test_demo_with_the_large_writer_on_vllm_under_tokenrouter_serve(tmp_path, ll
     log = open(tmp_path / "serve.log", "w+")
     proc = subprocess.Popen([sys.executable, "-m", "tokenrouter.cli", "serve", route, "--port", str(port),
                              "--set", f"tau={TAU}", "--max-model-len", str(MAX_MODEL_LEN)],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
+                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         try:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.helpers import tiny
-from tests.helpers.serving import ServerThread, complete_many, scrape, stream_completion
+from tests.helpers.serving import complete_many, scrape, served, stream_completion
 from tokenrouter.protocol.sampling import SamplingParams, Structured
 from tokenrouter.protocol.step import FeatureNeeds
 from tokenrouter.runtime.launch import LaunchOptions
@@ -26,14 +26,10 @@ ORIGIN = "http://client.example"
 
 @pytest.fixture(scope="module")
 def srv(pair):
-    s = ServerThread(tiny.rstitch(pair, 0.25), LaunchOptions(mode="process", num_blocks=128, concurrency=8),
-                     name=("tiny", "alias"), max_tokens_limit=200, limits=Limits(max_body_bytes=8 << 20),
-                     allowed_origins=[ORIGIN])
-    yield s
-    try:
-        assert s.wait_blocks_free() == {"slm": 0, "llm": 0}
-    finally:
-        s.close()
+    with served(tiny.rstitch(pair, 0.25), LaunchOptions(mode="process", num_blocks=128, concurrency=8),
+                blocks_back=True, name=("tiny", "alias"), max_tokens_limit=200,
+                limits=Limits(max_body_bytes=8 << 20), allowed_origins=[ORIGIN]) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

@@ -1,22 +1,16 @@
 """A model folder without a chat template, served: a chat request gets a 400 that says what
 to add to the folder, a plain completion is served, and so is the next request."""
 
-import shutil
-
 import httpx
 
 from tests.helpers import tiny
-from tests.helpers.serving import ServerThread
+from tests.helpers.serving import served
 from tokenrouter.runtime.launch import LaunchOptions
 
 
 def test_chat_without_a_template_names_what_to_add_to_the_model_folder(pair, tmp_path):
-    plain = {}
-    for name, folder in pair.items():  # the pair's folders without tokenizer_config.json
-        plain[name] = shutil.copytree(folder, tmp_path / name, ignore=shutil.ignore_patterns("tokenizer_config.json"))
-    srv = ServerThread(tiny.rstitch({k: str(v) for k, v in plain.items()}, 0.3), LaunchOptions(mode="thread"),
-                       name="plain")
-    try:
+    plain = tiny.pair_with_tokenizer_config(pair, tmp_path, None)
+    with served(tiny.rstitch(plain, 0.3), LaunchOptions(mode="thread"), name="plain") as srv:
         chat = {"model": "plain", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
         r = httpx.post(srv.url + "/v1/chat/completions", json=chat, timeout=60)
         assert r.status_code == 400
@@ -26,5 +20,3 @@ def test_chat_without_a_template_names_what_to_add_to_the_model_folder(pair, tmp
         r = httpx.post(srv.url + "/v1/completions", json={"model": "plain", "prompt": "hi", "max_tokens": 3},
                        timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
-    finally:
-        srv.close()

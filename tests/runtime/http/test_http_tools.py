@@ -9,13 +9,12 @@ history's calls and results rendered by the template, custom roles, and the 400s
 from __future__ import annotations
 
 import json
-import shutil
 
 import httpx
 import pytest
 
 from tests.helpers import tiny
-from tests.helpers.serving import ServerThread
+from tests.helpers.serving import served
 from tokenrouter.runtime.launch import LaunchOptions
 
 TEMPLATE = (
@@ -42,18 +41,10 @@ GREEDY = {"max_tokens": 120, "temperature": 0}
 
 @pytest.fixture(scope="module")
 def srv(pair, tmp_path_factory):
-    root = tmp_path_factory.mktemp("tools")
-    paths = {}
-    for name, folder in pair.items():
-        paths[name] = str(shutil.copytree(folder, root / name))
-        with open(root / name / "tokenizer_config.json", "w") as f:
-            json.dump({"chat_template": TEMPLATE, "eos_token": "<|im_end|>", "bos_token": None}, f)
-    s = ServerThread(tiny.rstitch(paths, 0.25), LaunchOptions(mode="thread"), name="tiny")
-    yield s
-    try:
-        assert s.wait_blocks_free() == {"slm": 0, "llm": 0}
-    finally:
-        s.close()
+    paths = tiny.pair_with_tokenizer_config(pair, tmp_path_factory.mktemp("tools"),
+                                            {"chat_template": TEMPLATE, "eos_token": "<|im_end|>", "bos_token": None})
+    with served(tiny.rstitch(paths, 0.25), LaunchOptions(mode="thread"), blocks_back=True, name="tiny") as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
