@@ -66,6 +66,7 @@ class SubserverStats:
     reprefills: int = 0  # requests whose KV here was lost with a dead incarnation, prefilled again
     reprefill_tokens: int = 0  # the tokens of those re-prefills
     prefill_tokens: int = 0  # tokens fed to the engine, all kinds
+    prefill_tokens_computed: int = 0  # of those, the tokens at prompt positions (what forks save)
     requests_finished: dict[str, int] = field(default_factory=dict)  # reason -> count
     phase_s: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
     step_s: Histogram = field(default_factory=lambda: Histogram(STEP_BUCKETS))
@@ -146,6 +147,9 @@ SIMPLE = (  # (snapshot key, name, kind, help)
     ("reprefill_tokens", "tokenrouter_reprefill_tokens_total", "counter", "Tokens of those re-prefills."),
     ("engine_computed_tokens", "tokenrouter_engine_computed_tokens_total", "counter",
      "Tokens the writer's engine computed, by its own count (vLLM's scheduler for a vLLM writer)."),
+    ("prefill_tokens_computed", "tokenrouter_prefill_tokens_computed_total", "counter",
+     "Prompt tokens this writer computed (the choices of an n > 1 request fork one prefill's KV)."),
+    ("kv_forks", "tokenrouter_kv_forks_total", "counter", "Choices that forked another choice's prompt KV."),
     ("pending", "tokenrouter_pending_requests", "gauge", "Requests away at a peer, KV kept here."),
     ("ready", "tokenrouter_ready_requests", "gauge", "Requests ready to step here."),
     ("blocks_used", "tokenrouter_kv_blocks_used", "gauge", "KV cache blocks in use."),

@@ -13,6 +13,16 @@ Integers only (no tensors), so the scheduler's view of memory is tested without 
   Freed registered blocks stay matchable until they are reallocated (least recently freed
   first). Only full blocks are shared and appends always go to a sequence's own last
   block, so shared blocks are never written.
+- Fork (`fork`): a new sequence takes the first n tokens of a live one (the prompt that
+  `n` > 1 choices share). It references the full blocks of those n tokens (reference
+  count + 1 each) and gets a fresh block for the partial block after them, if any, whose
+  KV the caller copies (`Fork.copy`). Copied at the fork rather than on the first write:
+  that write comes at once (the child's next token lands in that block, and the parent has
+  already written past n in it), so copy on write would copy the same block a step later
+  and add a check to every append. The rule stays: a sequence writes only blocks it alone
+  references.
+- `free` drops a sequence's references; a block returns to the free pool only when its
+  count reaches zero.
 """
 
 from __future__ import annotations
@@ -42,6 +52,14 @@ class Append:
     start: int
     cached: int
     slots: list[int]
+
+
+@dataclass(frozen=True)
+class Fork:
+    """A fork's one copy: the KV of block `copy[0]` goes to block `copy[1]` (None: the fork
+    ended on a block boundary, nothing to copy)."""
+
+    copy: tuple[int, int] | None
 
 
 class BlockAllocator:
@@ -125,6 +143,36 @@ class BlockAllocator:
                 if key not in self._key_to_block and b not in self._block_key:
                     self._key_to_block[key] = b
                     self._block_key[b] = key
+
+    def ref_count(self, block: int) -> int:
+        return self._ref[block]
+
+    def fork(self, parent: object, child: object, n_tokens: int) -> Fork:
+        """A new sequence `child` holding `parent`'s first n_tokens (at most its length): it
+        shares their full blocks and gets a copy of the partial one after them."""
+        p = self._seqs.get(parent)
+        if p is None:
+            raise KeyError(f"cannot fork {parent!r}: no such sequence")
+        if child in self._seqs:
+            raise KeyError(f"cannot fork into {child!r}: it exists")
+        if not 0 <= n_tokens <= p.num_tokens:
+            raise ValueError(f"cannot fork {n_tokens} tokens of {parent!r}, which holds {p.num_tokens}")
+        bs = self.block_size
+        full, part = divmod(n_tokens, bs)
+        if part and not self._free:
+            raise OutOfBlocks(f"forking {parent!r} needs a free KV block (none is free)")
+        c = _Seq(blocks=list(p.blocks[:full]), num_tokens=n_tokens)
+        for b in c.blocks:
+            self._ref[b] += 1
+        if self.prefix_reuse:
+            c.tokens = list(p.tokens[:n_tokens])
+            c.hashes = list(p.hashes[:full])
+        copy = None
+        if part:
+            c.blocks.append(self._take())
+            copy = (p.blocks[full], c.blocks[-1])
+        self._seqs[child] = c
+        return Fork(copy)
 
     def free(self, seq_id: object) -> None:
         """Release seq_id's blocks. Unknown ids are a no-op."""

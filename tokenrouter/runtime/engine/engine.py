@@ -14,6 +14,7 @@ API (what the runtime and the loader call)::
     eng.seq_len(seq_id) # tokens in seq_id's KV cache (0 if unknown)
     eng.can_append(batch) -> bool   # enough free blocks for this step
     eng.free(seq_id)    # release seq_id's blocks (unknown id: no-op)
+    eng.fork(parent, child, n)  # child holds parent's first n tokens' KV (shared blocks)
     eng.blocks_used, eng.blocks_total
 
 The options (`EngineOptions`, `options.py`) are named below by their fields.
@@ -238,6 +239,20 @@ class Engine:
 
     def free(self, seq_id: object) -> None:
         self.alloc.free(seq_id)
+
+    def can_fork(self) -> bool:
+        """Whether a fork has the one free block its copy may need."""
+        return self.alloc.num_free > 0
+
+    @torch.inference_mode()
+    def fork(self, parent: object, child: object, n_tokens: int) -> None:
+        """A new sequence `child` whose KV is `parent`'s first n_tokens, without computing
+        them: it shares their full blocks (reference counts) and copies the partial one
+        (`BlockAllocator.fork`); its next step feeds what comes after them."""
+        f = self.alloc.fork(parent, child, n_tokens)
+        if f.copy is not None:
+            src, dst = f.copy
+            self.kv.copy_block(src, dst)
 
     @torch.inference_mode()
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:

@@ -81,6 +81,10 @@ class KVCache:
             self._gathered = src.new_empty(n + n // 4, src.shape[1])
         return torch.index_select(src, 0, rows, out=self._gathered[:n])
 
+    def copy_block(self, src: int, dst: int) -> None:
+        """Block dst takes block src's K and V, in every layer and head (a fork's copy)."""
+        self.kv[:, :, dst].copy_(self.kv[:, :, src])
+
     def write(self, layer: int, slots: torch.Tensor, kv: torch.Tensor) -> None:
         """Store the new tokens' K and V, kv [T, 2 * kv_heads, head_dim], at their slots [T]."""
         self._by_slot[layer].index_copy_(1, slots, kv.transpose(0, 1).to(self.kv.dtype))

@@ -148,13 +148,14 @@ class Frontend:
     # -------------------------------------------------------------- requests
     async def generate(self, prompt: list[int], params: SamplingParams, route_seed: int | None = None,
                        rid: str | None = None, tokenizer=None,
-                       skip_special_tokens: bool = True) -> AsyncIterator[Delta | Final]:
+                       skip_special_tokens: bool = True, fork_of: str | None = None) -> AsyncIterator[Delta | Final]:
         """Submit one request and yield its tokens as they are committed, then a `Final`.
         `route_seed` seeds the program's coin flips; None takes `route_seed_of(rid)`.
         With a `tokenizer`, every event carries its text and the request's stop strings end
         it (without one, stop strings are refused). A `Delta` that arrives with the request's
         end carries its `Final` too. Closing the iterator early (a client went away) aborts
-        the request."""
+        the request. `fork_of`: the id of a request submitted before with the same prompt
+        (choice 0 of `n` > 1), whose prompt KV the start writer may fork for this one."""
         if not self.healthy:
             raise RuntimeUnavailable(self.failure or "the runtime is not running")
         if params.stop and tokenizer is None:
@@ -183,7 +184,7 @@ class Frontend:
             for w in self.writers:
                 if w == self.start_writer:
                     self.endpoint.post(w, wire.Submit(to=self._inc(w), rid=rid, prompt=list(prompt),
-                                                      sampling=params, route_seed=route_seed))
+                                                      sampling=params, route_seed=route_seed, fork_of=fork_of))
                 else:
                     self.endpoint.post(w, wire.Announce(to=self._inc(w), rid=rid))
             while True:

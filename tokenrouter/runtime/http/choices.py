@@ -1,9 +1,10 @@
 """The choices of one HTTP request: a request with `n` choices, or a completion request with
 a list of prompts, runs as independent requests (prompt i's choice j is choice `i * n + j`),
-each with its own KV: nothing of a shared prompt is shared (the engine has no fork of a
-prefill). With a `seed`, choice j > 0 draws with a seed derived from (seed, j)
-(`choice_seed`), so the choices differ; choice 0 uses the seed itself, so n = 1 is
-unchanged.
+each with its own sampling state. The choices of one prompt compute it once: choice j > 0
+is submitted naming choice 0 (`fork_of`), and the start writer forks choice 0's prompt KV
+for it (`subserver/forks.py`). With a `seed`, choice j > 0 draws with a seed derived from
+(seed, j) (`choice_seed`), so the choices differ; choice 0 uses the seed itself, so n = 1
+is unchanged.
 """
 
 from __future__ import annotations

@@ -110,8 +110,12 @@ class Run:
         prefix, rid = "chatcmpl-" if self.chat else "cmpl-", uuid.uuid4().hex
         self.id = prefix + (rid if reply.request_id is None else reply.request_id)
         self.rids = [prefix + rid if len(choices) == 1 else f"{prefix}{rid}-{c.index}" for c in choices]
+        first = {}  # prompt index -> its first choice's id: the others fork its prompt's KV (`choices.py`)
+        for c, r in zip(choices, self.rids):
+            first.setdefault(c.prompt_index, r)
         self.gens = [server.fe.generate(c.prompt, c.params, route_seed=c.route_seed, rid=r, tokenizer=server.tok,
-                                        skip_special_tokens=reply.skip_special_tokens)
+                                        skip_special_tokens=reply.skip_special_tokens,
+                                        fork_of=None if first[c.prompt_index] == r else first[c.prompt_index])
                      for c, r in zip(choices, self.rids)]
         self.created = int(time.time())
         self.opened: set[int] = set()  # the choices whose first chunk is sent

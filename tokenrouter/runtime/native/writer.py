@@ -78,6 +78,14 @@ class NativeWriter:
                                                  request_seed=seeds, member_logits=member_logits))
         return sample_and_route(self.router, logits, rows, member_logits=member_logits, phase_s=self.phase_s)
 
+    def can_fork(self) -> bool:
+        return all(e.can_fork() for e in self.engines.values())
+
+    def fork(self, parent: Request, child: Request, n_tokens: int) -> None:
+        """`child`'s KV in every member: `parent`'s first n_tokens, shared (`Engine.fork`)."""
+        for e in self.engines.values():
+            e.fork(parent.seq, child.seq, n_tokens)
+
     def park(self, r: Request) -> None:
         """Nothing to do: the sequence keeps its blocks until it is freed."""
 

@@ -28,6 +28,17 @@ from tokenrouter.protocol.state import RouteState
 from tokenrouter.runtime.engine.grammar import GrammarState
 
 
+def unfit(tokens: list[int], max_model_len: int, vocab_size: int) -> str | None:
+    """Why these tokens cannot run on a writer (checked per request, so one bad request
+    never fails a whole batch in the engine)."""
+    if len(tokens) >= max_model_len:
+        return f"{len(tokens)} tokens do not fit the context of {max_model_len}"
+    bad = next((t for t in tokens if t >= vocab_size), None)
+    if bad is not None:
+        return f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})"
+    return None
+
+
 @dataclass(eq=False)
 class Request:
     state: RouteState

@@ -164,6 +164,7 @@ class StepResult:
     stepped: list[Request] = field(default_factory=list)  # the others, in batch order
     error: Exception | None = None  # the step raised before its commit: `stepped` are unchanged
     fed_tokens: int = 0
+    prompt_tokens: int = 0  # of those, the tokens at prompt positions (a prefill's)
     deferred: list[Request] = field(default_factory=list)  # stepped, but no token yet: still ready
     committed: list[tuple[Request, int, int]] = field(default_factory=list)  # (request, output position, token)
     rewritten: int = 0  # sampled tokens dropped (their next writer writes that position)
@@ -217,6 +218,7 @@ class StepRunner:
             self.fail_next -= 1
             raise StepFailure(f"{self.writer}: injected step failure (debug_fail)")
         t0 = time.perf_counter()
+        res.prompt_tokens = sum(max(0, r.state.prompt_len - self.fed(r)) for r in res.stepped)
         res.fed_tokens = self.engine.feed(res.stepped)
         self.phase_s["bookkeeping"] += time.perf_counter() - t0
         return self.engine.step(res.stepped)

@@ -43,7 +43,8 @@ from tokenrouter.runtime.metrics import PHASES, SubserverStats
 from tokenrouter.runtime.subserver.policies import retention_policy, transport_policy
 from tokenrouter.runtime.subserver.peers import Peers
 from tokenrouter.runtime.subserver.progress import Progress, hold
-from tokenrouter.runtime.subserver.request import Request
+from tokenrouter.runtime.subserver.forks import Forks
+from tokenrouter.runtime.subserver.request import Request, unfit
 from tokenrouter.runtime.subserver.scheduler import Scheduler
 from tokenrouter.runtime.subserver.step import LOOP_ERROR, StepRunner
 from tokenrouter.runtime.subserver.setup import LoadedWriter, SubserverSpec, writer_loader
@@ -86,6 +87,7 @@ class Subserver:
         self.retention = retention_policy(spec.retention, self.engine, self._new_seq)
         self.transport = transport_policy(spec.transport)
         self.reqs: dict[str, Request] = {}
+        self.forks = Forks(self.engine)  # the choices of one prompt prefill it once
         self._seq_counter = 0
         self._tombstones: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.incarnation = wire.new_incarnation()
@@ -126,6 +128,7 @@ class Subserver:
     def snapshot(self) -> dict[str, Any]:
         used, total = self.engine.kv_usage()
         return self.stats.snapshot(blocks_used=used, blocks_free=total - used, engine_computed_tokens=self.engine.computed_tokens,
+                                   kv_forks=self.forks.forked,
                                    pending=self.sched.count("pending"), ready=len(self.sched.ready()), requests=len(self.reqs))
 
     # -------------------------------------------------------- decoding loop
@@ -211,28 +214,21 @@ class Subserver:
         self._seq_counter += 1
         return self._seq_counter
 
-    def _unfit(self, tokens: list[int]) -> str | None:
-        """Why these tokens cannot run here (checked per request, so one bad request
-        never fails a whole batch in the engine)."""
-        if len(tokens) >= self.max_model_len:
-            return f"{len(tokens)} tokens do not fit the context of {self.max_model_len}"
-        bad = next((t for t in tokens if t >= self.vocab_size), None)
-        if bad is not None:
-            return f"token id {bad} is outside the vocabulary (0..{self.vocab_size - 1})"
-        return None
-
     def _submit(self, m: wire.Submit) -> None:
         if m.rid in self._tombstones or m.rid in self.reqs:
             return
-        why = self._unfit(m.prompt)
+        why = unfit(m.prompt, self.max_model_len, self.vocab_size)
         if why:
             self._fail(m.rid, f"{self.writer}: submit refused: {why}")
             return
         # the route state carries the sampling parameters to the peers
         st = RouteState(rid=m.rid, tokens=list(m.prompt), prompt_len=len(m.prompt),
                         writer=self.writer, route_seed=m.route_seed, sampling=m.sampling)
-        self.reqs[m.rid] = Request(st, self._new_seq(), m.sampling)
-        self.sched.add(m.rid, time.monotonic_ns())
+        r = self.reqs[m.rid] = Request(st, self._new_seq(), m.sampling)
+        if self.forks.arrive(r, self.reqs.get(m.fork_of) if m.fork_of else None):
+            self.sched.announce(m.rid)  # ready once its parent's prompt KV is there (`forks.py`)
+        else:
+            self.sched.add(m.rid, time.monotonic_ns())
 
     def _receive(self, msg: PeerMessage, sender: str, refill: bool = False) -> None:
         """A request arrives from `sender` (a peer's handoff, or the frontend's resume): new
@@ -253,7 +249,7 @@ class Subserver:
         except Exception as exc:
             self._fail(rid, f"{self.writer}: bad handoff from {sender}: {exc}")
             return
-        why = self._unfit(st.tokens)
+        why = unfit(st.tokens, self.max_model_len, self.vocab_size)
         if why:
             self._fail(rid, f"{self.writer}: bad handoff from {sender}: {why}")
             return
@@ -294,6 +290,8 @@ class Subserver:
             self.engine.release(r)
         self.retention.release(rid)
         self.sched.remove(rid)
+        for c in self.forks.release(rid):
+            self.sched.add(c.rid, time.monotonic_ns())
         self.stats.phase_s["bookkeeping"] += time.perf_counter() - t0
 
     def _fail(self, rid: str, message: str) -> None:
@@ -330,6 +328,9 @@ class Subserver:
         for r in res.stepped:
             self.stats.queue_wait_s.observe((now - self.sched.ready_since(r.rid)) / 1e9)
         self.stats.prefill_tokens += res.fed_tokens
+        self.stats.prefill_tokens_computed += res.prompt_tokens
+        for c in self.forks.stepped(res.stepped, ok=res.error is None):
+            self.sched.add(c.rid, time.monotonic_ns())
         if res.error is not None:
             exc = res.error
             log.error("%s: step failed:\n%s", self.writer,

@@ -76,6 +76,7 @@ class Submit(_Msg):
     prompt: list[TokenId] = Field(min_length=1, max_length=MAX_TOKENS)
     sampling: SamplingParams = SamplingParams()
     route_seed: Seed = 0  # the seed of the program's coin flips (`protocol.state`)
+    fork_of: Name | None = None  # a request with the same prompt whose prompt KV this one may share (`n` > 1)
 
 
 class Announce(_Msg):
