@@ -633,6 +633,7 @@ TABLES: dict[str, Callable[[], Table]] = {
     "headline-coder": headline_coder,
     "serving-coder-pair": lambda: serving("coder_pair"),
     "eval-coder": lambda: eval_summary("coder_entropy"),
+    "eval-coder-r2r": lambda: eval_summary("coder_r2r"),
     "contention-small-model": lambda: contention_run("convert-0.5b"),
     "contention-large-model": lambda: contention_run("convert-1.5b"),
     "eval-demo": lambda: eval_summary("demo"),
