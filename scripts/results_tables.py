@@ -463,7 +463,18 @@ def headline_coder() -> Table:
               f"tokens, each answer run against its tests in the sandbox; tok/s at {m['concurrency']} requests "
               f"in flight, the configurations one after another, one run")
     command = m.get("command") or EVAL_COMMANDS["coder_entropy"]
-    return Table([rel], caption(rel, ev, command, spread) + "\n\n" +
+    rels = [rel]
+    r2r_rel = f"{EVAL}/coder_r2r/summary.json"
+    if (ROOT / r2r_rel).exists():  # the fitted R2R router on the same problems (small and large reused)
+        r2r = load(r2r_rel)
+        same_host([ev, r2r], [rel, r2r_rel])
+        threshold = r2r["meta"]["bound_params"]["threshold"]["value"]
+        body.append(row(f"**routed**: R2R's router fitted for the pair, threshold {threshold:g} "
+                        "(`examples/coder/r2r.route`; its tok/s measured beside a router fit)", r2r["configs"]["routed"]))
+        body += [row(f"routed, R2R, threshold {p['value']:g}", p) for p in r2r.get("sweep", {}).get("points", [])]
+        spread += f"; R2R: `{r2r['meta']['command']}`"
+        rels.append(r2r_rel)
+    return Table(rels, caption(rel, ev, command, spread) + "\n\n" +
                  rows(["configuration", "HumanEval pass@1", "large model's tokens", f"tok/s at N = {m['concurrency']}"],
                       body))
 
