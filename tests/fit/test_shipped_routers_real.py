@@ -22,12 +22,29 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 @pytest.mark.real_weights
 @pytest.mark.parametrize("example", ["r2r", "citer", "co_llm"])
 def test_shipped_router_serves_an_openai_client_with_both_models_writing(example):
-    _, diags = check_file(os.path.join(ROOT, "examples", f"{example}.route"), full=True, model_facts=model_facts)
+    serve_and_ask(f"examples/{example}.route", example, ("What is the capital of France?",
+                                                         "Write a short poem about the sea."))
+
+
+@pytest.mark.real_pair
+@pytest.mark.parametrize("example", ["r2r", "citer", "co_llm"])
+def test_the_coder_pairs_fitted_routers_serve_with_both_models_writing(example):
+    """examples/coder/: the routers fitted for the Qwen2.5-Coder pair."""
+    serve_and_ask(f"examples/coder/{example}.route", example,
+                  ("Write a Python function is_prime(n) that returns whether n is a prime number.",
+                   "Write a Python function that returns the n-th Fibonacci number, with a docstring."),
+                  max_tokens=128)
+
+
+def serve_and_ask(route: str, name: str, questions: tuple[str, ...], max_tokens: int = 48) -> None:
+    """`check` finds the file's weights fit; `tokenrouter serve` answers each question through
+    the openai client, and over the questions both models wrote tokens."""
+    _, diags = check_file(os.path.join(ROOT, route), full=True, model_facts=model_facts)
     assert diags == [], [d.message for d in diags]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "tokenrouter.cli", "serve", f"examples/{example}.route",
+    proc = subprocess.Popen([sys.executable, "-m", "tokenrouter.cli", "serve", route,
                              "--port", str(port)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     url = f"http://127.0.0.1:{port}"
@@ -36,9 +53,9 @@ def test_shipped_router_serves_an_openai_client_with_both_models_writing(example
         import openai
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
         written: dict[str, int] = {}
-        for question in ("What is the capital of France?", "Write a short poem about the sea."):
+        for question in questions:
             chat = client.chat.completions.create(
-                model=example, messages=[{"role": "user", "content": question}], max_tokens=48, temperature=0)
+                model=name, messages=[{"role": "user", "content": question}], max_tokens=max_tokens, temperature=0)
             assert chat.choices[0].message.content.strip()
             by_model = chat.model_extra["tokens_by_model"]
             assert sum(by_model.values()) == chat.usage.completion_tokens
