@@ -442,6 +442,11 @@ def cores_table(scenarios: list[tuple[str, str]]) -> Table:
     return Table(rels, text)
 
 
+# (run, router, what to know of its tok/s)
+FITTED_CODER_RUNS = (("coder_r2r", "R2R", "; tok/s measured beside a router fit"), ("coder_citer", "CITER", ""),
+                     ("coder_co_llm", "Co-LLM", ""))
+
+
 def headline_coder() -> Table:
     """The README's headline: the coder pair on HumanEval, each configuration's pass@1, the
     large model's share of the tokens, and its speed at N = 8 (the same eval run)."""
@@ -464,16 +469,18 @@ def headline_coder() -> Table:
               f"in flight, the configurations one after another, one run")
     command = m.get("command") or EVAL_COMMANDS["coder_entropy"]
     rels = [rel]
-    r2r_rel = f"{EVAL}/coder_r2r/summary.json"
-    if (ROOT / r2r_rel).exists():  # the fitted R2R router on the same problems (small and large reused)
-        r2r = load(r2r_rel)
-        same_host([ev, r2r], [rel, r2r_rel])
-        threshold = r2r["meta"]["bound_params"]["threshold"]["value"]
-        body.append(row(f"**routed**: R2R's router fitted for the pair, threshold {threshold:g} "
-                        "(`examples/coder/r2r.route`; its tok/s measured beside a router fit)", r2r["configs"]["routed"]))
-        body += [row(f"routed, R2R, threshold {p['value']:g}", p) for p in r2r.get("sweep", {}).get("points", [])]
-        spread += f"; R2R: `{r2r['meta']['command']}`"
-        rels.append(r2r_rel)
+    for run, name, speed_note in FITTED_CODER_RUNS:  # the routers fitted for the pair, on the same problems
+        fitted_rel = f"{EVAL}/{run}/summary.json"
+        if not (ROOT / fitted_rel).exists():
+            continue
+        doc = load(fitted_rel)
+        same_host([ev, doc], [rel, fitted_rel])
+        threshold = doc["meta"]["bound_params"]["threshold"]["value"]
+        body.append(row(f"**routed**: {name}'s router fitted for the pair, threshold {threshold:g} "
+                        f"(`{doc['meta']['program']}`{speed_note})", doc["configs"]["routed"]))
+        body += [row(f"routed, {name}, threshold {p['value']:g}", p) for p in doc.get("sweep", {}).get("points", [])]
+        spread += f"; {name}: `{doc['meta']['command']}`"
+        rels.append(fitted_rel)
     return Table(rels, caption(rel, ev, command, spread) + "\n\n" +
                  rows(["configuration", "HumanEval pass@1", "large model's tokens", f"tok/s at N = {m['concurrency']}"],
                       body))
