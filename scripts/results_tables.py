@@ -478,7 +478,7 @@ def headline_coder() -> Table:
         threshold = doc["meta"]["bound_params"]["threshold"]["value"]
         body.append(row(f"**routed**: {name}'s router fitted for the pair, threshold {threshold:g} "
                         f"(`{doc['meta']['program']}`{speed_note})", doc["configs"]["routed"]))
-        body += [row(f"routed, {name}, threshold {p['value']:g}", p) for p in doc.get("sweep", {}).get("points", [])]
+        body += [row(f"routed, {name}, threshold {p['value']:g}", p) for p in (doc.get("sweep") or {}).get("points", [])]
         spread += f"; {name}: `{doc['meta']['command']}`"
         rels.append(fitted_rel)
     return Table(rels, caption(rel, ev, command, spread) + "\n\n" +
