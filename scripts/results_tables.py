@@ -479,7 +479,7 @@ def headline_coder() -> Table:
         body.append(row(f"**routed**: {name}'s router fitted for the pair, threshold {threshold:g} "
                         f"(`{doc['meta']['program']}`{speed_note})", doc["configs"]["routed"]))
         body += [row(f"routed, {name}, threshold {p['value']:g}", p) for p in (doc.get("sweep") or {}).get("points", [])]
-        spread += f"; {name}: `{doc['meta']['command']}`"
+        spread += f"; {name}: `{rerun(doc['meta']['command'])}`"
         rels.append(fitted_rel)
     return Table(rels, caption(rel, ev, command, spread) + "\n\n" +
                  rows(["configuration", "HumanEval pass@1", "large model's tokens", f"tok/s at N = {m['concurrency']}"],
