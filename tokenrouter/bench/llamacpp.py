@@ -49,6 +49,7 @@ from tokenrouter.runtime.loader.resolve import native_gguf
 from tokenrouter.bench.deploy import Measurement
 from tokenrouter.bench.dispatch import check_dispatchable, route_request, run_dispatched, timed_all
 
+
 def peer_gguf(model) -> str:
     """The GGUF file llama.cpp serves for `model` (an IR model): the file itself when our engine
     runs its blocks as they are (`quant = native`), else a float32 export (built once, cached)."""

@@ -37,10 +37,10 @@ class Forks:
     def arrive(self, r: Request, parent: Request | None) -> bool:
         """A new choice `r` of `parent`'s prompt: True when it waits here for the parent's
         prefill; False when it is ready now (forked, or to be prefilled on its own)."""
-        if not self.can_fork or parent is None or self.shared(r) == 0 or parent.state.prompt_len != r.state.prompt_len:
+        if not self.can_fork or parent is None or self.shared(r) == 0:
             return False
         if parent.state.tokens[:parent.state.prompt_len] != r.state.tokens[:r.state.prompt_len]:
-            return False
+            return False  # another prompt (a prompt of another length included)
         if self.engine.fed(parent) >= self.shared(r):
             self.fork(parent, r)
             return False
