@@ -10,13 +10,14 @@ import sys
 
 import pytest
 
+from tests.helpers import REPO
 from tests.helpers.serving import wait_until_healthy
 from tokenrouter.compiler.pipeline import check_file
 from tokenrouter.runtime.loader import model_facts
 
 pytestmark = pytest.mark.slow  # every test here takes seconds: the fast tier (-m "not slow") skips them
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+ROOT = str(REPO)
 
 
 @pytest.mark.real_weights

@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, pre_tokenizers
 from tokenizers import models as tokenizer_models
 
+from tests.helpers import REPO
 from tokenrouter.compiler import ir
 from tokenrouter.compiler.weights import nets as router_nets
 from tokenrouter.compiler.pipeline import load_program
@@ -151,7 +152,7 @@ def ensemble(paths: dict[str, str], dtype: str = "float64") -> ir.Program:
 
 # ------------------------------------------------------------------ examples
 
-EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+EXAMPLES = str(REPO / "examples")
 
 
 def _random_mlp(path: str, width: int, hidden: int, seed: int, scale: float) -> None:

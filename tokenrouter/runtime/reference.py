@@ -19,6 +19,7 @@ batches it shared.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,9 @@ class ReferenceOutput:
     error: str | None = None
     writers: list[str] = field(default_factory=list)  # the writer of each output token
     gaps: list[float] = field(default_factory=list)  # each output token's top-2 logit gap in its writer's step
+    # each output position's closest routing tie: the smallest `Decision.min_gap` of the
+    # decisions taken there (a rewrite's and the keeping writer's)
+    route_gaps: list[float] = field(default_factory=list)
 
 
 def top2_gap(step: RequestStep) -> float:
@@ -123,6 +127,7 @@ class Reference:
         stop = set(sampling.stop_token_ids)
         limit = max_model_len or min(e.max_model_len for e in self.engines.values())
         seen_at_len: set[str] = set()  # writers that already wrote at this length (loop check)
+        route_gap = math.inf  # the closest routing tie at this output position so far
         grammar = None if sampling.structured is None else self.grammars.state(sampling.structured)
         while True:
             pos = len(tokens) - len(prompt)
@@ -132,12 +137,15 @@ class Reference:
             seen_at_len.add(writer)
             tok, step = self._step(writer, tokens, sampling, pos, visit + 1, route_seed, grammar)
             d = self.interp.route(writer, step)
+            route_gap = min(route_gap, d.min_gap)
             if d.keep:
                 tokens.append(tok)
                 out.tokens.append(tok)
                 out.written_by[writer] = out.written_by.get(writer, 0) + 1
                 out.writers.append(writer)
                 out.gaps.append(top2_gap(step))
+                out.route_gaps.append(route_gap)
+                route_gap = math.inf
                 visit += 1
                 seen_at_len = set()
                 if tok in stop:

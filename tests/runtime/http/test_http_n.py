@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 
+from tests.helpers import REPO
 from tests.helpers.ports import free_port
 from tests.helpers.serving import CLI, metrics, stop, wait_until_healthy
 from tokenrouter.compiler.pipeline import load_program
@@ -24,7 +25,7 @@ from tokenrouter.runtime.reference import Reference
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_weights]
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+ROOT = str(REPO)
 DEMO = os.path.join(ROOT, "examples", "demo.route")
 PROMPT = "Write one sentence about the sea and the sky, then another about mountains."
 
