@@ -91,7 +91,47 @@ def test_the_message_and_the_finish_reason():
     assert reply.finish_reason("stop") == "tool_calls" and reply.finish_reason("length") == "length"
 
 
-TEXTS = [CALL, "Let me look.\n" + CALL + "\n" + CALL, "a <tool_c b <tool_call> c", MALFORMED[0] + "\nok " + CALL,
+BARE = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+OSLO = ToolCall("get_weather", '{"city": "Oslo"}')
+
+
+@pytest.mark.parametrize("text, expected", [
+    (BARE, [WEATHER]),  # as Qwen2.5-Coder 0.5B and 1.5B write a call
+    ("\n " + BARE + "\n", [WEATHER]),
+    ("```json\n" + BARE + "\n```", [WEATHER]),
+    ("```\n" + BARE + "\n```\nDone.", [WEATHER, "Done."]),
+    (BARE + "\n" + BARE.replace("Paris", "Oslo"), [WEATHER, OSLO]),
+    (BARE + "\nI asked for the weather.", [WEATHER, "I asked for the weather."]),
+    (CALL + "\n" + BARE.replace("Paris", "Oslo"), [WEATHER, OSLO]),
+    ('{"name": "f", "arguments": {"s": "a } and a \\" and a {"}}', [ToolCall("f", '{"s": "a } and a \\" and a {"}')]),
+    ("Here it is: " + BARE, ["Here it is: " + BARE]),  # not where the reply opens: text
+    ('{"answer": 42}', ['{"answer": 42}']),  # JSON that is no call
+    (BARE.replace("get_weather", "launch_missiles"), [BARE.replace("get_weather", "launch_missiles")]),
+    (BARE[:30], [BARE[:30]]),  # cut off (max_tokens)
+    ("```python\nprint(1)\n```", ["```python\nprint(1)\n```"]),
+    ("```json\n" + BARE + "\nand more", ["```json\n" + BARE + "\nand more"]),  # a fence left open, then text
+])
+def test_a_bare_json_call_is_read_where_the_reply_opens_with_it(text, expected):
+    assert split(text) == expected
+
+
+def test_a_parser_without_bare_calls_reads_the_object_as_text():
+    class Marked(Hermes):
+        bare = False
+    assert split(BARE, ToolUse(Marked(), USE.names, "auto")) == [BARE]
+
+
+def test_without_parallel_calls_a_second_bare_call_is_text():
+    use = ToolUse(Hermes(), USE.names, "auto", parallel=False)
+    second = BARE.replace("Paris", "Oslo")
+    assert split(BARE + "\n" + second, use) == [WEATHER, second]
+    reply = ToolReply(use)
+    assert reply.message(BARE)["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert reply.finish_reason("stop") == "tool_calls"
+
+
+TEXTS = [BARE, "```json\n" + BARE + "\n```\nok", BARE + "\n" + BARE, '{"answer": 42} then', "``` not json",
+         CALL, "Let me look.\n" + CALL + "\n" + CALL, "a <tool_c b <tool_call> c", MALFORMED[0] + "\nok " + CALL,
          "  lead\n\n" + CALL + "\n\n trail  ", "plain text\n with <tool_call", CALL + "<tool_call>\n{"]
 
 

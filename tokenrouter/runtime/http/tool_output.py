@@ -9,12 +9,17 @@ parser's start marker) and whitespace are held back until it is clear; the white
 to a call (the newlines templates put around one) is dropped. A call the parser cannot read
 (not JSON, a function the request did not offer, arguments that are not an object) comes
 back as the text it was, markers and whitespace included, never as an error; so does every
-call after the first when the request said `parallel_tool_calls: false`. A response without
-a stream feeds the whole text at once through the same object, so both forms agree.
+call after the first when the request said `parallel_tool_calls: false`. A parser whose
+family also writes calls without markers (`ToolParser.bare`) has a JSON object read as a call
+where the reply opens with it or a call precedes it (whitespace and a ```json fence around
+it allowed); such a reply is held back until the object closes, and an object that is no
+call is text like any other. A response without a stream feeds the whole text at once
+through the same object, so both forms agree.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
@@ -22,6 +27,9 @@ from tokenrouter.runtime.http.tool_parsers import ToolCall
 from tokenrouter.runtime.http.tools import ToolUse
 
 __all__ = ["ToolReply", "ToolText"]
+
+FENCE = re.compile(r"```(?:json)?[ \t]*\n")  # a code fence's first line around a bare call
+FENCE_SO_FAR = re.compile(r"`{1,3}(?:j(?:s(?:on?)?)?)?[ \t]*")  # ... not yet whole
 
 
 class ToolText:
@@ -33,6 +41,7 @@ class ToolText:
         self.gap = ""  # the whitespace dropped before the open call (given back if it is malformed)
         self.open = False  # inside a call: after its start marker
         self.after_call = False  # the text so far ends with a call: leading whitespace is dropped
+        self.bare_next = use.parser.bare  # a bare call may come next: the reply's start, or after a call
         self.calls = 0
 
     def feed(self, text: str) -> list[str | ToolCall]:
@@ -40,6 +49,12 @@ class ToolText:
         out: list[str | ToolCall] = []
         p = self.use.parser
         while True:
+            if self.bare_next and not self.open:
+                read = self._bare(out)
+                if read is None:
+                    return out  # not yet clear
+                if read:
+                    continue
             if self.open:
                 j = self.held.find(p.end)
                 if j < 0:
@@ -64,6 +79,10 @@ class ToolText:
     def finish(self) -> list[str | ToolCall]:
         """What is left: a call left open is read to the end of the text."""
         out: list[str | ToolCall] = []
+        if self.bare_next and not self.open:
+            while self._bare(out, final=True):
+                pass
+            out += self.feed("")  # the rest reads as any text
         if self.open:
             body, self.held = self.held, ""
             self._close(body, "", out)
@@ -76,12 +95,50 @@ class ToolText:
         self.open = False
         call = self.use.parser.call(body.strip(), self.use.names)
         if call is not None and (self.use.parallel or self.calls == 0):
-            self.calls += 1
-            self.after_call = True
-            out.append(call)
+            self._called(call, out)
         else:
             self.after_call = False
             self._text(self.gap + self.use.parser.start + body + end, out)
+
+    def _called(self, call: ToolCall, out: list) -> None:
+        self.calls += 1
+        self.after_call, self.bare_next = True, self.use.parser.bare
+        out.append(call)
+
+    def _bare(self, out: list, final: bool = False) -> bool | None:
+        """A bare call at the start of what is held: read (True; it and the whitespace and
+        fence around it are consumed), none (False), or not yet clear (None)."""
+        body = self.held.lstrip()
+        fence = FENCE.match(body)
+        if not final and (not body or (fence is None and FENCE_SO_FAR.fullmatch(body))):
+            return None
+        k = fence.end() if fence else 0
+        k += len(body[k:]) - len(body[k:].lstrip())
+        if k == len(body) and fence is not None and not final:
+            return None
+        if k == len(body) or body[k] != "{":
+            return self._no_bare()
+        end = _object_end(body, k)
+        if end is None:
+            return self._no_bare() if final else None
+        call = self.use.parser.call(body[k:end], self.use.names)
+        if call is None or not (self.use.parallel or self.calls == 0):
+            return self._no_bare()
+        if fence is not None:
+            tail = body[end:].lstrip()
+            if tail.startswith("```"):
+                end = len(body) - len(tail) + 3
+            elif not final and "```".startswith(tail):
+                return None
+            elif tail:
+                return self._no_bare()
+        self.held = body[end:]
+        self._called(call, out)
+        return True
+
+    def _no_bare(self) -> bool:
+        self.bare_next = False
+        return False
 
     def _text(self, text: str, out: list) -> None:
         if self.after_call:
@@ -89,6 +146,30 @@ class ToolText:
         if text:
             self.after_call = False
             out.append(text)
+
+
+def _object_end(text: str, k: int) -> int | None:
+    """Where the JSON object opening at `text[k]` closes (the index after its brace), by its
+    braces outside strings; None while it is still open."""
+    depth, in_string, escaped = 0, False, False
+    for i in range(k, len(text)):
+        c = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
 
 
 def _prefix_tail(text: str, marker: str) -> int:

@@ -38,6 +38,9 @@ class ToolParser:
     start: ClassVar[str]  # the text that opens a call
     end: ClassVar[str]  # the text that closes it (a call left open at the end is read to the end)
     families: ClassVar[str]  # the models that write this format, for the docs and the flag's help
+    # the family also writes a call as its bare JSON object, without the markers: read as a
+    # call where the reply opens with one (or one follows a call), fenced as ```json or not
+    bare: ClassVar[bool] = False
 
     def call(self, body: str, names: frozenset[str]) -> ToolCall | None:
         """The call written between the markers, or None when it is malformed (not JSON, no
@@ -65,12 +68,16 @@ def literal(text: str, token_id: Callable[[str], int | None]) -> str:
 
 class Hermes(ToolParser):
     """`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, one block per call:
-    Hermes 2 Pro and 3, Qwen2 and Qwen2.5 (the Coder models included), Qwen3."""
+    Hermes 2 Pro and 3, Qwen2 and Qwen2.5 (the Coder models included), Qwen3. Qwen2.5-Coder
+    0.5B and 1.5B, greedy, write the JSON object alone though their template shows the
+    markers, so a bare object that opens the reply is read too (`bare`), as llama.cpp's
+    Hermes parser reads it."""
 
     name = "hermes"
     start = "<tool_call>"
     end = "</tool_call>"
     families = "Hermes 2 Pro / 3, Qwen2, Qwen2.5 (Coder included), Qwen3"
+    bare = True
 
     def call(self, body: str, names: frozenset[str]) -> ToolCall | None:
         try:
