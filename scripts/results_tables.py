@@ -617,6 +617,7 @@ TABLES: dict[str, Callable[[], Table]] = {
     "serving-bench-quick": lambda: serving("quick"),
     "serving-bench-levels": lambda: serving("levels_epyc"),
     "serving-bench-levels-native": lambda: serving("levels_epyc_native"),
+    "serving-bench-levels-xeon": lambda: serving("levels_xeon"),
     "serving-bench-256": lambda: serving("full_xeon"),
     "serving-long": long_run,
     "serving-bench-n8-xeon": lambda: serving("n8_256_xeon"),
