@@ -651,6 +651,7 @@ TABLES: dict[str, Callable[[], Table]] = {
                                              ("the program's 5% handoffs", "bench_n8")]),
     "headline-coder": headline_coder,
     "serving-coder-pair": lambda: serving("coder_pair"),
+    "serving-coder-humaneval": lambda: serving("coder_humaneval"),
     "eval-coder": lambda: eval_summary("coder_entropy"),
     "eval-coder-r2r": lambda: eval_summary("coder_r2r"),
     "contention-small-model": lambda: contention_run("convert-0.5b"),
