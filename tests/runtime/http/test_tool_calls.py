@@ -181,3 +181,12 @@ def test_the_forcing_grammar_accepts_what_the_parser_reads_and_nothing_else(tmp_
     assert not accepts(CALL.replace('{"city": "Paris"}', "{}"), True)  # a required argument missing
     assert split(two) == [WEATHER, ToolCall("f", "{}")]
     assert json.loads(WEATHER.arguments) == {"city": "Paris"}
+
+
+def test_a_long_bare_object_fed_one_character_at_a_time_is_one_call():
+    """The held object's scan goes on from where the last piece stopped (so it reads a long
+    object once, not once per piece), and still finds where the object closes."""
+    body = '{"name": "f", "arguments": {"s": "' + "x" * 20_000 + '"}}'
+    t = ToolText(USE)
+    out = [p for c in body for p in t.feed(c)] + t.finish()
+    assert out == [ToolCall("f", json.dumps({"s": "x" * 20_000}))]

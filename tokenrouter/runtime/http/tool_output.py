@@ -42,6 +42,7 @@ class ToolText:
         self.open = False  # inside a call: after its start marker
         self.after_call = False  # the text so far ends with a call: leading whitespace is dropped
         self.bare_next = use.parser.bare  # a bare call may come next: the reply's start, or after a call
+        self.bare_end = _ObjectEnd()  # the scan of the bare object being held, if any
         self.calls = 0
 
     def feed(self, text: str) -> list[str | ToolCall]:
@@ -102,7 +103,7 @@ class ToolText:
 
     def _called(self, call: ToolCall, out: list) -> None:
         self.calls += 1
-        self.after_call, self.bare_next = True, self.use.parser.bare
+        self.after_call, self.bare_next, self.bare_end = True, self.use.parser.bare, _ObjectEnd()
         out.append(call)
 
     def _bare(self, out: list, final: bool = False) -> bool | None:
@@ -118,7 +119,7 @@ class ToolText:
             return None
         if k == len(body) or body[k] != "{":
             return self._no_bare()
-        end = _object_end(body, k)
+        end = self.bare_end(body, k)
         if end is None:
             return self._no_bare() if final else None
         call = self.use.parser.call(body[k:end], self.use.names)
@@ -148,28 +149,39 @@ class ToolText:
             out.append(text)
 
 
-def _object_end(text: str, k: int) -> int | None:
+class _ObjectEnd:
     """Where the JSON object opening at `text[k]` closes (the index after its brace), by its
-    braces outside strings; None while it is still open."""
-    depth, in_string, escaped = 0, False, False
-    for i in range(k, len(text)):
-        c = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
+    braces outside strings; None while it is still open. Text streams in: each call reads
+    on from where the last stopped, so a long object costs its length once."""
+
+    def __init__(self):
+        self.pos: int | None = None
+        self.depth, self.in_string, self.escaped = 0, False, False
+        self.found: int | None = None
+
+    def __call__(self, text: str, k: int) -> int | None:
+        if self.found is not None:
+            return self.found
+        for i in range(k if self.pos is None else self.pos, len(text)):
+            c = text[i]
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif c == "\\":
+                    self.escaped = True
+                elif c == '"':
+                    self.in_string = False
             elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
+                self.in_string = True
+            elif c == "{":
+                self.depth += 1
+            elif c == "}":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.found = i + 1
+                    return self.found
+        self.pos = len(text)
+        return None
 
 
 def _prefix_tail(text: str, marker: str) -> int:
