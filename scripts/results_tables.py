@@ -447,10 +447,11 @@ FITTED_CODER_RUNS = (("coder_r2r", "R2R", "; tok/s measured beside a router fit"
                      ("coder_co_llm", "Co-LLM", ""))
 
 
-def headline_coder() -> Table:
-    """The README's headline: the coder pair on HumanEval, each configuration's pass@1, the
-    large model's share of the tokens, and its speed at N = 8 (the same eval run)."""
-    rel = f"{EVAL}/coder_entropy/summary.json"
+def headline_coder(run: str, fitted: tuple = ()) -> Table:
+    """The README's headline: the coder pair on HumanEval (eval run `run`), each
+    configuration's pass@1, the large model's share of the tokens, and its speed at N = 8
+    (the same eval run); then the `fitted` routers' runs on the same problems."""
+    rel = f"{EVAL}/{run}/summary.json"
     ev = load(rel)
     m = ev["meta"]
     tau = m["bound_params"]["tau"]["value"]
@@ -464,13 +465,15 @@ def headline_coder() -> Table:
             row("large alone (Qwen2.5-Coder-1.5B-Instruct)", cfg["large"]),
             row(f"**routed**: entropy rule, tau = {tau:g} (`examples/coder/entropy.route`)", cfg["routed"])]
     body += [row(f"routed, tau = {p['value']:g}", p) for p in ev.get("sweep", {}).get("points", [])]
-    spread = (f"{m['n_prompts']} of HumanEval's 164 problems spread evenly, greedy, at most {m['max_tokens']} "
+    which = "HumanEval's 164 problems" if m["n_prompts"] == 164 else \
+        f"{m['n_prompts']} of HumanEval's 164 problems spread evenly"
+    spread = (f"{which}, greedy, at most {m['max_tokens']} "
               f"tokens, each answer run against its tests in the sandbox; tok/s at {m['concurrency']} requests "
               f"in flight, the configurations one after another, one run")
-    command = m.get("command") or EVAL_COMMANDS["coder_entropy"]
+    command = m.get("command") or EVAL_COMMANDS[run]
     rels = [rel]
-    for run, name, speed_note in FITTED_CODER_RUNS:  # the routers fitted for the pair, on the same problems
-        fitted_rel = f"{EVAL}/{run}/summary.json"
+    for fitted_run, name, speed_note in fitted:  # the routers fitted for the pair, on the same problems
+        fitted_rel = f"{EVAL}/{fitted_run}/summary.json"
         if not (ROOT / fitted_rel).exists():
             continue
         doc = load(fitted_rel)
@@ -649,10 +652,12 @@ TABLES: dict[str, Callable[[], Table]] = {
     "faults": faults_run,
     "cores-bench-pair": lambda: cores_table([("no handoffs (`handoff=0`)", "bench_handoff0_n8"),
                                              ("the program's 5% handoffs", "bench_n8")]),
-    "headline-coder": headline_coder,
+    "headline-coder": lambda: headline_coder("coder_entropy_164"),
+    "headline-coder-20": lambda: headline_coder("coder_entropy", FITTED_CODER_RUNS),
     "serving-coder-pair": lambda: serving("coder_pair"),
     "serving-coder-humaneval": lambda: serving("coder_humaneval"),
     "eval-coder": lambda: eval_summary("coder_entropy"),
+    "eval-coder-164": lambda: eval_summary("coder_entropy_164"),
     "eval-coder-r2r": lambda: eval_summary("coder_r2r"),
     "contention-small-model": lambda: contention_run("convert-0.5b"),
     "contention-large-model": lambda: contention_run("convert-1.5b"),
