@@ -43,7 +43,9 @@ MAX_TOKENS = 8
 MAX_MODEL_LEN = 1024
 TAU = "0.3"  # both examples' entropy threshold here: each model writes a good share
 NEAR_TIE = 0.25  # logits: a few bfloat16 roundings at SmolLM2's logit sizes (demo.route's int4 writer)
-ROUTE_TIE = 0.01  # normalized entropy against tau: those roundings move it by well under this
+# normalized entropy against tau: a logit moved by d moves the entropy by at most d times the
+# mean absolute deviation of the surprisal (a few nats here), over ln(49152) = 10.8
+ROUTE_TIE = 0.03
 
 
 @pytest.fixture(scope="module")
