@@ -652,7 +652,7 @@ TABLES: dict[str, Callable[[], Table]] = {
     "faults": faults_run,
     "cores-bench-pair": lambda: cores_table([("no handoffs (`handoff=0`)", "bench_handoff0_n8"),
                                              ("the program's 5% handoffs", "bench_n8")]),
-    "headline-coder": lambda: headline_coder("coder_entropy_164"),
+    "headline-coder": lambda: headline_coder("coder_entropy_164", (("coder_r2r_164", "R2R", ""),)),
     "headline-coder-20": lambda: headline_coder("coder_entropy", FITTED_CODER_RUNS),
     "serving-coder-pair": lambda: serving("coder_pair"),
     "serving-coder-humaneval": lambda: serving("coder_humaneval"),
