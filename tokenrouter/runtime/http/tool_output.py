@@ -95,11 +95,15 @@ class ToolText:
     def _close(self, body: str, end: str, out: list) -> None:
         self.open = False
         call = self.use.parser.call(body.strip(), self.use.names)
-        if call is not None and (self.use.parallel or self.calls == 0):
+        if self._takes(call):
             self._called(call, out)
         else:
             self.after_call = False
             self._text(self.gap + self.use.parser.start + body + end, out)
+
+    def _takes(self, call: ToolCall | None) -> bool:
+        """A call was read and may be one: the first, or any with `parallel_tool_calls`."""
+        return call is not None and (self.use.parallel or self.calls == 0)
 
     def _called(self, call: ToolCall, out: list) -> None:
         self.calls += 1
@@ -123,7 +127,7 @@ class ToolText:
         if end is None:
             return self._no_bare() if final else None
         call = self.use.parser.call(body[k:end], self.use.names)
-        if call is None or not (self.use.parallel or self.calls == 0):
+        if not self._takes(call):
             return self._no_bare()
         if fence is not None:
             tail = body[end:].lstrip()
