@@ -1,7 +1,7 @@
 """The recipes of docs/architecture.md ("Add a step feature", "Add an engine", and any recipe
 added under its "Recipes" heading) name only files and folders that exist: each path a
 recipe writes in backticks (`tokenrouter/compiler/features/catalog.py`,
-`tests/compiler/golden/`) is looked up from the repository's root. Every test file or
+`tests/compiler/backend/golden/`) is looked up from the repository's root. Every test file or
 folder that the docs, the README and benchmarks/README.md name (`tests/...`) exists, so a
 moved test cannot leave a stale name behind. The engine table of docs/engines.md is the one
 the registry's capabilities make (`engines.engine_table`)."""

@@ -451,3 +451,41 @@ def test_the_test_tree_check_sees_what_it_is_for(tmp_path):
     assert unpackaged_test_folders(root) == ["tests/data/x.py:1: imports conftest by its bare name",
                                              "tests/vllm/ has no __init__.py",
                                              "tests/vllm/conftest.py:2: imports test_a by its bare name"]
+
+
+# tests/ folders that mirror no package: the distribution's tests (the wheel, the extras) and shared helpers
+NOT_MIRRORED = {"packaging", "helpers"}
+# packages with no test folder of their own: data only, or tested where stated
+UNTESTED_PACKAGES = {"compiler/backend/templates": "the generated module's template, data (tests/compiler/backend/)",
+                     "runtime/kernels/csrc": "C sources, tested through their bindings (tests/runtime/kernels/)"}
+
+
+def unmirrored_test_folders(tests: Path = TESTS, package: Path = PACKAGE) -> list[str]:
+    """Where the test tree and the package part ways: a folder of test modules that names no
+    package (tests/x/y/ is for tokenrouter/x/y/), and a package with modules of its own but no
+    test folder (UNTESTED_PACKAGES aside)."""
+    folders = {p.parent.relative_to(tests).as_posix() for p in tests.rglob("test_*.py")} - {"."}
+    packages = {p.parent.relative_to(package).as_posix() for p in package.rglob("*.*")
+                if p.parent != package and "__pycache__" not in p.parts}
+    out = [f"tests/{f}/ mirrors no package (no tokenrouter/{f}/)" for f in sorted(folders)
+           if f not in packages and f.split("/")[0] not in NOT_MIRRORED]
+    out += [f"tokenrouter/{p}/ has no tests/{p}/" for p in sorted(packages)
+            if p not in folders and p not in UNTESTED_PACKAGES]
+    return out
+
+
+def test_the_tests_mirror_the_packages():
+    found = unmirrored_test_folders()
+    assert not found, "\n".join(found + ["a module's tests sit in the folder of its package (tests/runtime/cores.py's "
+                                         "in tests/runtime/test_cores.py)"])
+
+
+def test_the_mirror_check_sees_what_it_is_for(tmp_path):
+    tests, package = tmp_path / "tests", tmp_path / "tokenrouter"
+    for rel in ("tokenrouter/a/m.py", "tokenrouter/a/b/n.py", "tokenrouter/c/o.py", "tokenrouter/runtime/kernels/csrc/k.c",
+                "tests/a/test_m.py", "tests/b/test_n.py", "tests/packaging/test_wheel.py", "tests/test_top.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    assert unmirrored_test_folders(tests, package) == ["tests/b/ mirrors no package (no tokenrouter/b/)",
+                                                       "tokenrouter/a/b/ has no tests/a/b/",
+                                                       "tokenrouter/c/ has no tests/c/"]

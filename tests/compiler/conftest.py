@@ -335,7 +335,7 @@ def _one_torch_thread():
 
 
 # --- the differential check of generated `route` code against the interpreter (shared by
-# test_differential and test_router_nets)
+# backend/test_differential and weights/test_nets)
 
 SETTINGS = dict(derandomize=True, database=None, deadline=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

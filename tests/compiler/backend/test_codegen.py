@@ -17,7 +17,7 @@ from tokenrouter.protocol.step import FeatureNeeds, StepTensors
 from tokenrouter.compiler.backend.codegen import CodegenError, generate_module
 from tokenrouter.compiler.backend.compiled import load_module, load_routers
 
-GOLDEN = REPO / "tests" / "compiler" / "golden"
+GOLDEN = REPO / "tests" / "compiler" / "backend" / "golden"
 KEYS = [f"example:{n}" for n in EXAMPLES] + sorted(PROGRAMS)
 
 
