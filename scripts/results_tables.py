@@ -153,13 +153,18 @@ def serving(run: str, command: str | None = None) -> Table:
             of = (lv.get("of_bound") or {}).get(c, 1.0 if c == "bound" and tps else None)
             cells.append("-" if of is None else f"{of:.2f}")
             ratio = (lv.get("ratios") or {}).get(f"tokenrouter/{c}")
-            cells.append("-" if ratio is None or c == "bound" else f"{ratio:.2f}x")
+            paired = ((lv.get("paired_ratios") or {}).get(f"tokenrouter/{c}") or {}).get("rounds") or []
+            cells.append("-" if ratio is None or c == "bound" else f"{ratio:.2f}x" + (
+                f" ({' / '.join(f'{x:.2f}' for x in paired)})" if len(paired) > 1 else ""))
         body.append(cells)
     body += predicted_row(d, levels)
     first = d["levels"][levels[0]]
     share = first["configs"].get("tokenrouter", {}).get("share", {}).get(d["large"])
     facts = [f"{d['workload']['max_tokens']} tokens a request, {d['workload']['rounds']} interleaved round(s), "
              f"the median reported"]
+    if any(d["levels"][n].get("paired_ratios") for n in levels):
+        facts.append("in brackets after a ratio, tokenrouter over that configuration within each round (run back "
+                     "to back, so the host's drift between rounds cancels)")
     if share is not None:
         facts.append(f"the large model wrote {pct(share)} of tokenrouter's tokens")
     if not new_bound(first):

@@ -74,6 +74,22 @@ def test_ratios():
     assert R.ratios({"naive": 10.0}) == {}
 
 
+def test_paired_ratios_divide_within_each_round():
+    # the host slows down 20% from round 1 to round 2: the median rounds' ratio (160 / 150) says
+    # tokenrouter wins by 7%; each round, paired, says they tie
+    by = {"tokenrouter": [meas("t", 1.0, 200), meas("t", 1.25, 200)],
+          "naive": [meas("n", 1.0, 200), meas("n", 1.25, 200), meas("n", 1.0, 10)],  # a third round tokenrouter lacks
+          "tokenrouter@4": [meas("s", 1.0, 100)], "lockstep": []}
+    p = R.paired_ratios(by)
+    assert list(p) == ["tokenrouter/naive"]
+    assert p["tokenrouter/naive"] == {"rounds": [1.0, 1.0], "median": 1.0, "min": 1.0, "max": 1.0}
+    by["naive"] = [meas("n", 0.5, 200), meas("n", 1.25, 250), meas("n", 1.0, 100)]
+    by["tokenrouter"].append(meas("t", 1.0, 300))
+    assert R.paired_ratios(by)["tokenrouter/naive"] == {"rounds": [0.5, 0.8, 3.0], "median": 0.8, "min": 0.5,
+                                                        "max": 3.0}
+    assert R.paired_ratios({"naive": [meas("n", 1.0, 10)]}) == {}
+
+
 def test_agreement_counts_tokens_before_the_first_difference():
     ours = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]]
     theirs = [[1, 2, 3, 4], [5, 6, 0, 8]]  # ran two requests only

@@ -182,6 +182,24 @@ def ratios(tps: dict[str, float | None]) -> dict[str, float]:
     return {f"tokenrouter/{k}": t / v for k, v in tps.items() if k != "tokenrouter" and v}
 
 
+def paired_ratios(per: dict[str, list]) -> dict[str, dict[str, Any]]:
+    """tokenrouter's tokens/s over each other configuration's *in the same round*: the rounds
+    run every configuration back to back (the order rotating), so a round's pair is minutes
+    apart while the host's drift over the whole run (tens of percent here) moves whole rounds.
+    Per pair: each round's ratio, their median (the lower of an even count, as `median_round`),
+    min and max. A configuration short of rounds is paired on the rounds both ran."""
+    ours = [m.tokens_per_s for m in per.get("tokenrouter") or []]
+    out = {}
+    for c, ms in per.items():
+        if c == "tokenrouter" or c.startswith("tokenrouter@") or not ms:
+            continue
+        rs = [a / m.tokens_per_s for a, m in zip(ours, ms) if m.tokens_per_s > 0]
+        if rs:
+            out[f"tokenrouter/{c}"] = {"rounds": rs, "median": sorted(rs)[(len(rs) - 1) // 2], "min": min(rs),
+                                       "max": max(rs)}
+    return out
+
+
 def of_bound(tps: dict[str, float | None]) -> dict[str, float]:
     """Each configuration's tokens/s as a fraction of the bound."""
     b = tps.get("bound")

@@ -140,8 +140,10 @@ def print_report(details: dict) -> None:
             rounds = "/".join(f"{x:.1f}" for x in r["rounds_tokens_per_s"])
             print(f"  {c:<14} {r['tokens_per_s']:8.1f} tok/s (rounds {rounds}; {r['requests']} requests, "
                   f"{r['wall_s']:.0f} s)   {lat_s}   tokens: {share}")
+        paired = lv.get("paired_ratios") or {}
         for k, v in lv["ratios"].items():
-            print(f"  {k:<28} {v:5.2f}x")
+            each = "/".join(f"{x:.2f}" for x in (paired.get(k) or {}).get("rounds", []))
+            print(f"  {k:<28} {v:5.2f}x" + (f"   (within each round: {each})" if each else ""))
         for k, v in (lv.get("of_bound") or {}).items():
             print(f"  {k:<14} {v:5.2f} of bound")
         for k, v in (lv.get("peer_agreement") or {}).items():
