@@ -190,16 +190,18 @@ def new_bound(level: dict) -> bool:
 
 
 def predicted_row(d: dict, levels: list[str]) -> list[list[str]]:
-    """The tuner chain's prediction for tokenrouter's schedule at each level, its share of the
-    bound, and measured / predicted in the ratio column; no row when no level has one."""
-    cells, any_pred = ["predicted (tuner chain)"], False
+    """The tuner's prediction for tokenrouter's schedule at each level (its chain, or where the
+    chain has too many states its simulation, marked), its share of the bound, and measured /
+    predicted in the ratio column; no row when no level has one."""
+    cells, any_pred = ["predicted (tuner)"], False
     for n in levels:
         lv = d["levels"][n]
-        pred = ((lv.get("predicted") or {}).get("tokenrouter") or {}).get("tokens_per_s")
+        p = (lv.get("predicted") or {}).get("tokenrouter") or {}
+        pred = p.get("tokens_per_s")
         measured = (lv["configs"].get("tokenrouter") or {}).get("tokens_per_s")
         bound = (lv["configs"].get("bound") or {}).get("tokens_per_s")
         any_pred |= bool(pred)
-        cells += ["-" if not pred else f"{pred:.1f}", "-" if not (pred and bound) else f"{pred / bound:.2f}",
+        cells += ["-" if not pred else f"{pred:.1f}" + (" (simulated)" if p.get("method") == "simulation" else ""), "-" if not (pred and bound) else f"{pred / bound:.2f}",
                   "-" if not (pred and measured) else f"{measured / pred:.2f}x"]
     return [cells] if any_pred else []
 
