@@ -201,7 +201,8 @@ def predicted_row(d: dict, levels: list[str]) -> list[list[str]]:
         measured = (lv["configs"].get("tokenrouter") or {}).get("tokens_per_s")
         bound = (lv["configs"].get("bound") or {}).get("tokens_per_s")
         any_pred |= bool(pred)
-        cells += ["-" if not pred else f"{pred:.1f}" + (" (simulated)" if p.get("method") == "simulation" else ""), "-" if not (pred and bound) else f"{pred / bound:.2f}",
+        simulated = " (simulated)" if p.get("method") == "simulation" else ""
+        cells += ["-" if not pred else f"{pred:.1f}{simulated}", "-" if not (pred and bound) else f"{pred / bound:.2f}",
                   "-" if not (pred and measured) else f"{measured / pred:.2f}x"]
     return [cells] if any_pred else []
 

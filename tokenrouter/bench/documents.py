@@ -44,7 +44,8 @@ def level_doc(n: int, measured: Measured, setup: Setup, opts) -> dict[str, Any]:
                             "tokenrouter_gap": R.gap(n, profile, med)}
     tps = {c: v["tokens_per_s"] for c, v in cfg.items()}
     lv = {"requests": measured.requests[n], "batch_thresholds": tuned, "configs": cfg, "ratios": R.ratios(tps),
-          "paired_ratios": R.paired_ratios(per), "of_bound": R.of_bound(tps), "identical_outputs": R.identical_outputs(per),
+          "paired_ratios": R.paired_ratios(per), "of_bound": R.of_bound(tps),
+          "identical_outputs": R.identical_outputs(per),
           "peer_agreement": R.peer_agreement(per), "load_average": measured.load.get(n)}
     if profile is not None and setup.auto:
         # the chain for the measured workload (prompts counted), and as the tuner sees it (decodes and extends)
