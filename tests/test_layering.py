@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tokenrouter"
@@ -45,6 +46,13 @@ def modules(root: Path = PACKAGE) -> dict[str, tuple[Path, ast.Module]]:
             parts.pop()
         out[".".join(parts)] = (rel, ast.parse(p.read_text(encoding="utf-8"), str(p)))
     return out
+
+
+@functools.cache
+def repo_modules(root: Path = PACKAGE) -> dict[str, tuple[Path, ast.Module]]:
+    """`modules` of the package (or of the tests), parsed once for the checks that read them
+    (the checks only read the trees)."""
+    return modules(root)
 
 
 def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
@@ -174,25 +182,25 @@ def private_attribute_reads(mods) -> list[str]:
 
 
 def test_no_module_reads_underscored_attributes_it_does_not_define():
-    found = private_attribute_reads(modules())
+    found = private_attribute_reads(repo_modules())
     assert not found, "\n".join(found + ["a class's private state is its own: make the name public, or pass "
                                          "what is needed in (a callable, an object with public names)"])
 
 
 def test_no_test_uses_another_modules_private_names():
     """Tests share helpers through `tests/helpers/` (or a conftest), by public names."""
-    mods = {**modules(), **modules(TESTS)}
+    mods = {**repo_modules(), **repo_modules(TESTS)}
     found = sorted(f"{w}: {m} uses {name}" for m, name, w in private_uses(mods) if m.startswith("tests"))
     assert not found, "\n".join(found)
 
 
 def test_each_layer_imports_only_the_layers_before_it():
-    found = layering_violations(modules())
+    found = layering_violations(repo_modules())
     assert not found, "\n".join(found)
 
 
 def test_no_module_uses_another_modules_private_names():
-    uses = private_uses(modules())
+    uses = private_uses(repo_modules())
     found = sorted(f"{w}: {m} uses {name}" for m, name, w in uses)
     assert not found, "\n".join(found + ["make the name public where it is defined, or keep it inside its module"])
 
@@ -292,7 +300,7 @@ def runtime_violations(mods) -> list[str]:
 
 
 def test_the_runtimes_parts_import_each_other_in_one_direction():
-    found = runtime_violations(modules())
+    found = runtime_violations(repo_modules())
     assert not found, "\n".join(found)
 
 
@@ -396,7 +404,7 @@ def function_level_imports(mods) -> list[str]:
 
 
 def test_imports_stand_at_the_top_of_their_module():
-    found = function_level_imports(modules())
+    found = function_level_imports(repo_modules())
     assert not found, "\n".join(found + ["import at the top of the module (docs/architecture.md, 'Layers')"])
 
 
