@@ -29,8 +29,10 @@ def _without(tmp_path: Path, modules) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("config, module", [("official", "transformers"), ("llamacpp_std", "xllamacpp"),
-                                            ("llamacpp_large", "httpx")])
+# each case is a `tokenrouter bench` process importing torch (3-5 s): the fast tier runs one, the full suite all
+@pytest.mark.parametrize("config, module", [pytest.param("official", "transformers", marks=pytest.mark.slow),
+                                            ("llamacpp_std", "xllamacpp"),
+                                            pytest.param("llamacpp_large", "httpx", marks=pytest.mark.slow)])
 def test_bench_without_the_bench_extra_is_one_line(tmp_path, config, module):
     env = _without(tmp_path, [module])
     r = subprocess.run([sys.executable, "-m", "tokenrouter.cli", "bench", "examples/bench.route", "--configs",
