@@ -26,12 +26,17 @@ def percentile(values: Iterable[float], q: float) -> float | None:
     return float(np.percentile(np.asarray(v, dtype=float), q)) if v else None
 
 
+def lower_median(xs: list, key=None) -> Any:
+    """The median of `xs` (by `key`), the lower one of an even count: always one of them."""
+    if not xs:
+        raise ValueError("no measurements")
+    return sorted(xs, key=key)[(len(xs) - 1) // 2]
+
+
 def median_round(ms: list) -> Any:
     """The round whose throughput is the median (the lower one of an even count), so its
     breakdown is reported with it."""
-    if not ms:
-        raise ValueError("no measurements")
-    return sorted(ms, key=lambda m: m.tokens_per_s)[(len(ms) - 1) // 2]
+    return lower_median(ms, key=lambda m: m.tokens_per_s)
 
 
 def shares(written_by: dict[str, int]) -> dict[str, float]:
@@ -186,8 +191,7 @@ def paired_ratios(per: dict[str, list]) -> dict[str, dict[str, Any]]:
     """tokenrouter's tokens/s over each other configuration's *in the same round*: the rounds
     run every configuration back to back (the order rotating), so a round's pair is minutes
     apart while the host's drift over the whole run (tens of percent here) moves whole rounds.
-    Per pair: each round's ratio, their median (the lower of an even count, as `median_round`),
-    min and max. A configuration short of rounds is paired on the rounds both ran."""
+    Per pair: each round's ratio, their median (`lower_median`, as the rounds'), min and max. A configuration short of rounds is paired on the rounds both ran."""
     ours = [m.tokens_per_s for m in per.get("tokenrouter") or []]
     out = {}
     for c, ms in per.items():
@@ -195,7 +199,7 @@ def paired_ratios(per: dict[str, list]) -> dict[str, dict[str, Any]]:
             continue
         rs = [a / m.tokens_per_s for a, m in zip(ours, ms) if m.tokens_per_s > 0]
         if rs:
-            out[f"tokenrouter/{c}"] = {"rounds": rs, "median": sorted(rs)[(len(rs) - 1) // 2], "min": min(rs),
+            out[f"tokenrouter/{c}"] = {"rounds": rs, "median": lower_median(rs), "min": min(rs),
                                        "max": max(rs)}
     return out
 

@@ -39,40 +39,36 @@ def _setup(program, tmp_path, dtype):
     return Interpreter(program, base_dir=str(tmp_path)), load_routers(program, dtype=dtype, base_dir=str(tmp_path))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ALL_KEYS)
-def test_route_matches_interpreter_float64(name, tmp_path):
+def random_batches(name, tmp_path, dtype: torch.dtype, tie_gap: float, batches: int):
+    """Program `name`'s generated routers in `dtype` against the interpreter on `batches`
+    random batches (`check_route_batch`, which tolerates a disagreement within `tie_gap` of a
+    threshold): (program, the rows' kinds seen, rows at a tie, rows)."""
     program = get_program(name, tmp_path)
-    interp, routers = _setup(program, tmp_path, torch.float64)
+    interp, routers = _setup(program, tmp_path, dtype)
     writers = program.writers()
     seen: Counter = Counter()
     total = [0, 0]
 
-    @settings(max_examples=N_BATCHES[name], **SETTINGS)
+    @settings(max_examples=batches, **SETTINGS)
     @given(w=st.integers(0, len(writers) - 1), b=st.integers(1, 64), seed=st.integers(0, 2**32 - 1), kinds=_kinds)
     def run(w, b, seed, kinds):
         writer = writers[w]
         step, rows = make_batch(program, writer, routers[writer].needs, np.random.default_rng(seed), b, kinds)
-        total[0] += check_route_batch(program, interp, routers, writer, step, rows, torch.float64, 1e-9, seen)
+        total[0] += check_route_batch(program, interp, routers, writer, step, rows, dtype, tie_gap, seen)
         total[1] += b
 
     run()
-    assert total[0] <= 0.001 * total[1], f"{total[0]} of {total[1]} rows at a threshold tie"
+    return program, seen, total[0], total[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ALL_KEYS)
+def test_route_matches_interpreter_float64(name, tmp_path):
+    program, seen, ties, rows = random_batches(name, tmp_path, torch.float64, 1e-9, N_BATCHES[name])
+    assert ties <= 0.001 * rows, f"{ties} of {rows} rows at a threshold tie"
     check_coverage(program, seen)
 
 
 @pytest.mark.parametrize("name", ALL_KEYS)
 def test_route_matches_interpreter_float32(name, tmp_path):
-    program = get_program(name, tmp_path)
-    interp, routers = _setup(program, tmp_path, torch.float32)
-    writers = program.writers()
-    seen: Counter = Counter()
-
-    @settings(max_examples=100, **SETTINGS)
-    @given(w=st.integers(0, len(writers) - 1), b=st.integers(1, 64), seed=st.integers(0, 2**32 - 1), kinds=_kinds)
-    def run(w, b, seed, kinds):
-        writer = writers[w]
-        step, rows = make_batch(program, writer, routers[writer].needs, np.random.default_rng(seed), b, kinds)
-        check_route_batch(program, interp, routers, writer, step, rows, torch.float32, 1e-4, seen)
-
-    run()
+    random_batches(name, tmp_path, torch.float32, 1e-4, 100)
